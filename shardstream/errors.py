@@ -1,0 +1,95 @@
+"""Every error shardstream raises derives from :class:`ShardstreamError`.
+
+Each error carries what a user needs to find the problem: the URL, the shard, the
+byte offset or the line, whichever apply. ``str(error)`` shows them.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FormatError",
+    "ManifestError",
+    "PackError",
+    "PlanError",
+    "ShardstreamError",
+    "StateError",
+    "StorageError",
+    "TransientStorageError",
+    "UsageError",
+]
+
+
+class ShardstreamError(Exception):
+    """Base of all shardstream errors.
+
+    ``url``, ``shard``, ``offset`` and ``line`` say where the problem is; each is
+    ``None`` when it does not apply.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: str | None = None,
+        shard: str | None = None,
+        offset: int | None = None,
+        line: int | None = None,
+    ) -> None:
+        self.message = message
+        self.url = url
+        self.shard = shard
+        self.offset = offset
+        self.line = line
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        where = []
+        if self.url is not None:
+            where.append(f"url={self.url}")
+        if self.shard is not None:
+            where.append(f"shard={self.shard}")
+        if self.offset is not None:
+            where.append(f"offset={self.offset}")
+        if self.line is not None:
+            where.append(f"line={self.line}")
+        return f"{self.message} ({', '.join(where)})" if where else self.message
+
+    def __reduce__(self):  # keep the context when errors cross DataLoader workers
+        kwargs = {"url": self.url, "shard": self.shard, "offset": self.offset, "line": self.line}
+        return (_rebuild, (type(self), self.message, kwargs))
+
+
+def _rebuild(cls: type[ShardstreamError], message: str, kwargs: dict) -> ShardstreamError:
+    return cls(message, **kwargs)
+
+
+class UsageError(ShardstreamError):
+    """Bad arguments or options: the CLI exits with status 2."""
+
+
+class ManifestError(ShardstreamError):
+    """A missing, unreadable or unsupported ``manifest.json``."""
+
+
+class FormatError(ShardstreamError):
+    """A shard or sample index whose bytes are corrupt, truncated or not of its format."""
+
+
+class PackError(ShardstreamError):
+    """Bad source data met while packing (the CLI exits with status 1)."""
+
+
+class StorageError(ShardstreamError):
+    """A permanent storage failure: missing object, access denied, bad bucket."""
+
+
+class TransientStorageError(StorageError):
+    """A storage failure worth retrying: timeout, 5xx, reset, short read."""
+
+
+class PlanError(ShardstreamError):
+    """Epoch-plan parameters that cannot work (negative sizes, rank out of range)."""
+
+
+class StateError(ShardstreamError):
+    """A resume state that does not fit: other dataset, seed, or unknown version."""

@@ -1,0 +1,100 @@
+"""The contract every shard format keeps (no fsspec, no torch here).
+
+A *sample* is a dict: ``"__key__"`` (str) and one entry per field, raw ``bytes`` for tar
+members (field name = extension, e.g. ``"txt"``, ``"cls"``, ``"jpg"``) or Python values
+for Parquet columns. Decoding by extension happens later, in the dataset.
+
+Every shard has a *sample index*, stored as a sidecar file ``<shard path>.idx`` next to
+the shard, so a reader loads only the indexes of the shards it reads. From the index a
+reader gets the byte range that holds any run of consecutive samples, fetches that
+range with one ranged GET, and decodes just those samples from the bytes.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from typing import IO, Any, ClassVar
+
+from shardstream.types import ByteRange
+
+__all__ = ["Sample", "SampleIndex", "ShardEncoder", "ShardFormat"]
+
+Sample = dict[str, Any]
+
+
+class SampleIndex(ABC):
+    """Where each sample of one shard lies."""
+
+    @property
+    @abstractmethod
+    def num_samples(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def keys(self) -> list[str]:
+        """The ``__key__`` of every sample, in shard order."""
+
+    @abstractmethod
+    def byte_range(self, start: int, stop: int) -> ByteRange:
+        """The smallest byte range of the shard holding samples ``[start, stop)``."""
+
+    @abstractmethod
+    def to_bytes(self) -> bytes:
+        """The sidecar's content; ``ShardFormat.load_index`` reads it back."""
+
+
+class ShardEncoder(ABC):
+    """Writes samples, in order, into one shard on a binary file object."""
+
+    @abstractmethod
+    def write(self, sample: Sample) -> None: ...
+
+    @property
+    @abstractmethod
+    def num_samples(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def num_bytes(self) -> int:
+        """Bytes written so far (for tar, exact; for Parquet, an estimate until close)."""
+
+    @abstractmethod
+    def close(self) -> SampleIndex:
+        """Finish the shard (tar end blocks, Parquet footer); the file object stays open."""
+
+
+class ShardFormat(ABC):
+    """A codec for one shard format. Instances are stateless and picklable."""
+
+    name: ClassVar[str]  # "tar" | "parquet"
+    suffix: ClassVar[str]  # ".tar" | ".parquet"
+
+    @abstractmethod
+    def encoder(self, fileobj: IO[bytes], *, name: str, compression: str | None = None) -> ShardEncoder:
+        """An encoder writing one shard called ``name`` (for errors) to ``fileobj``."""
+
+    @abstractmethod
+    def sample_size(self, sample: Sample) -> int:
+        """Bytes this sample adds to a shard (exact for tar; an estimate for Parquet)."""
+
+    @abstractmethod
+    def build_index(self, fileobj: IO[bytes], *, name: str) -> tuple[SampleIndex, tuple[str, ...]]:
+        """Read a whole shard once (ours or another tool's); return its index and fields.
+
+        Raises ``FormatError`` naming ``name`` and the offset for corrupt or truncated data.
+        """
+
+    @abstractmethod
+    def load_index(self, data: bytes, *, name: str) -> SampleIndex:
+        """Parse a sidecar written by ``SampleIndex.to_bytes``; ``FormatError`` if corrupt."""
+
+    @abstractmethod
+    def decode(
+        self, data: bytes | memoryview, rng: ByteRange, index: SampleIndex, start: int, stop: int, *, name: str
+    ) -> Iterator[Sample]:
+        """Samples ``[start, stop)`` from ``data``, the bytes of ``rng`` in the shard.
+
+        ``rng`` must contain ``index.byte_range(start, stop)``; the whole shard
+        (``ByteRange(0, size)``) always does.
+        """
