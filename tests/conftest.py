@@ -1,0 +1,100 @@
+"""Shared fixtures: S3 servers on 127.0.0.1 and a leak check for every test.
+
+S3 tests talk real HTTP to moto's server, started once per session on a free port
+(port 0) and reset between tests; ``seaweedfs`` (see tests/s3servers.py) is a real
+S3 server in Go for end-to-end checks.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import urllib.request
+import uuid
+
+import pytest
+
+from tests.s3servers import MotoServer
+
+_SESSION_PIDS: set[int] = set()
+
+
+@pytest.fixture(scope="session")
+def moto_server():
+    """A moto S3 server on 127.0.0.1 for the whole session; yields its endpoint URL."""
+    server = MotoServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3(moto_server, monkeypatch):
+    """A fresh, empty bucket on the moto server.
+
+    Yields ``(base_url, storage_options)`` with ``base_url`` like ``s3://bucket-1a2b``;
+    ``AWS_*`` variables point at the server, so subprocesses (torchrun, the CLI) reach it
+    with no options.
+    """
+    urllib.request.urlopen(urllib.request.Request(moto_server.endpoint + "/moto-api/reset", method="POST")).read()
+    for name, value in moto_server.env().items():
+        monkeypatch.setenv(name, value)
+    bucket = "bucket-" + uuid.uuid4().hex[:8]
+    moto_server.create_bucket(bucket)
+    yield f"s3://{bucket}", moto_server.storage_options()
+
+
+def _child_pids() -> set[int]:
+    pids = set()
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me and fields[0] != b"Z":
+            pids.add(int(entry))
+    return pids
+
+
+def _temp_entries() -> set[str]:
+    return {e for e in os.listdir(tempfile.gettempdir()) if e.startswith("shardstream")}
+
+
+@pytest.fixture(autouse=True)
+def _no_leaks(request):
+    """Fail a test that leaves a thread, a child process or a shardstream temp file behind."""
+    threads_before = set(threading.enumerate())
+    children_before = _child_pids()
+    temps_before = _temp_entries()
+    yield
+    deadline_threads = [
+        t
+        for t in threading.enumerate()
+        if t not in threads_before and t.is_alive() and not t.daemon
+    ]
+    for t in deadline_threads:
+        t.join(timeout=5)
+    leaked_threads = [t.name for t in deadline_threads if t.is_alive()]
+    leaked_children = _child_pids() - children_before - _SESSION_PIDS
+    leaked_temps = _temp_entries() - temps_before
+    problems = []
+    if leaked_threads:
+        problems.append(f"threads {leaked_threads}")
+    if leaked_children:
+        problems.append(f"child processes {sorted(leaked_children)}")
+    if leaked_temps:
+        problems.append(f"temp files {sorted(leaked_temps)}")
+    if problems:
+        pytest.fail("test leaked " + ", ".join(problems), pytrace=False)
+
+
+def register_session_pid(pid: int) -> None:
+    """Session-scoped servers (SeaweedFS) register their pid so the leak check allows it."""
+    _SESSION_PIDS.add(pid)
