@@ -1,0 +1,75 @@
+"""The import rule of DESIGN.md: formats, storage and plan never import each other; the
+plan does no I/O and never imports torch; only the dataset, sampler and loader need torch."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "shardstream"
+
+FORBIDDEN = {
+    "formats": {"shardstream.storage", "shardstream.plan", "shardstream.dataset", "shardstream.pack", "fsspec", "torch"},
+    "storage": {"shardstream.formats", "shardstream.plan", "shardstream.dataset", "shardstream.pack", "torch"},
+    "plan": {
+        "shardstream.formats",
+        "shardstream.storage",
+        "shardstream.dataset",
+        "shardstream.pack",
+        "fsspec",
+        "torch",
+        "os",
+        "io",
+        "socket",
+        "pathlib",
+        "random",
+    },
+}
+
+
+def imported_modules(path: pathlib.Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_layer_imports(layer):
+    files = sorted((PACKAGE / layer).rglob("*.py"))
+    assert files, f"layer {layer} has no modules"
+    bad = []
+    for path in files:
+        for name in imported_modules(path):
+            for forbidden in FORBIDDEN[layer]:
+                if name == forbidden or name.startswith(forbidden + "."):
+                    bad.append(f"{path.relative_to(PACKAGE)} imports {name}")
+    assert not bad, "layer rule broken:\n" + "\n".join(bad)
+
+
+def test_import_shardstream_does_not_import_torch():
+    code = "import shardstream, shardstream.cli, sys; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_public_modules_declare_all():
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name.startswith("_") and path.name != "__init__.py":
+            continue
+        tree = ast.parse(path.read_text())
+        has_all = any(
+            isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets)
+            for node in tree.body
+        )
+        if not has_all and tree.body:
+            missing.append(str(path.relative_to(PACKAGE)))
+    assert not missing, f"modules without __all__: {missing}"
