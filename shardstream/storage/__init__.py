@@ -1,0 +1,14 @@
+"""Storage: fsspec access with ranged reads, retries, atomic writes, a local cache, prefetch.
+
+Wraps an fsspec file system by composition. No torch here, and no imports of
+``shardstream.formats`` or ``shardstream.plan``.
+"""
+
+from __future__ import annotations
+
+from shardstream.storage.cache import ShardCache
+from shardstream.storage.core import Storage
+from shardstream.storage.prefetch import Prefetcher
+from shardstream.storage.retry import RetryPolicy, is_transient
+
+__all__ = ["Prefetcher", "RetryPolicy", "ShardCache", "Storage", "is_transient"]

@@ -1,0 +1,224 @@
+"""Retries with backoff, and the line between transient and permanent storage errors.
+
+# NOTE [ One retry layer ]
+# s3fs retries some errors itself (5 tries) and botocore retries others below it (legacy
+# mode, up to 5 tries with sleeps of up to seconds). Stacked under our own loop that is
+# up to 8 x 5 x 5 requests per read and unbounded waits, and ``RetryPolicy.attempts``
+# would mean nothing. So ``Storage`` turns both lower layers down to one try (unless the
+# user's storage_options say otherwise) and this module is the only place that retries:
+# every operation is tried ``attempts`` times in all, with exponential backoff and full
+# jitter, and a short or truncated body counts as a failed try like a 503 does.
+"""
+
+from __future__ import annotations
+
+import errno
+import http.client
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from shardstream.errors import ShardstreamError, StorageError, TransientStorageError, UsageError
+from shardstream.types import ByteRange
+
+__all__ = ["RetryPolicy", "call_with_retry", "is_not_found", "is_transient"]
+
+R = TypeVar("R")
+
+# S3 error codes (and HTTP statuses) that say "try again later".
+_TRANSIENT_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottled",
+        "RequestLimitExceeded",
+        "TooManyRequestsException",
+        "ProvisionedThroughputExceededException",
+        "BandwidthLimitExceeded",
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "InternalError",
+        "ServiceUnavailable",
+        "IncompleteBody",
+        "XAmzContentSHA256Mismatch",
+    }
+)
+_TRANSIENT_ERRNOS = frozenset(
+    {
+        errno.EBUSY,  # s3fs maps 503 SlowDown / ServiceUnavailable to EBUSY
+        getattr(errno, "EREMOTEIO", errno.EIO),  # s3fs maps 500 InternalError here
+        errno.ETIMEDOUT,
+        errno.ECONNRESET,
+        errno.ECONNABORTED,
+        errno.ECONNREFUSED,
+        errno.EPIPE,
+        errno.EAGAIN,
+        errno.ENETUNREACH,
+        errno.EHOSTUNREACH,
+    }
+)
+_TRANSIENT_TEXT = ("SlowDown", "reduce your request rate", "Service Unavailable", "503", "timed out")
+_TRANSIENT_NAMES = frozenset(
+    {
+        # botocore
+        "HTTPClientError",
+        "ConnectionClosedError",
+        "EndpointConnectionError",
+        "ReadTimeoutError",
+        "ConnectTimeoutError",
+        "IncompleteReadError",
+        "ResponseStreamingError",
+        "ResponseParserError",
+        # aiohttp
+        "ClientPayloadError",
+        "ClientConnectionError",
+        "ServerDisconnectedError",
+        "ServerTimeoutError",
+        # urllib3 / requests
+        "ProtocolError",
+        "ChunkedEncodingError",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How often and how patiently one storage operation is tried.
+
+    ``attempts`` counts all tries (1 = no retry). Between tries the wait is drawn
+    uniformly from ``[0, min(max_delay, base_delay * 2**n)]`` ("full jitter"), so many
+    ranks that failed together do not come back together.
+    """
+
+    attempts: int = 8
+    base_delay: float = 0.05
+    max_delay: float = 4.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise UsageError(f"RetryPolicy.attempts must be at least 1, not {self.attempts}")
+        if self.base_delay < 0 or self.max_delay < 0:
+            raise UsageError(f"RetryPolicy delays must be >= 0, not {self.base_delay}, {self.max_delay}")
+
+    def delay(self, failures: int) -> float:
+        """Seconds to wait after the ``failures``-th failed try (1-based)."""
+        cap = min(self.max_delay, self.base_delay * 2 ** min(failures - 1, 62))
+        # Jitter only decides when a retry happens, never what is read, so an unkeyed
+        # generator is right here (the keyed-generator rule is about data order).
+        return random.uniform(0.0, cap)
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """The error, then its causes and contexts, each once."""
+    seen: list[BaseException] = []
+    todo: list[BaseException | None] = [error]
+    while todo and len(seen) < 16:
+        current = todo.pop(0)
+        if current is None or any(current is s for s in seen):
+            continue
+        seen.append(current)
+        todo += [current.__cause__, current.__context__]
+    return seen
+
+
+def _classify_one(error: BaseException) -> bool | None:
+    """True: transient, False: permanent, None: this link of the chain does not say."""
+    if isinstance(error, TransientStorageError):
+        return True
+    if isinstance(error, ShardstreamError):
+        return False
+    if isinstance(error, FileNotFoundError | PermissionError | IsADirectoryError | NotADirectoryError):
+        return False
+    response = getattr(error, "response", None)
+    if isinstance(response, dict) and "Error" in response:  # botocore ClientError
+        code = str(response.get("Error", {}).get("Code", ""))
+        status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        return code in _TRANSIENT_CODES or status >= 500 or status in (408, 429)
+    http_status = getattr(error, "status", None)
+    if type(error).__name__ == "ClientResponseError" and isinstance(http_status, int):  # aiohttp
+        return http_status >= 500 or http_status in (408, 429)
+    if isinstance(
+        error, TimeoutError | ConnectionError | http.client.IncompleteRead | http.client.BadStatusLine
+    ):
+        return True
+    if any(cls.__name__ in _TRANSIENT_NAMES for cls in type(error).__mro__):
+        return True
+    if isinstance(error, OSError) and error.errno in _TRANSIENT_ERRNOS:
+        return True
+    return None
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether retrying the operation that raised ``error`` may succeed.
+
+    Transient: timeouts, HTTP 5xx (503 SlowDown included), 408/429, connection resets
+    and aborts, short or truncated bodies, and the botocore/aiohttp errors for these.
+    Not transient: missing objects (404), denied access (403), bad requests (400), and
+    anything unknown.
+    """
+    for link in _chain(error):
+        verdict = _classify_one(link)
+        if verdict is not None:
+            return verdict
+    text = str(error)
+    return isinstance(error, OSError) and any(t in text for t in _TRANSIENT_TEXT)
+
+
+def is_not_found(error: BaseException) -> bool:
+    """Whether ``error`` (or what caused it) says the object does not exist."""
+    return any(isinstance(link, FileNotFoundError) for link in _chain(error))
+
+
+def _where(rng: ByteRange | None) -> str:
+    return f" bytes [{rng.start}, {rng.end})" if rng is not None else ""
+
+
+def permanent_error(
+    error: BaseException, what: str, url: str, rng: ByteRange | None = None
+) -> ShardstreamError:
+    """The ShardstreamError to raise for a permanent failure of ``what`` on ``url``."""
+    if isinstance(error, ShardstreamError):
+        return error
+    offset = rng.start if rng is not None else None
+    if is_not_found(error):
+        return StorageError(f"not found ({what}{_where(rng)})", url=url, offset=offset)
+    if any(isinstance(link, PermissionError) for link in _chain(error)):
+        return StorageError(f"access denied: {what}{_where(rng)} failed: {error}", url=url, offset=offset)
+    return StorageError(
+        f"{what}{_where(rng)} failed: {type(error).__name__}: {error}", url=url, offset=offset
+    )
+
+
+def call_with_retry(
+    operation: Callable[[], R],
+    policy: RetryPolicy,
+    *,
+    what: str,
+    url: str,
+    rng: ByteRange | None = None,
+    sleep: Callable[[float], object] = time.sleep,
+) -> R:
+    """Run ``operation`` until it succeeds, retrying transient errors per ``policy``.
+
+    A permanent error fails at once as a ``StorageError``; running out of tries raises
+    ``TransientStorageError``; both name ``url`` and the byte range.
+    """
+    last: BaseException | None = None
+    for failures in range(1, policy.attempts + 1):
+        try:
+            return operation()
+        except Exception as error:
+            if not is_transient(error):
+                raise permanent_error(error, what, url, rng) from error
+            last = error
+            if failures < policy.attempts:
+                sleep(policy.delay(failures))
+    raise TransientStorageError(
+        f"{what}{_where(rng)} failed after {policy.attempts} tries: {type(last).__name__}: {last}",
+        url=url,
+        offset=rng.start if rng is not None else None,
+    ) from last

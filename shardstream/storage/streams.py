@@ -1,0 +1,78 @@
+"""File-like helpers for remote objects: a ranged sequential reader and a spooled writer."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from typing import IO
+
+__all__ = ["RangeReader", "spooled_writer"]
+
+
+class RangeReader(io.RawIOBase):
+    """A seekable raw stream over an object of known size, read by byte ranges.
+
+    ``read_range(start, end)`` must return exactly ``end - start`` bytes (the storage
+    layer retries until it does). Wrap it in ``io.BufferedReader`` for small reads; a
+    large ``read(n)`` then becomes one ranged request.
+    """
+
+    def __init__(self, read_range: Callable[[int, int], bytes], size: int, name: str) -> None:
+        super().__init__()
+        self._read_range = read_range
+        self._size = size
+        self._pos = 0
+        self.name = name
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        if base + offset < 0:
+            raise ValueError(f"negative seek position {base + offset}")
+        self._pos = base + offset
+        return self._pos
+
+    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]
+        view = memoryview(buffer).cast("B")
+        n = min(len(view), self._size - self._pos)
+        if n <= 0:
+            return 0
+        data = self._read_range(self._pos, self._pos + n)
+        view[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+    def readall(self) -> bytes:
+        if self._pos >= self._size:
+            return b""
+        data = self._read_range(self._pos, self._size)
+        self._pos += len(data)
+        return data
+
+
+@contextlib.contextmanager
+def spooled_writer(upload: Callable[[str], None]) -> Iterator[IO[bytes]]:
+    """Collect the bytes in a local temp file, then ``upload(temp_path)`` once.
+
+    Nothing reaches the remote side unless the ``with`` body completes; the temp file
+    (named ``shardstream-*`` in the system temp dir) is removed in every case.
+    """
+    fd, tmp = tempfile.mkstemp(prefix="shardstream-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+        upload(tmp)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
