@@ -1,0 +1,211 @@
+"""Field decoders: from the bytes of a tar member (or a Parquet binary column) to a value.
+
+A field is decoded by its extension, the part of its name after the last dot, lowercased
+(``txt``, ``seg.png`` -> ``png``). The built-ins cover text, JSON, integers, numpy
+``.npy``/``.npz``, images (with Pillow, to numpy arrays) and ``.pt`` (``torch.load`` with
+``weights_only=True``). Fields with an unknown extension, and Parquet values that are not
+bytes (the column type already decoded them), pass through unchanged.
+
+Pickle (``pkl``, ``pickle``, ``pyd``) runs code, so it is refused unless the user passes
+``allow_pickle=True``; a user decoder for such an extension is the user's explicit choice
+and is used as given.
+
+The registry is a dict plus :func:`register_decoder`, exposed read-only by
+:func:`decoders`, as fsspec's ``registry.py``. A dataset snapshots it when it is built, so
+its workers (fork, spawn, forkserver) decode the same way; decoders must be importable
+top-level functions for spawn and forkserver.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from shardstream.errors import FormatError, ShardstreamError, UsageError
+
+__all__ = [
+    "PICKLE_EXTENSIONS",
+    "Decoder",
+    "PickleRefusedError",
+    "SampleDecoder",
+    "decoders",
+    "field_extension",
+    "raw_sample",
+    "register_decoder",
+]
+
+Decoder = Callable[[Any], Any]  # bytes (or a memoryview of them) -> value
+PICKLE_EXTENSIONS = frozenset({"pkl", "pickle", "pyd"})
+_BYTES = (bytes, bytearray, memoryview)
+
+
+class PickleRefusedError(UsageError):
+    """A pickled field met without ``allow_pickle=True``: decoding it could run code."""
+
+
+def field_extension(name: str) -> str:
+    """The extension a field is decoded by: ``"seg.PNG"`` -> ``"png"``."""
+    return name.rsplit(".", 1)[-1].lower()
+
+
+def _text(data: bytes) -> str:
+    return bytes(data).decode("utf-8")
+
+
+def _json(data: bytes) -> Any:
+    return json.loads(bytes(data))
+
+
+def _integer(data: bytes) -> int:
+    return int(bytes(data))
+
+
+def _npy(data: bytes) -> Any:
+    import numpy as np
+
+    return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+def _npz(data: bytes) -> dict[str, Any]:
+    import numpy as np
+
+    with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+        return {name: archive[name] for name in archive.files}
+
+
+def _image(data: bytes) -> Any:
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as opened:
+        opened.load()
+        image: Image.Image = opened
+        if image.mode == "P":  # palette indices mean nothing without the palette
+            image = image.convert("RGBA" if "transparency" in image.info else "RGB")
+        elif image.mode == "1":
+            image = image.convert("L")
+        return np.asarray(image)
+
+
+def _torch(data: bytes) -> Any:
+    import torch
+
+    return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+
+
+def _pickle(data: bytes) -> Any:
+    return pickle.loads(data)  # only reached with allow_pickle=True
+
+
+_REGISTRY: dict[str, Decoder] = {}
+
+
+def register_decoder(extension: str, decoder: Decoder) -> None:
+    """Decode fields ending in ``.extension`` with ``decoder(bytes) -> value`` in every
+    dataset built from now on (a dataset snapshots the registry when it is made)."""
+    ext = extension.lstrip(".").lower()
+    if not ext or "." in ext:
+        raise UsageError(f"bad decoder extension {extension!r}: give one name such as 'jpg'")
+    if not callable(decoder):
+        raise UsageError(f"decoder for {extension!r} is not callable")
+    _REGISTRY[ext] = decoder
+
+
+def decoders() -> Mapping[str, Decoder]:
+    """The registered decoders by extension (a read-only view)."""
+    return MappingProxyType(_REGISTRY)
+
+
+def _register_builtins() -> None:
+    groups: list[tuple[Iterable[str], Decoder]] = [
+        (("txt", "text", "transcript", "caption", "md"), _text),
+        (("json", "jsn"), _json),
+        (("cls", "cls2", "class", "count", "index", "inx", "id", "label"), _integer),
+        (("npy",), _npy),
+        (("npz",), _npz),
+        (("jpg", "jpeg", "png", "ppm", "pgm", "pbm", "pnm", "bmp", "gif", "tif", "tiff", "webp"), _image),
+        (("pt", "pth"), _torch),
+        (sorted(PICKLE_EXTENSIONS), _pickle),
+    ]
+    for extensions, decoder in groups:
+        for ext in extensions:
+            register_decoder(ext, decoder)
+
+
+_register_builtins()
+
+
+@dataclass(frozen=True, slots=True)
+class SampleDecoder:
+    """Decodes the fields of one sample; picklable (it travels to DataLoader workers).
+
+    ``table`` is the registry snapshot with the user's overrides applied; ``allow_pickle``
+    lets the built-in pickle decoder run.
+    """
+
+    table: tuple[tuple[str, Decoder], ...]
+    allow_pickle: bool = False
+    _lookup: dict[str, Decoder] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_lookup", dict(self.table))
+
+    @classmethod
+    def build(
+        cls, overrides: Mapping[str, Decoder] | None = None, *, allow_pickle: bool = False
+    ) -> SampleDecoder:
+        """Snapshot the registry, then apply ``overrides`` (extension -> decoder)."""
+        table = dict(_REGISTRY)
+        for extension, decoder in (overrides or {}).items():
+            if not callable(decoder):
+                raise UsageError(f"decoder for {extension!r} is not callable")
+            table[extension.lstrip(".").lower()] = decoder
+        return cls(table=tuple(sorted(table.items())), allow_pickle=allow_pickle)
+
+    def __call__(
+        self, sample: dict[str, Any], *, url: str | None = None, shard: str | None = None
+    ) -> dict[str, Any]:
+        """A new dict with every field decoded; ``__key__`` and other ``__*__`` entries kept.
+
+        Raises :class:`PickleRefusedError` for a pickle without ``allow_pickle``, and
+        ``FormatError`` naming the field, key, URL and shard when a decoder fails.
+        """
+        out: dict[str, Any] = {}
+        lookup = self._lookup
+        for name, value in sample.items():
+            decoder = None if name.startswith("__") else lookup.get(field_extension(name))
+            if decoder is None or not isinstance(value, _BYTES):
+                out[name] = bytes(value) if isinstance(value, memoryview) else value
+                continue
+            if decoder is _pickle and not self.allow_pickle:
+                raise PickleRefusedError(
+                    f"field {name!r} of sample {sample.get('__key__')!r} is a pickle, which can run code "
+                    "when loaded; pass allow_pickle=True if you trust this dataset",
+                    url=url,
+                    shard=shard,
+                )
+            try:
+                out[name] = decoder(value)
+            except ShardstreamError:
+                raise
+            except Exception as error:
+                raise FormatError(
+                    f"cannot decode field {name!r} of sample {sample.get('__key__')!r}: {error!r}",
+                    url=url,
+                    shard=shard,
+                ) from error
+        return out
+
+
+def raw_sample(sample: dict[str, Any]) -> dict[str, Any]:
+    """``decode=False``: the fields as ``bytes`` (memoryview slices are copied out, so a
+    sample neither pins its whole read buffer nor fails to pickle across workers)."""
+    for name, value in sample.items():
+        if isinstance(value, memoryview):
+            sample[name] = bytes(value)
+    return sample

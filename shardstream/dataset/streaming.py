@@ -1,0 +1,286 @@
+"""``StreamingDataset``: a torch ``IterableDataset`` over a shardstream dataset folder.
+
+Each DataLoader worker of each rank builds the epoch plan for its own place in the
+topology and yields the samples of its windows, read with ranged reads (see
+``reader.py``). The epoch changes only through :meth:`StreamingDataset.set_epoch` or a
+loaded state, never inside ``__iter__``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.context
+import os
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from torch.utils.data import IterableDataset, get_worker_info
+
+from shardstream.dataset.config import DatasetConfig
+from shardstream.dataset.decode import Decoder, raw_sample
+from shardstream.dataset.reader import WindowReader, report_skip
+from shardstream.errors import FormatError, StateError
+from shardstream.manifest import Manifest
+from shardstream.plan import EpochPlan, PlanConfig
+from shardstream.storage import Storage
+from shardstream.topology import detect_rank, detect_worker
+
+__all__ = ["STATE_VERSION", "StreamingDataset"]
+
+STATE_VERSION = 1
+
+
+class StreamingDataset(IterableDataset):
+    """Stream the samples of the dataset at ``url``, rank- and worker-aware.
+
+    Each sample is a dict with ``__key__`` and its fields, decoded by extension unless
+    ``decode=False`` (then raw bytes). ``len()`` is the number of samples this rank gets
+    per epoch. See ``DatasetConfig`` for the options; ``decoders`` maps extensions to
+    decoders that override the registry, ``allow_pickle`` lets pickled fields load.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        shuffle_window: int | None = None,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        batch_size: int | None = None,
+        decode: bool = True,
+        transform: Callable[[dict[str, Any]], Any] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        cache_dir: str | None = None,
+        cache_limit: int | None = None,
+        on_error: str = "raise",
+        decoders: Mapping[str, Decoder] | None = None,
+        allow_pickle: bool = False,
+    ) -> None:
+        self.config = DatasetConfig.build(
+            os.fspath(url),
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            shuffle_window=shuffle_window,
+            num_replicas=num_replicas,
+            rank=rank,
+            batch_size=batch_size,
+            decode=decode,
+            decoders=decoders,
+            allow_pickle=allow_pickle,
+            transform=transform,
+            storage_options=storage_options,
+            cache_dir=cache_dir,
+            cache_limit=cache_limit,
+            on_error=on_error,
+        )
+        self._epoch = 0
+        self._epoch_cell: Any = None  # shared with persistent workers; see NOTE in loader.py
+        self._resume: dict[str, Any] | None = None  # plan state for the next __iter__ of its epoch
+        self._loader_batch_size: int | None = None  # told by shardstream.DataLoader
+        self._loader_num_workers: int | None = None
+        self._rank_world: tuple[int, int] | None = None  # resolved in the main process
+        self._manifest: Manifest | None = None
+        self._storage: Storage | None = None
+        self._storage_pid = -1
+        self._progress: _Progress | None = None  # the latest in-process iteration
+        self.num_skipped = 0  # samples skipped with on_error="skip", in this process
+
+    # -- what the dataset is -------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return self.config.url
+
+    @property
+    def manifest(self) -> Manifest:
+        """The dataset's manifest, read once (and carried to workers with the dataset)."""
+        if self._manifest is None:
+            self._manifest = self.storage.read_manifest()
+        return self._manifest
+
+    @property
+    def storage(self) -> Storage:
+        """This process's storage client: made lazily, and made anew after a fork."""
+        if self._storage is None or self._storage_pid != os.getpid():
+            cfg = self.config
+            self._storage = Storage(
+                cfg.url, cfg.storage_options, cache_dir=cfg.cache_dir, cache_limit=cfg.cache_limit
+            )
+            self._storage_pid = os.getpid()
+        return self._storage
+
+    @property
+    def epoch(self) -> int:
+        cell = self._epoch_cell
+        return int(cell.value) if cell is not None else self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use the plan of ``epoch`` from the next iteration on; a loaded state for
+        another epoch is discarded."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise StateError(f"epoch must be a non-negative integer, got {epoch!r}", url=self.url)
+        self._epoch = epoch
+        if self._epoch_cell is not None:
+            self._epoch_cell.value = epoch
+        if self._resume is not None and self._resume.get("epoch") != epoch:
+            self._resume = None
+
+    def plan_config(self) -> PlanConfig:
+        cfg = self.config
+        return PlanConfig(
+            shuffle=cfg.shuffle, seed=cfg.seed, drop_last=cfg.drop_last, shuffle_window=cfg.shuffle_window
+        )
+
+    def rank_and_world(self) -> tuple[int, int]:
+        """``(rank, world_size)``; a worker uses what its main process resolved, since
+        torch.distributed is initialised only there."""
+        cfg = self.config
+        if self._rank_world is None or get_worker_info() is None:
+            self._rank_world = detect_rank(rank=cfg.rank, world_size=cfg.num_replicas)
+        return self._rank_world
+
+    def batch_size(self) -> int:
+        return self._loader_batch_size or self.config.batch_size or 1
+
+    def __len__(self) -> int:
+        """Samples this rank gets in one epoch (padding included)."""
+        return self.make_plan(consume=False).samples_per_rank()
+
+    # -- plans and states ----------------------------------------------------------------
+
+    def make_plan(self, *, num_workers: int | None = None, consume: bool) -> EpochPlan:
+        """The plan of the current epoch for this rank: resumed from a loaded state of this
+        epoch if there is one (``consume=True`` then uses it up), else fresh."""
+        _, world = self.rank_and_world()
+        if num_workers is None:
+            num_workers = max(1, self._loader_num_workers or 1)
+        epoch = self.epoch
+        sizes = self.manifest.shard_sizes
+        kwargs = {"world_size": world, "num_workers": num_workers, "batch_size": self.batch_size()}
+        state = self._resume if self._resume is not None and self._resume.get("epoch") == epoch else None
+        if consume:
+            self._resume = None
+        if state is None:
+            return EpochPlan(sizes, self.plan_config(), epoch=epoch, **kwargs)
+        return EpochPlan.resume(sizes, self.plan_config(), state["plan"], **kwargs)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the latest in-process iteration stands (iterating the dataset directly;
+        through a DataLoader use ``DataLoader.state_dict()``), at a batch boundary."""
+        progress = self._progress
+        if progress is not None and progress.plan.epoch == self.epoch:
+            if progress.count % progress.plan.batch_size and not progress.done:
+                raise StateError(
+                    f"{progress.count} samples is not a whole number of batches of {progress.plan.batch_size}",
+                    url=self.url,
+                )
+            steps = -(-progress.count // progress.plan.batch_size)
+            return self._state(progress.plan.state_dict(steps))
+        if self._resume is not None:
+            return dict(self._resume)
+        return self._state(self.make_plan(consume=False).state_dict(0))
+
+    def _state(self, plan_state: dict[str, Any]) -> dict[str, Any]:
+        return {"version": STATE_VERSION, "epoch": self.epoch, "url": self.url, "plan": plan_state}
+
+    def load_state_dict(self, state: Mapping[str, Any], *, num_workers: int | None = None) -> None:
+        """Resume from ``state_dict()`` (of a dataset or a shardstream DataLoader), also
+        under another world size or number of workers; ``StateError`` if it does not fit."""
+        if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
+            version = state.get("version") if isinstance(state, Mapping) else None
+            raise StateError(f"unknown state version {version!r} (expected {STATE_VERSION})", url=self.url)
+        epoch, plan = state.get("epoch"), state.get("plan")
+        if (
+            isinstance(epoch, bool)
+            or not isinstance(epoch, int)
+            or epoch < 0
+            or not isinstance(plan, Mapping)
+        ):
+            raise StateError("state needs an integer 'epoch' and a 'plan' mapping", url=self.url)
+        self.set_epoch(epoch)
+        self._resume = {"version": STATE_VERSION, "epoch": epoch, "url": self.url, "plan": dict(plan)}
+        self._progress = None
+        try:
+            self.make_plan(num_workers=num_workers, consume=False)  # validate now, not in a worker
+        except StateError:
+            self._resume = None
+            raise
+
+    # -- iteration -----------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        # The plan is made here, eagerly, not in the generator: the caller (a DataLoader)
+        # may clear the loaded state right after iter() returns.
+        rank, _ = self.rank_and_world()
+        worker, num_workers = detect_worker()
+        plan = self.make_plan(num_workers=num_workers, consume=True)
+        progress = _Progress(plan)
+        if get_worker_info() is None:
+            self._progress = progress
+        reader = WindowReader(
+            self.storage,
+            self.manifest,
+            on_error=self.config.on_error,
+            prefetch=self.config.prefetch_windows,
+        )
+        return self._samples(reader, plan.worker_windows(rank, worker), progress)
+
+    def _samples(self, reader: WindowReader, windows: Iterator[Any], progress: _Progress) -> Iterator[Any]:
+        decoder, transform = self.config.decoder, self.config.transform
+        try:
+            for window, samples in reader.stream(windows):
+                for i in window.order.tolist():
+                    sample = samples[i]
+                    if sample is None:  # the shard format could not decode it: skipped
+                        self.num_skipped += 1
+                        progress.count += 1
+                        continue
+                    try:
+                        sample = raw_sample(sample) if decoder is None else decoder(sample, url=self.url)
+                    except FormatError as error:
+                        if self.config.on_error != "skip":
+                            raise reader.locate(error, window, i) from error
+                        self._skip(reader.locate(error, window, i))
+                        progress.count += 1
+                        continue
+                    progress.count += 1
+                    yield sample if transform is None else transform(sample)
+            progress.done = True
+        finally:
+            reader.close()
+
+    def _skip(self, error: FormatError) -> None:
+        self.num_skipped += 1
+        report_skip(error)
+
+    # -- pickling: configuration, never a live client ---------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        if get_worker_info() is None:
+            self.rank_and_world()  # resolve in the main process, where torch.distributed lives
+        state = dict(self.__dict__)
+        state["_storage"], state["_storage_pid"], state["_progress"] = None, -1, None
+        if multiprocessing.context.get_spawning_popen() is None:
+            # Shared memory crosses only into processes being started; a copy or a pickle
+            # written elsewhere gets the epoch as a plain value.
+            state["_epoch"], state["_epoch_cell"] = self.epoch, None
+        return state
+
+    def share_epoch(self, cell: Any) -> None:
+        """Read the epoch from ``cell`` (a shared ``multiprocessing`` value) from now on."""
+        cell.value = self.epoch
+        self._epoch_cell = cell
+
+
+class _Progress:
+    """Samples yielded so far by one in-process iteration, for ``state_dict()``."""
+
+    __slots__ = ("count", "done", "plan")
+
+    def __init__(self, plan: EpochPlan) -> None:
+        self.plan = plan
+        self.count = 0
+        self.done = False
