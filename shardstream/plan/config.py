@@ -1,0 +1,122 @@
+"""The plan's parameters and what a plan hands to a reader: runs of samples, windows."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardstream.errors import PlanError
+
+__all__ = ["PlanConfig", "Run", "Window", "check_count", "default_window", "shard_sizes_array"]
+
+# The default window holds this many mean-sized shards.
+DEFAULT_WINDOW_SHARDS = 4
+
+
+def check_count(value: object, name: str, *, minimum: int | None = 0) -> int:
+    """``value`` as an int, or ``PlanError`` if it is not an integer >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise PlanError(f"{name} must be an integer, not {value!r}")
+    if minimum is not None and int(value) < minimum:
+        raise PlanError(f"{name} must be at least {minimum}, not {value}")
+    return int(value)
+
+
+def shard_sizes_array(shard_sizes: Sequence[int] | np.ndarray) -> np.ndarray:
+    """The sample count of each shard as int64, validated (no negatives, no fractions)."""
+    sizes = np.asarray(shard_sizes)
+    if sizes.ndim != 1 or (sizes.size and not np.issubdtype(sizes.dtype, np.integer)):
+        raise PlanError("shard_sizes must be a flat sequence of integer sample counts")
+    sizes = sizes.astype(np.int64, copy=True)
+    negative = np.flatnonzero(sizes < 0)
+    if negative.size:
+        raise PlanError(
+            f"shard number {int(negative[0])} has a negative sample count {int(sizes[negative[0]])}"
+        )
+    sizes.setflags(write=False)
+    return sizes
+
+
+def default_window(sizes: np.ndarray) -> int:
+    """``DEFAULT_WINDOW_SHARDS`` times the mean sample count of a non-empty shard (>= 1)."""
+    nonempty = int(np.count_nonzero(sizes))
+    if nonempty == 0:
+        return 1
+    mean = -(-int(sizes.sum()) // nonempty)
+    return DEFAULT_WINDOW_SHARDS * mean
+
+
+@dataclass(frozen=True, slots=True)
+class PlanConfig:
+    """What a user chooses; the same knobs as ``torch.utils.data.DistributedSampler``.
+
+    ``shuffle_window`` is the number of samples a worker holds for its in-window shuffle;
+    ``None`` means four mean-sized shards.
+    """
+
+    shuffle: bool = True
+    seed: int = 0
+    drop_last: bool = False
+    shuffle_window: int | None = None
+
+    def __post_init__(self) -> None:
+        check_count(self.seed, "seed", minimum=None)
+        if self.shuffle_window is not None:
+            check_count(self.shuffle_window, "shuffle_window", minimum=1)
+
+    def window_for(self, sizes: np.ndarray) -> int:
+        """The window in samples for a dataset of these shard sizes."""
+        if self.shuffle_window is not None:
+            return int(self.shuffle_window)
+        return default_window(sizes)
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Samples ``[start, stop)`` of shard number ``shard`` (manifest order): contiguous,
+    so a reader fetches them with one ranged GET."""
+
+    shard: int
+    start: int
+    stop: int
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Window:
+    """One shuffle window of a worker.
+
+    ``runs`` are exactly the samples the window yields, in read order; ``order`` is the
+    yield order, as indices into the concatenation of the runs' samples.
+    """
+
+    runs: tuple[Run, ...]
+    order: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Window):
+            return NotImplemented
+        return self.runs == other.runs and np.array_equal(self.order, other.order)
+
+    __hash__ = None  # type: ignore[assignment]  # holds an array
+
+    def shard_indices(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(shards, indices)``: the shard and index in shard of every sample of the
+        concatenated runs (read order; index them with ``order`` for yield order)."""
+        if not self.runs:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty
+        shard = np.fromiter((r.shard for r in self.runs), dtype=np.int64, count=len(self.runs))
+        start = np.fromiter((r.start for r in self.runs), dtype=np.int64, count=len(self.runs))
+        length = np.fromiter((r.stop - r.start for r in self.runs), dtype=np.int64, count=len(self.runs))
+        first = np.cumsum(length) - length
+        owner = np.repeat(np.arange(len(self.runs)), length)
+        return shard[owner], start[owner] + (np.arange(int(length.sum())) - first[owner])

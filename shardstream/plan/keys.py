@@ -1,0 +1,52 @@
+"""Random permutations keyed by tuples of integers, the same on every machine.
+
+NOTE [ Stable randomness ]
+Every random choice of the plan comes from ``permutation(n, key)`` with ``key`` a tuple
+of integers (seed, epoch, a tag, ...): never a global generator, ``hash()``, a time or a
+pid. numpy promises stable streams for ``SeedSequence`` and the raw output of ``PCG64``,
+but not for ``Generator.permutation/shuffle/integers``, so a permutation is built from
+raw 64-bit words only: each word's low bits are replaced by its index, which makes all
+keys distinct, so any correct sort gives the same order, and the sorted keys' low bits
+are the permutation. ``SeedSequence`` drops trailing zero words (``[0]`` and ``[0, 0]``
+seed alike), so every key is encoded to a fixed number of 32-bit words per tag.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["TAG_SHARDS", "TAG_WINDOW", "permutation", "random_words"]
+
+TAG_SHARDS = 1  # the order of the shards in an epoch
+TAG_WINDOW = 2  # the order of the samples in one window
+
+_WORD = (1 << 32) - 1
+
+
+def _entropy(key: tuple[int, ...]) -> list[int]:
+    """Each part of ``key`` as two 32-bit words (two's complement modulo 2**64)."""
+    words: list[int] = []
+    for part in key:
+        value = int(part) & ((1 << 64) - 1)
+        words += [value & _WORD, value >> 32]
+    return words
+
+
+def random_words(n: int, key: tuple[int, ...]) -> np.ndarray:
+    """``n`` raw 64-bit words (uint64) of the stream keyed by ``key``."""
+    generator = np.random.PCG64(np.random.SeedSequence(_entropy(key)))
+    return np.asarray(generator.random_raw(n), dtype=np.uint64)
+
+
+def permutation(n: int, key: tuple[int, ...]) -> np.ndarray:
+    """A permutation of ``range(n)`` (int64) keyed by ``key``; see NOTE [ Stable randomness ]."""
+    if n <= 1:
+        return np.zeros(n, dtype=np.int64)
+    bits = np.uint64((n - 1).bit_length())
+    words = random_words(n, key)
+    words >>= bits
+    words <<= bits
+    words |= np.arange(n, dtype=np.uint64)
+    words.sort()
+    words &= np.uint64((1 << int(bits)) - 1)
+    return words.astype(np.int64)

@@ -1,0 +1,99 @@
+"""The plan state: a small JSON-able dict that says how far an epoch got.
+
+It holds the plan's parameters, a fingerprint of the dataset and one record per pass
+(NOTE [ Passes ]): topology and batches taken per rank. Its size grows with the number
+of resumes under a new topology, never with ranks, workers or samples.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from shardstream.errors import StateError
+from shardstream.manifest import counts_checksum
+from shardstream.plan.config import PlanConfig
+from shardstream.plan.passes import PassRecord
+
+__all__ = ["STATE_VERSION", "make_state", "read_state"]
+
+STATE_VERSION = 1
+
+_RECORD_KEYS = ("world_size", "num_workers", "batch_size", "steps")
+
+
+def make_state(
+    sizes: np.ndarray, config: PlanConfig, *, epoch: int, window: int, records: list[PassRecord]
+) -> dict[str, Any]:
+    return {
+        "version": STATE_VERSION,
+        "epoch": int(epoch),
+        "seed": int(config.seed),
+        "shuffle": bool(config.shuffle),
+        "drop_last": bool(config.drop_last),
+        "shuffle_window": int(window),
+        "num_samples": int(sizes.sum()),
+        "num_shards": int(sizes.size),
+        "counts_checksum": counts_checksum(sizes.tolist()),
+        "passes": [{k: int(getattr(r, k)) for k in _RECORD_KEYS} for r in records],
+    }
+
+
+def _integer(state: Mapping[str, Any], key: str, minimum: int | None = 0) -> int:
+    value = state.get(key)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise StateError(f"plan state field {key!r} must be an integer, not {value!r}")
+    if minimum is not None and value < minimum:
+        raise StateError(f"plan state field {key!r} must be at least {minimum}, not {value}")
+    return int(value)
+
+
+def _check_same(state: Mapping[str, Any], key: str, expected: object, what: str) -> None:
+    if state.get(key) != expected or type(state.get(key)) is not type(expected):
+        raise StateError(
+            f"the state was saved with {key}={state.get(key)!r}, this plan has {key}={expected!r}: {what}"
+        )
+
+
+def _records(passes: object) -> list[PassRecord]:
+    if not isinstance(passes, list) or not passes:
+        raise StateError("plan state field 'passes' must be a non-empty list")
+    records = []
+    for entry in passes:
+        if not isinstance(entry, Mapping):
+            raise StateError(f"plan state pass {entry!r} is not a mapping")
+        values = [_integer(entry, k, 0 if k == "steps" else 1) for k in _RECORD_KEYS]
+        records.append(PassRecord(*values))
+    return records
+
+
+def read_state(
+    state: Mapping[str, Any], sizes: np.ndarray, config: PlanConfig, *, window: int
+) -> tuple[int, list[PassRecord]]:
+    """``(epoch, pass records)`` of a state, or ``StateError`` if it does not fit this
+    dataset (shard counts) and these parameters."""
+    if not isinstance(state, Mapping):
+        raise StateError(f"a plan state is a mapping, not {type(state).__name__}")
+    if state.get("version") != STATE_VERSION:
+        raise StateError(
+            f"unknown plan state version {state.get('version')!r}; this shardstream reads version {STATE_VERSION}"
+        )
+    checksum = counts_checksum(sizes.tolist())
+    if (state.get("counts_checksum"), state.get("num_shards"), state.get("num_samples")) != (
+        checksum,
+        int(sizes.size),
+        int(sizes.sum()),
+    ):
+        raise StateError(
+            f"the state is of another dataset: {state.get('num_shards')!r} shards, "
+            f"{state.get('num_samples')!r} samples, shard counts checksum {state.get('counts_checksum')!r}; "
+            f"this one has {sizes.size} shards, {int(sizes.sum())} samples, checksum {checksum!r}"
+        )
+    _check_same(state, "seed", int(config.seed), "resume with the same seed")
+    _check_same(state, "shuffle", bool(config.shuffle), "resume with the same shuffle setting")
+    _check_same(state, "drop_last", bool(config.drop_last), "resume with the same drop_last")
+    _check_same(state, "shuffle_window", int(window), "resume with the same shuffle window")
+    return _integer(state, "epoch"), _records(state.get("passes"))
