@@ -1,0 +1,108 @@
+"""The binary container of sample-index sidecars, shared by every format.
+
+Layout (little endian)::
+
+    magic  8 bytes   b"SSINDEX\\0"
+    kind   4 bytes   the format, e.g. b"tar\\0" or b"pq\\0\\0"
+    version u16, nsections u16
+    crc32  u32       of everything after this field
+    length u64       of the payload
+    nsections x u64  section lengths
+    payload          the sections, back to back
+
+A section is raw bytes: a little-endian numpy array or a UTF-8 string table. The
+length and CRC make any truncation or bit flip a ``FormatError`` rather than a wrong
+index that silently reads other bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Sequence
+
+import numpy as np
+
+from shardstream.errors import FormatError
+
+__all__ = ["array_section", "pack_sidecar", "pack_strings", "read_array", "unpack_sidecar", "unpack_strings"]
+
+MAGIC = b"SSINDEX\0"
+_HEAD = struct.Struct("<8s4sHHIQ")  # magic, kind, version, nsections, crc32, payload length
+
+
+def pack_sidecar(kind: bytes, version: int, sections: Sequence[bytes]) -> bytes:
+    lengths = struct.pack(f"<{len(sections)}Q", *(len(s) for s in sections))
+    payload = b"".join(sections)
+    tail = struct.pack("<Q", len(payload)) + lengths + payload
+    crc = zlib.crc32(struct.pack("<HH", version, len(sections)) + tail)
+    return MAGIC + kind + struct.pack("<HHI", version, len(sections), crc) + tail
+
+
+def unpack_sidecar(data: bytes | memoryview, kind: bytes, version: int, *, name: str) -> list[memoryview]:
+    """The sections of a sidecar; ``FormatError`` for any corruption or another kind."""
+    view = memoryview(data).cast("B")
+    if len(view) < _HEAD.size:
+        raise FormatError(f"sample index too short ({len(view)} bytes)", shard=name, offset=0)
+    magic, got_kind, got_version, nsections, crc, length = _HEAD.unpack_from(view)
+    if magic != MAGIC:
+        raise FormatError("not a shardstream sample index (bad magic)", shard=name, offset=0)
+    if got_kind != kind:
+        raise FormatError(f"sample index is for format {got_kind!r}, expected {kind!r}", shard=name, offset=8)
+    if got_version != version:
+        raise FormatError(
+            f"sample index version {got_version} is not supported (expected {version}); re-index the shard",
+            shard=name,
+            offset=12,
+        )
+    expected = _HEAD.size + 8 * nsections + length
+    if len(view) != expected:
+        raise FormatError(
+            f"sample index is {len(view)} bytes, its header says {expected}", shard=name, offset=len(view)
+        )
+    if zlib.crc32(view[20:], zlib.crc32(view[12:16])) != crc:
+        raise FormatError("sample index checksum mismatch (corrupt sidecar)", shard=name, offset=16)
+    lengths = struct.unpack_from(f"<{nsections}Q", view, _HEAD.size)
+    pos = _HEAD.size + 8 * nsections
+    sections = []
+    for n in lengths:
+        sections.append(view[pos : pos + n])
+        pos += n
+    if pos != len(view):
+        raise FormatError("sample index section lengths do not add up", shard=name, offset=pos)
+    return sections
+
+
+def array_section(values: np.ndarray | Sequence[int], dtype: str) -> bytes:
+    return np.ascontiguousarray(values, dtype=dtype).tobytes()
+
+
+def read_array(section: memoryview, dtype: str, count: int, *, name: str, what: str) -> np.ndarray:
+    """A read-only array of exactly ``count`` items, or ``FormatError``."""
+    itemsize = np.dtype(dtype).itemsize
+    if len(section) != itemsize * count:
+        raise FormatError(
+            f"sample index section {what!r} has {len(section)} bytes, expected {itemsize * count}", shard=name
+        )
+    return np.frombuffer(section, dtype=dtype)
+
+
+def pack_strings(strings: Sequence[str]) -> tuple[bytes, bytes]:
+    """(UTF-8 blob, uint64 end offsets): a string table. Surrogates round-trip (tar names)."""
+    encoded = [s.encode("utf-8", "surrogateescape") for s in strings]
+    ends = np.cumsum(np.fromiter((len(e) for e in encoded), dtype=np.uint64, count=len(encoded)))
+    return b"".join(encoded), array_section(ends, "<u8")
+
+
+def unpack_strings(
+    blob: memoryview, ends_section: memoryview, count: int, *, name: str, what: str
+) -> list[str]:
+    ends = read_array(ends_section, "<u8", count, name=name, what=what + " offsets")
+    if count and (int(ends[-1]) != len(blob) or bool(np.any(np.diff(ends.astype(np.int64)) < 0))):
+        raise FormatError(f"sample index string table {what!r} is inconsistent", shard=name)
+    if not count and len(blob):
+        raise FormatError(f"sample index string table {what!r} is inconsistent", shard=name)
+    raw = bytes(blob)
+    starts = [0, *ends[:-1].tolist()] if count else []
+    # surrogateescape decodes any bytes, so a corrupt table that passed the CRC cannot raise here
+    return [raw[a:b].decode("utf-8", "surrogateescape") for a, b in zip(starts, ends.tolist(), strict=True)]

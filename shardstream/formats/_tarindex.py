@@ -1,0 +1,250 @@
+"""The sample index of a tar shard: where every sample and member lies.
+
+Members are stored flat, in shard order, with ``member_first`` (``num_samples + 1``
+entries) marking where each sample's members begin, as a CSR matrix does. Each member
+has a field id (into ``fields``), the offset of its data and its size; each sample the
+offset of its first header (a PAX or GNU long-name header when it has one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from shardstream.errors import FormatError, UsageError
+from shardstream.formats._sidecar import (
+    array_section,
+    pack_sidecar,
+    pack_strings,
+    read_array,
+    unpack_sidecar,
+    unpack_strings,
+)
+from shardstream.formats.base import SampleIndex
+from shardstream.types import ByteRange
+
+__all__ = ["TarIndex"]
+
+_KIND = b"tar\0"
+_VERSION = 1
+
+
+class TarIndex(SampleIndex):
+    """The index of one tar shard. Build it with ``TarIndex.from_lists`` or load a sidecar."""
+
+    __slots__ = (
+        "_archive_end",
+        "_fields",
+        "_keys",
+        "_member_field",
+        "_member_first",
+        "_member_offset",
+        "_member_size",
+        "_name",
+        "_sample_start",
+        "_uniform",
+    )
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        keys: list[str],
+        sample_start: np.ndarray,
+        member_first: np.ndarray,
+        fields: list[str],
+        member_field: np.ndarray,
+        member_offset: np.ndarray,
+        member_size: np.ndarray,
+        archive_end: int,
+    ) -> None:
+        self._name = name
+        self._keys = keys
+        self._sample_start = sample_start
+        self._member_first = member_first
+        self._fields = fields
+        self._member_field = member_field
+        self._member_offset = member_offset
+        self._member_size = member_size
+        self._archive_end = archive_end
+        self._uniform: tuple[str, ...] | bool | None = False  # False: not computed yet
+        self._validate()
+
+    @classmethod
+    def from_lists(
+        cls,
+        *,
+        name: str,
+        keys: list[str],
+        sample_start: Sequence[int] | np.ndarray,
+        member_first: Sequence[int] | np.ndarray,
+        fields: list[str],
+        member_field: Sequence[int] | np.ndarray,
+        member_offset: Sequence[int] | np.ndarray,
+        member_size: Sequence[int] | np.ndarray,
+        archive_end: int,
+    ) -> TarIndex:
+        return cls(
+            name=name,
+            keys=keys,
+            sample_start=np.asarray(sample_start, dtype=np.int64),
+            member_first=np.asarray(member_first, dtype=np.int64),
+            fields=fields,
+            member_field=np.asarray(member_field, dtype=np.uint32),
+            member_offset=np.asarray(member_offset, dtype=np.int64),
+            member_size=np.asarray(member_size, dtype=np.int64),
+            archive_end=int(archive_end),
+        )
+
+    def _validate(self) -> None:
+        """Reject an index whose arrays contradict each other (a CRC only catches accidents)."""
+        n, m = len(self._keys), len(self._member_offset)
+        first = self._member_first
+        problems = []
+        if len(self._sample_start) != n or len(first) != n + 1:
+            problems.append("array lengths do not match the sample count")
+        elif n and (first[0] != 0 or first[-1] != m or bool(np.any(np.diff(first) < 1))):
+            problems.append("member ranges are not increasing")
+        elif not n and (len(first) != 1 or first[0] != 0 or m):
+            problems.append("members without samples")
+        if len(self._member_field) != m or len(self._member_size) != m:
+            problems.append("member arrays differ in length")
+        elif m and (
+            int(self._member_field.max()) >= len(self._fields)
+            or int(self._member_size.min()) < 0
+            or int(self._member_offset.min()) < 0
+            or int((self._member_offset + self._member_size).max()) > self._archive_end
+        ):
+            problems.append("member fields or offsets out of range")
+        if problems:
+            raise FormatError("inconsistent tar sample index: " + "; ".join(problems), shard=self._name)
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def num_samples(self) -> int:
+        return len(self._keys)
+
+    @property
+    def keys(self) -> list[str]:
+        return list(self._keys)
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """Every field name met in the shard, sorted."""
+        used = np.unique(self._member_field).tolist()
+        return tuple(sorted(self._fields[i] for i in used))
+
+    @property
+    def archive_end(self) -> int:
+        """Offset of the end-of-archive blocks: the size of all members."""
+        return self._archive_end
+
+    def byte_range(self, start: int, stop: int) -> ByteRange:
+        n = len(self._keys)
+        if not 0 <= start <= stop <= n:
+            raise UsageError(f"sample range [{start}, {stop}) is outside [0, {n})", shard=self._name)
+        if start == stop:
+            pos = int(self._sample_start[start]) if start < n else self._archive_end
+            return ByteRange(pos, pos)
+        last = int(self._member_first[stop]) - 1
+        end = int(self._member_offset[last]) + int(self._member_size[last])
+        return ByteRange(int(self._sample_start[start]), end)
+
+    def key_slice(self, start: int, stop: int) -> list[str]:
+        return self._keys[start:stop]
+
+    def members(self, start: int, stop: int) -> tuple[int, int]:
+        """The flat member positions ``[m0, m1)`` of samples ``[start, stop)``."""
+        return int(self._member_first[start]), int(self._member_first[stop])
+
+    def uniform_fields(self) -> tuple[str, ...] | None:
+        """The field names, in shard order, when every sample has the same ones (the usual case)."""
+        if self._uniform is False:
+            self._uniform = self._compute_uniform()
+        return self._uniform  # type: ignore[return-value]
+
+    def _compute_uniform(self) -> tuple[str, ...] | None:
+        n = len(self._keys)
+        if not n:
+            return ()
+        k = int(self._member_first[1])
+        if len(self._member_field) != n * k:
+            return None
+        grid = self._member_field.reshape(n, k)
+        if not bool(np.all(grid == grid[0])):
+            return None
+        return tuple(self._fields[i] for i in grid[0].tolist())
+
+    def member_fields(self, m0: int, m1: int) -> list[str]:
+        fields = self._fields
+        return [fields[i] for i in self._member_field[m0:m1].tolist()]
+
+    def member_spans(self, m0: int, m1: int, base: int) -> tuple[list[int], list[int]]:
+        """Start and end of each member's data, relative to ``base``."""
+        starts = self._member_offset[m0:m1] - base
+        return starts.tolist(), (starts + self._member_size[m0:m1]).tolist()
+
+    def sample_counts(self, start: int, stop: int) -> list[int]:
+        return np.diff(self._member_first[start : stop + 1]).tolist()
+
+    def to_bytes(self) -> bytes:
+        key_blob, key_ends = pack_strings(self._keys)
+        field_blob, field_ends = pack_strings(self._fields)
+        counts = np.array([len(self._keys), len(self._fields), len(self._member_offset), self._archive_end])
+        return pack_sidecar(
+            _KIND,
+            _VERSION,
+            [
+                array_section(counts, "<i8"),
+                key_blob,
+                key_ends,
+                field_blob,
+                field_ends,
+                array_section(self._sample_start, "<i8"),
+                array_section(self._member_first, "<i8"),
+                array_section(self._member_field, "<u4"),
+                array_section(self._member_offset, "<i8"),
+                array_section(self._member_size, "<i8"),
+            ],
+        )
+
+    @classmethod
+    def from_bytes(cls, data: bytes | memoryview, *, name: str) -> TarIndex:
+        sections = unpack_sidecar(data, _KIND, _VERSION, name=name)
+        if len(sections) != 10:
+            raise FormatError(f"tar sample index has {len(sections)} sections, expected 10", shard=name)
+        n, nfields, m, archive_end = read_array(sections[0], "<i8", 4, name=name, what="counts").tolist()
+        if min(n, nfields, m, archive_end) < 0:
+            raise FormatError("tar sample index has negative counts", shard=name)
+        return cls(
+            name=name,
+            keys=unpack_strings(sections[1], sections[2], n, name=name, what="keys"),
+            fields=unpack_strings(sections[3], sections[4], nfields, name=name, what="fields"),
+            sample_start=read_array(sections[5], "<i8", n, name=name, what="sample starts"),
+            member_first=read_array(sections[6], "<i8", n + 1, name=name, what="member ranges"),
+            member_field=read_array(sections[7], "<u4", m, name=name, what="member fields"),
+            member_offset=read_array(sections[8], "<i8", m, name=name, what="member offsets"),
+            member_size=read_array(sections[9], "<i8", m, name=name, what="member sizes"),
+            archive_end=archive_end,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TarIndex):
+            return NotImplemented
+        return self.to_bytes() == other.to_bytes()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self):
+        return (_load, (self.to_bytes(), self._name))
+
+    def __repr__(self) -> str:
+        return f"TarIndex(name={self._name!r}, samples={len(self._keys)}, members={len(self._member_offset)})"
+
+
+def _load(data: bytes, name: str) -> TarIndex:
+    return TarIndex.from_bytes(data, name=name)

@@ -1,0 +1,100 @@
+"""Microbenchmark of the shard codecs: encoder and decode samples/s, one process.
+
+    python tools/bench_formats.py [--samples 100000] [--repeat 3]
+
+Samples are small, as in a text or label corpus: three fields of ~300 bytes in all.
+Prints the best of ``--repeat`` runs; nothing is asserted (tests never time things).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import time
+from collections.abc import Callable
+
+from shardstream.formats import get_format
+from shardstream.types import ByteRange
+
+
+def make_samples(n: int) -> list[dict]:
+    return [
+        {
+            "__key__": f"sample{i:09d}",
+            "txt": b"lorem ipsum dolor sit amet %d " % i * 7,
+            "json": b'{"id": %d, "lang": "en", "score": 0.5}' % i,
+            "cls": b"%d" % (i % 1000),
+        }
+        for i in range(n)
+    ]
+
+
+def best(repeat: int, fn: Callable[[], object]) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def bench(fmt_name: str, samples: list[dict], repeat: int, run: int) -> None:
+    fmt = get_format(fmt_name)
+    n = len(samples)
+
+    def encode(hashing: bool = False):
+        buf = io.BytesIO()
+        enc = fmt.encoder(buf, name="bench")
+        write = enc.write
+        for sample in samples:
+            write(sample)
+        index = enc.close()
+        data = buf.getvalue()
+        if hashing:
+            hashlib.sha256(data).hexdigest()
+        return data, index
+
+    data, index = encode()
+    size = len(data)
+    t_enc = best(repeat, encode)
+    t_pack = best(repeat, lambda: encode(hashing=True))
+    whole = ByteRange(0, size)
+
+    def decode_all():
+        for _ in fmt.decode(data, whole, index, 0, n, name="bench"):
+            pass
+
+    def decode_runs():  # ranged reads of `run` consecutive samples, as a worker does
+        for start in range(0, n, run):
+            stop = min(n, start + run)
+            rng = index.byte_range(start, stop)
+            chunk = data[rng.start : rng.end]
+            for _ in fmt.decode(chunk, rng, index, start, stop, name="bench"):
+                pass
+
+    t_dec = best(repeat, decode_all)
+    t_runs = best(repeat, decode_runs)
+    t_index = best(repeat, lambda: fmt.build_index(io.BytesIO(data), name="bench"))
+    print(f"{fmt_name}: {n} samples, shard {size / 1e6:.1f} MB, index {len(index.to_bytes()) / 1e3:.0f} kB")
+    print(f"  encoder            {n / t_enc:>12,.0f} samples/s")
+    print(f"  encoder + sha256   {n / t_pack:>12,.0f} samples/s")
+    print(f"  decode whole shard {n / t_dec:>12,.0f} samples/s")
+    print(f"  decode runs of {run:<4}{n / t_runs:>12,.0f} samples/s")
+    print(f"  build_index        {n / t_index:>12,.0f} samples/s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=100_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--run", type=int, default=256, help="samples per ranged decode")
+    parser.add_argument("--formats", default="tar,parquet")
+    args = parser.parse_args()
+    samples = make_samples(args.samples)
+    for name in args.formats.split(","):
+        bench(name, samples, args.repeat, args.run)
+
+
+if __name__ == "__main__":
+    main()
