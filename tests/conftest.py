@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from tests.s3servers import MotoServer
+from tests.s3servers import MotoServer, SeaweedFS
 
 _SESSION_PIDS: set[int] = set()
 
@@ -39,12 +39,32 @@ def s3(moto_server, monkeypatch):
     ``AWS_*`` variables point at the server, so subprocesses (torchrun, the CLI) reach it
     with no options.
     """
-    urllib.request.urlopen(urllib.request.Request(moto_server.endpoint + "/moto-api/reset", method="POST")).read()
+    urllib.request.urlopen(
+        urllib.request.Request(moto_server.endpoint + "/moto-api/reset", method="POST")
+    ).read()
     for name, value in moto_server.env().items():
         monkeypatch.setenv(name, value)
     bucket = "bucket-" + uuid.uuid4().hex[:8]
     moto_server.create_bucket(bucket)
-    yield f"s3://{bucket}", moto_server.storage_options()
+    return f"s3://{bucket}", moto_server.storage_options()
+
+
+@pytest.fixture(scope="session")
+def seaweedfs():
+    """A SeaweedFS S3 server (``weed mini``) for the whole session; yields the server.
+
+    Only one runs per machine at a time (fixed internal ports; see tests/s3servers.py),
+    so starting it may wait for another test session to finish with it. Tests make
+    their own bucket with ``seaweedfs.create_bucket`` and pass
+    ``seaweedfs.storage_options()``.
+    """
+    server = SeaweedFS()
+    server.start()
+    register_session_pid(server.pid)
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def _child_pids() -> set[int]:
@@ -75,9 +95,7 @@ def _no_leaks(request):
     temps_before = _temp_entries()
     yield
     deadline_threads = [
-        t
-        for t in threading.enumerate()
-        if t not in threads_before and t.is_alive() and not t.daemon
+        t for t in threading.enumerate() if t not in threads_before and t.is_alive() and not t.daemon
     ]
     for t in deadline_threads:
         t.join(timeout=5)

@@ -26,6 +26,7 @@ from shardstream.types import ByteRange
 __all__ = ["RetryPolicy", "call_with_retry", "is_not_found", "is_transient"]
 
 R = TypeVar("R")
+_sleep = time.sleep  # looked up at each call, so tests can count the waits
 
 # S3 error codes (and HTTP statuses) that say "try again later".
 _TRANSIENT_CODES = frozenset(
@@ -200,13 +201,14 @@ def call_with_retry(
     what: str,
     url: str,
     rng: ByteRange | None = None,
-    sleep: Callable[[float], object] = time.sleep,
+    sleep: Callable[[float], object] | None = None,
 ) -> R:
     """Run ``operation`` until it succeeds, retrying transient errors per ``policy``.
 
     A permanent error fails at once as a ``StorageError``; running out of tries raises
     ``TransientStorageError``; both name ``url`` and the byte range.
     """
+    wait = sleep if sleep is not None else _sleep
     last: BaseException | None = None
     for failures in range(1, policy.attempts + 1):
         try:
@@ -216,7 +218,7 @@ def call_with_retry(
                 raise permanent_error(error, what, url, rng) from error
             last = error
             if failures < policy.attempts:
-                sleep(policy.delay(failures))
+                wait(policy.delay(failures))
     raise TransientStorageError(
         f"{what}{_where(rng)} failed after {policy.attempts} tries: {type(last).__name__}: {last}",
         url=url,
