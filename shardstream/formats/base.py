@@ -91,7 +91,14 @@ class ShardFormat(ABC):
 
     @abstractmethod
     def decode(
-        self, data: bytes | memoryview, rng: ByteRange, index: SampleIndex, start: int, stop: int, *, name: str
+        self,
+        data: bytes | memoryview,
+        rng: ByteRange,
+        index: SampleIndex,
+        start: int,
+        stop: int,
+        *,
+        name: str,
     ) -> Iterator[Sample]:
         """Samples ``[start, stop)`` from ``data``, the bytes of ``rng`` in the shard.
 
