@@ -87,6 +87,23 @@ def _temp_entries() -> set[str]:
     return {e for e in os.listdir(tempfile.gettempdir()) if e.startswith("shardstream")}
 
 
+def _multiprocessing_helpers() -> set[int]:
+    """multiprocessing's resource tracker and forkserver: one per session, started on first use.
+
+    The first ``spawn`` or ``forkserver`` start (a DataLoader worker, a test's child)
+    starts them; they serve every later start and exit with the session, so they are
+    not leaks of the test that happened to start them first.
+    """
+    import multiprocessing.forkserver
+    import multiprocessing.resource_tracker
+
+    pids = {
+        getattr(multiprocessing.resource_tracker._resource_tracker, "_pid", None),
+        getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None),
+    }
+    return {pid for pid in pids if pid}
+
+
 @pytest.fixture(autouse=True)
 def _no_leaks(request):
     """Fail a test that leaves a thread, a child process or a shardstream temp file behind."""
@@ -100,7 +117,7 @@ def _no_leaks(request):
     for t in deadline_threads:
         t.join(timeout=5)
     leaked_threads = [t.name for t in deadline_threads if t.is_alive()]
-    leaked_children = _child_pids() - children_before - _SESSION_PIDS
+    leaked_children = _child_pids() - children_before - _SESSION_PIDS - _multiprocessing_helpers()
     leaked_temps = _temp_entries() - temps_before
     problems = []
     if leaked_threads:
