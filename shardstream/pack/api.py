@@ -1,0 +1,124 @@
+"""``shardstream.pack(source, dest, ...)``: a source folder or file in, a dataset out."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
+
+from shardstream.errors import PackError
+from shardstream.manifest import Manifest
+from shardstream.pack.dest import DatasetTarget
+from shardstream.pack.options import PackOptions, Part
+from shardstream.pack.parallel import JobContext, ShardJob, cut_shards, default_workers, run_jobs
+from shardstream.pack.shard import ShardResult
+from shardstream.pack.sources import Source, open_source
+from shardstream.pack.sources.base import Entry, is_local
+from shardstream.storage import Storage
+
+__all__ = ["PackProgress", "pack"]
+
+
+class PackProgress(Protocol):
+    """What ``pack`` reports progress to (``shardstream.progress.Progress`` is one)."""
+
+    def set_total(self, samples: int | None) -> None: ...
+
+    def update(self, samples: int, nbytes: int) -> None: ...
+
+
+def pack(
+    source: str | os.PathLike[str] | Source,
+    dest: str | os.PathLike[str],
+    *,
+    format: str = "tar",
+    shard_size: int | str | None = None,
+    samples_per_shard: int | None = None,
+    workers: int | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    compression: str | None = None,
+    source_type: str | None = None,
+    source_options: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+    part: str | tuple[int, int] | Part | None = None,
+    progress: PackProgress | None = None,
+) -> Manifest:
+    """Pack ``source`` into shards at ``dest`` and return the manifest.
+
+    ``source`` is a folder of files grouped by key, a JSON Lines or CSV file, Parquet
+    files or tar shards (``source_type`` names one; by default it is detected).
+    ``shard_size`` (bytes or ``"256MB"``) and/or ``samples_per_shard`` cut shards;
+    with neither, shards are of 256MB. ``workers`` processes write shards (default:
+    the core count); the result is byte-identical for any number. ``storage_options``
+    go to fsspec for ``dest`` (and for a remote source, unless ``source_options``).
+    With ``part="I/N"`` only the I-th of N slices is packed, into shards named for the
+    part and a part record instead of the manifest (``shardstream index`` joins parts).
+    """
+    options = PackOptions.create(
+        format=format,
+        shard_size=shard_size,
+        samples_per_shard=samples_per_shard,
+        compression=compression,
+        part=part,
+        overwrite=overwrite,
+    )
+    if workers is not None and (isinstance(workers, bool) or int(workers) < 1):
+        raise PackError(f"workers must be a positive integer, not {workers!r}")
+    src = (
+        source if isinstance(source, Source) else _open(source, source_type, storage_options, source_options)
+    )
+    storage = Storage(os.fspath(dest), storage_options)
+    try:
+        target = DatasetTarget(storage, options)
+        start, stop, total = _slice(src, options.part)
+        if progress is not None:
+            progress.set_total(total)
+        jobs = _jobs(cut_shards(src, options, start, stop), options, target)
+        context = JobContext(storage, src, options.format, options.compression)
+        on_done = None if progress is None else _reporter(progress)
+        results = run_jobs(jobs, context, workers or default_workers(), on_done)
+        if not results and options.part is None:
+            raise PackError("the source holds no samples", url=src.url)
+        target.prepare_once()
+        return target.finish(results)
+    finally:
+        storage.close()
+
+
+def _open(
+    source: str | os.PathLike[str],
+    source_type: str | None,
+    storage_options: Mapping[str, Any] | None,
+    source_options: Mapping[str, Any] | None,
+) -> Source:
+    url = os.fspath(source)
+    if source_options is None and not is_local(url):
+        source_options = storage_options
+    return open_source(url, source_type=source_type, storage_options=source_options)
+
+
+def _slice(source: Source, part: Part | None) -> tuple[int, int | None, int | None]:
+    """(start, stop, sample count if known) of the samples to pack."""
+    if part is None:
+        return 0, None, source.estimate()
+    total = source.count()
+    if total == 0:
+        raise PackError("the source holds no samples", url=source.url)
+    start, stop = part.slice(total)
+    return start, stop, stop - start
+
+
+def _jobs(cuts: Iterator[list[Entry]], options: PackOptions, target: DatasetTarget) -> Iterator[ShardJob]:
+    # The destination is touched (an old manifest deleted with overwrite) only once the
+    # first shard is cut: an empty or unreadable source changes nothing.
+    for number, entries in enumerate(cuts):
+        target.prepare_once()
+        name = options.shard_name(number)
+        yield ShardJob(number, name, entries, target.expected(name))
+
+
+def _reporter(progress: PackProgress) -> Any:
+    def on_done(result: ShardResult) -> None:
+        progress.update(result.info.samples, result.info.bytes)
+
+    return on_done

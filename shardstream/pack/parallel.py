@@ -1,0 +1,197 @@
+"""Cut a source into shards in the parent process; write the shards in worker processes.
+
+# NOTE [ Deterministic parallel pack ]
+# The bytes of a dataset must not depend on ``workers``. They depend only on the sample
+# order and on where shards are cut, so the parent process does both: it scans the
+# source in order, sizes every sample (``Source.size``: the folder source sizes files
+# from the listing without reading them) and cuts shards by NOTE [ Shard boundaries ]
+# in ``writer``. Each cut becomes a ``ShardJob`` (its number and entries), and a worker
+# writes the whole shard, loading lazy entries itself, so file contents never cross a
+# pipe. Results come back in any order and are put back in shard order for the
+# manifest. With one worker (or one shard) the same jobs run in this process.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any
+
+from shardstream.errors import PackError, ShardstreamError
+from shardstream.formats import get_format
+from shardstream.manifest import ShardInfo
+from shardstream.pack.options import PackOptions
+from shardstream.pack.shard import ShardOutput, ShardResult
+from shardstream.pack.sources.base import Entry, Source, tar_ready
+from shardstream.pack.writer import oversize_error
+from shardstream.storage import Storage
+
+__all__ = ["JobContext", "ShardJob", "cut_shards", "default_workers", "run_jobs"]
+
+
+@dataclass(frozen=True, slots=True)
+class ShardJob:
+    """One shard to write: its number and name, its entries, and what it must match."""
+
+    number: int
+    name: str
+    entries: list[Entry]
+    expected: ShardInfo | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobContext:
+    """What every shard job needs besides its entries (pickled once per worker)."""
+
+    storage: Storage
+    source: Source
+    format: str
+    compression: str | None
+
+
+def default_workers() -> int:
+    """The number of cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def cut_shards(
+    source: Source, options: PackOptions, start: int = 0, stop: int | None = None
+) -> Iterator[list[Entry]]:
+    """The entries of each shard, in order (NOTE [ Shard boundaries ] in ``writer``)."""
+    fmt = options.fmt
+    budget, max_samples = options.limits()
+    sized = options.shard_size is not None
+    adapt = fmt.name == "tar" and not source.lazy
+    entries: list[Entry] = []
+    nbytes = 0
+    for entry in source.scan(start, stop):
+        if adapt and entry.sample is not None:
+            entry = entry._replace(sample=tar_ready(entry.sample, entry.url, entry.line))
+        size = 0
+        if sized:
+            try:
+                size = source.size(entry, fmt)
+            except ShardstreamError as error:
+                raise _at_entry(error, entry) from None
+            if size > budget:
+                raise _at_entry(oversize_error(entry.key, size, options, budget), entry)
+        if entries and (len(entries) >= max_samples or nbytes + size > budget):
+            yield entries
+            entries, nbytes = [], 0
+        entries.append(entry)
+        nbytes += size
+    if entries:
+        yield entries
+
+
+def _at_entry(error: ShardstreamError, entry: Entry) -> PackError:
+    """``error`` as a PackError naming the entry's file (or the sample's first file) and line."""
+    url = entry.url
+    if entry.sample is None and isinstance(entry.where, tuple) and entry.where:
+        first = entry.where[0]
+        url = first[1] if isinstance(first, tuple) and len(first) > 1 else url
+    message = error.message if entry.key in error.message else f"sample {entry.key!r}: {error.message}"
+    return PackError(message, url=error.url or url, shard=error.shard, offset=error.offset, line=entry.line)
+
+
+def write_job(job: ShardJob, context: JobContext) -> ShardResult:
+    """Write one shard, loading its entries (in a worker, or in the parent)."""
+    fmt = get_format(context.format)
+    source = context.source
+    load = source.load if source.lazy else None
+    output = ShardOutput(
+        context.storage, fmt, job.name, compression=context.compression, expected=job.expected
+    )
+    write = output.write
+    try:
+        for entry in job.entries:
+            try:
+                write(load(entry) if load is not None else entry.sample)  # type: ignore[arg-type]
+            except ShardstreamError as error:
+                raise _at_entry(error, entry) from None
+    except BaseException:
+        output.abort()
+        raise
+    return output.finish()
+
+
+_WORKER: dict[str, JobContext] = {}
+
+
+def _init_worker(context: JobContext) -> None:
+    _WORKER["context"] = context
+
+
+def _work(job: ShardJob) -> ShardResult:
+    return write_job(job, _WORKER["context"])
+
+
+def _mp_context() -> Any:
+    """fork when this process has no other thread (fast, and safe then); spawn otherwise."""
+    if "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1:
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context("spawn")
+
+
+def run_jobs(
+    jobs: Iterator[ShardJob],
+    context: JobContext,
+    workers: int,
+    on_done: Callable[[ShardResult], None] | None = None,
+) -> list[ShardResult]:
+    """Write every job's shard; results in shard order. One worker or one shard: in this process."""
+    first = next(jobs, None)
+    second = next(jobs, None) if first is not None else None
+    if first is None:
+        return []
+    ordered = chain([first], [second] if second is not None else [], jobs)
+    if workers <= 1 or second is None:
+        results = []
+        for job in ordered:
+            results.append(write_job(job, context))
+            if on_done is not None:
+                on_done(results[-1])
+        return results
+    return _run_pool(ordered, context, workers, on_done)
+
+
+def _run_pool(
+    jobs: Iterator[ShardJob], context: JobContext, workers: int, on_done: Callable[[ShardResult], None] | None
+) -> list[ShardResult]:
+    done: dict[int, ShardResult] = {}
+    pending: dict[Future[ShardResult], int] = {}
+    pool = ProcessPoolExecutor(
+        workers, mp_context=_mp_context(), initializer=_init_worker, initargs=(context,)
+    )
+
+    def collect(block: bool) -> None:
+        finished, _ = wait(list(pending), return_when=FIRST_COMPLETED, timeout=None if block else 0)
+        for future in sorted(finished, key=pending.__getitem__):
+            number = pending.pop(future)
+            done[number] = future.result()
+            if on_done is not None:
+                on_done(done[number])
+
+    try:
+        for job in jobs:
+            # Bounded: the parent plans at most two shards per worker ahead of the writers.
+            while len(pending) >= 2 * workers:
+                collect(block=True)
+            pending[pool.submit(_work, job)] = job.number
+            collect(block=False)
+        while pending:
+            collect(block=True)
+    except BrokenProcessPool:
+        raise PackError("a pack worker process died (out of memory, or killed)") from None
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return [done[number] for number in sorted(done)]

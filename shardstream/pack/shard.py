@@ -1,0 +1,240 @@
+"""One shard written to storage: encoded, hashed on the way, stored atomically, with its sidecar.
+
+# NOTE [ Restartable shards ]
+# A shard goes to its final name only when it is whole (``Storage.writer`` is atomic),
+# and its sidecar index is written after it, the manifest after all of them. A pack
+# killed at any moment therefore leaves whole shards, maybe without sidecars, and no
+# manifest. When the same pack runs again, each shard is encoded again (that is cheap
+# next to moving its bytes) and hashed as it is written to the local spool; a shard
+# already at its final name is kept, and the new bytes discarded, when its size and
+# sha256 are those of the new bytes. So a rerun uploads only what is missing, and an
+# existing object is replaced only by the exact bytes a clean run would write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import IO, Any, cast
+
+from shardstream.errors import ShardstreamError, UsageError
+from shardstream.formats import SampleIndex, ShardFormat
+from shardstream.formats.base import Sample
+from shardstream.manifest import ShardInfo
+from shardstream.storage import Storage
+
+__all__ = ["HashingSink", "ShardOutput", "ShardResult", "sha256_of", "write_shard"]
+
+_CHUNK = 1 << 20  # bytes gathered before one hash update and one write
+_READ_CHUNK = 8 << 20
+
+
+class HashingSink:
+    """A write-only file object that hashes what goes through it, in large chunks.
+
+    Encoders write a sample at a time; gathering those small writes into 1 MiB chunks
+    makes one hash update and one write per MiB instead of per sample.
+    """
+
+    def __init__(self, file: IO[bytes]) -> None:
+        self._file = file
+        self._hash = hashlib.sha256()
+        self._buffer = bytearray()
+        self._written = 0
+        self.closed = False
+
+    def write(self, data: Any) -> int:
+        n = len(data) if isinstance(data, bytes) else memoryview(data).nbytes
+        if n >= _CHUNK:
+            self._flush()
+            self._hash.update(data)
+            self._file.write(data)
+            self._written += n
+            return n
+        buffer = self._buffer
+        buffer += data
+        if len(buffer) >= _CHUNK:
+            self._flush()
+        return n
+
+    def _flush(self) -> None:
+        buffer = self._buffer
+        if buffer:
+            self._hash.update(buffer)
+            self._file.write(buffer)
+            self._written += len(buffer)
+            buffer.clear()
+
+    def flush(self) -> None:
+        self._flush()
+
+    def tell(self) -> int:
+        return self._written + len(self._buffer)
+
+    def writable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return False
+
+    def seekable(self) -> bool:
+        return False
+
+    def close(self) -> None:  # encoders leave the file open; the owner finishes it
+        self._flush()
+
+    @property
+    def size(self) -> int:
+        return self.tell()
+
+    def hexdigest(self) -> str:
+        self._flush()
+        return self._hash.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class ShardResult:
+    """What writing one shard gave: its manifest entry, fields and (Parquet) schema."""
+
+    info: ShardInfo
+    fields: tuple[str, ...] = ()
+    schema: dict[str, str] = field(default_factory=dict)
+    reused: bool = False
+
+
+class _Discard(Exception):
+    """Thrown into a storage writer to make it drop what was written."""
+
+
+class ShardOutput:
+    """A shard being written: ``write`` samples, then ``finish`` (or ``abort``).
+
+    ``expected`` is the manifest entry the shard must match when the destination
+    already holds a dataset that may not be replaced (no ``overwrite``).
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        fmt: ShardFormat,
+        name: str,
+        *,
+        compression: str | None = None,
+        expected: ShardInfo | None = None,
+    ) -> None:
+        self.name = name
+        self._storage = storage
+        self._expected = expected
+        self._context: AbstractContextManager[IO[bytes]] | None = storage.writer(name)
+        self._sink = HashingSink(self._context.__enter__())
+        try:
+            self._encoder = fmt.encoder(cast(IO[bytes], self._sink), name=name, compression=compression)
+        except BaseException:
+            self.abort()
+            raise
+        self.write = self._encoder.write  # the hot path: no wrapper call per sample
+
+    @property
+    def num_samples(self) -> int:
+        return self._encoder.num_samples
+
+    def finish(self) -> ShardResult:
+        """Close the shard; store it (or keep an identical one already there), then its sidecar."""
+        try:
+            index = self._encoder.close()
+            digest, size = self._sink.hexdigest(), self._sink.size
+            reused = self._matches_existing(digest, size)
+        except BaseException:
+            self.abort()
+            raise
+        self._end(keep=not reused)
+        sidecar = index.to_bytes()
+        info = ShardInfo(
+            path=self.name,
+            samples=index.num_samples,
+            bytes=size,
+            sha256=digest,
+            index=self.name + ".idx",
+            index_bytes=len(sidecar),
+        )
+        _write_if_changed(self._storage, info.index, sidecar)
+        return ShardResult(info, *fields_and_schema(index), reused=reused)
+
+    def abort(self) -> None:
+        """Drop the shard: nothing of it becomes visible."""
+        self._end(keep=False)
+
+    def _end(self, *, keep: bool) -> None:
+        context, self._context = self._context, None
+        if context is None:
+            return
+        if keep:
+            context.__exit__(None, None, None)
+            return
+        with contextlib.suppress(_Discard):
+            context.__exit__(_Discard, _Discard(), None)
+
+    def _matches_existing(self, digest: str, size: int) -> bool:
+        """Whether the object at the shard's name already holds these bytes (see NOTE above)."""
+        expected = self._expected
+        if expected is not None:
+            if expected.sha256 == digest and expected.bytes == size:
+                return self._storage.exists(self.name)
+            raise UsageError(
+                f"the destination holds another dataset: shard {self.name} differs from the one in its "
+                "manifest; pass overwrite=True (--overwrite) to replace that dataset",
+                url=self._storage.url,
+                shard=self.name,
+            )
+        storage = self._storage
+        if not storage.exists(self.name) or storage.size(self.name) != size:
+            return False
+        return sha256_of(storage, self.name) == digest
+
+
+def fields_and_schema(index: SampleIndex) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The fields (and Parquet schema) a format's index knows, if it exposes them."""
+    fields = tuple(getattr(index, "fields", ()) or ())
+    schema = getattr(index, "schema", None)
+    return fields, dict(schema) if isinstance(schema, dict) else {}
+
+
+def sha256_of(storage: Storage, path: str) -> str:
+    """The sha256 of a stored object, read as a stream."""
+    digest = hashlib.sha256()
+    with storage.open(path) as f:
+        while chunk := f.read(_READ_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_if_changed(storage: Storage, path: str, data: bytes) -> None:
+    try:
+        if storage.exists(path) and storage.size(path) == len(data) and storage.read(path) == data:
+            return
+    except ShardstreamError:
+        pass  # unreadable: write it again
+    storage.write(path, data)
+
+
+def write_shard(
+    storage: Storage,
+    fmt: ShardFormat,
+    name: str,
+    samples: Iterable[Sample],
+    *,
+    compression: str | None = None,
+    expected: ShardInfo | None = None,
+) -> ShardResult:
+    """Write all of ``samples`` as the shard ``name``."""
+    output = ShardOutput(storage, fmt, name, compression=compression, expected=expected)
+    try:
+        for sample in samples:
+            output.write(sample)
+    except BaseException:
+        output.abort()
+        raise
+    return output.finish()

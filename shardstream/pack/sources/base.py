@@ -1,0 +1,255 @@
+"""What every pack source is: a class that lists samples in a fixed order.
+
+A source turns some input (a folder of files, a JSON Lines file, ...) into a sequence
+of :class:`Entry` in a deterministic order. An entry carries its sample itself
+(``inline`` sources: the sample was parsed anyway), or only what a worker process needs
+to load it later (``lazy`` sources: the folder source plans shards from file sizes and
+lets workers read the files). Either way the parent process knows every sample's size
+in the shard before any shard is written; see NOTE [ Deterministic parallel pack ] in
+``shardstream.pack.parallel``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from typing import IO, Any, ClassVar, NamedTuple
+
+import fsspec
+from fsspec.core import split_protocol
+
+from shardstream.errors import PackError
+from shardstream.formats.base import Sample, ShardFormat
+
+__all__ = [
+    "COMPRESSION_SUFFIXES",
+    "Entry",
+    "Source",
+    "folder_of",
+    "has_suffix",
+    "is_dir",
+    "is_local",
+    "list_files",
+    "open_file",
+    "sample_key",
+    "source_files",
+    "tar_ready",
+]
+
+# What fsspec decompresses on the fly (``compression="infer"``).
+COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".lz4")
+
+
+class Entry(NamedTuple):
+    """One sample of a source, in source order."""
+
+    key: str
+    sample: Sample | None  # the sample (inline sources), or None: ``Source.load`` reads it
+    where: Any  # what ``load`` needs (lazy sources); None for inline ones
+    url: str  # the file it comes from, for errors
+    line: int | None = None  # its line in that file (JSON Lines, CSV), for errors
+
+
+class Source(ABC):
+    """A registered kind of input to ``shardstream pack``.
+
+    Subclasses set ``name`` and implement ``detect`` and ``scan``; lazy ones also
+    ``size`` and ``load``. A source pickles as its configuration: worker processes
+    rebuild their own file handles.
+    """
+
+    name: ClassVar[str]
+    lazy: ClassVar[bool] = False
+    # A fallback source (the folder of files) is tried only when no other one claims a URL.
+    fallback: ClassVar[bool] = False
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        self.url = url
+        self.storage_options = dict(storage_options or {})
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    @classmethod
+    @abstractmethod
+    def detect(cls, url: str, storage_options: Mapping[str, Any], is_dir: bool) -> bool:
+        """Whether this source reads ``url`` (called by auto-detection)."""
+
+    @abstractmethod
+    def scan(self, start: int = 0, stop: int | None = None) -> Iterator[Entry]:
+        """Entries ``[start, stop)`` in source order; ``PackError`` names file and line."""
+
+    def count(self) -> int:
+        """The exact number of samples (``--part`` needs it); may read the whole source."""
+        return sum(1 for _ in self.scan())
+
+    def estimate(self) -> int | None:
+        """The number of samples if it is cheap to know (for the progress bar), else None."""
+        return None
+
+    def size(self, entry: Entry, fmt: ShardFormat) -> int:
+        """Bytes ``entry`` adds to a shard of ``fmt``, known before the sample is loaded."""
+        if entry.sample is None:
+            raise PackError(f"source {self.name!r} gave no sample for {entry.key!r}", url=entry.url)
+        return fmt.sample_size(entry.sample)
+
+    def load(self, entry: Entry) -> Sample:
+        """The sample of ``entry`` (in a worker process, for lazy sources)."""
+        if entry.sample is None:
+            raise PackError(f"source {self.name!r} gave no sample for {entry.key!r}", url=entry.url)
+        return entry.sample
+
+
+def is_local(url: str) -> bool:
+    return split_protocol(url)[0] in (None, "file", "local")
+
+
+def has_suffix(url: str, suffixes: tuple[str, ...], *, compressed: bool = True) -> bool:
+    """Whether ``url`` ends with one of ``suffixes``, optionally followed by a compression suffix."""
+    name = url.rstrip("/").rsplit("/", 1)[-1].lower()
+    if compressed:
+        for compression in COMPRESSION_SUFFIXES:
+            if name.endswith(compression):
+                name = name[: -len(compression)]
+                break
+    return name.endswith(suffixes)
+
+
+def list_files(url: str, storage_options: Mapping[str, Any]) -> Iterator[tuple[str, str, int]]:
+    """(path relative to the folder ``url``, full path or URL, size) of every file in it.
+
+    Recursive, in no particular order; files and folders whose name starts with a dot
+    are skipped. Symbolic links to files are followed, to folders not.
+    """
+    if is_local(url):
+        root = os.path.abspath(os.path.expanduser(fsspec.core.strip_protocol(url)))
+        yield from _walk_local(root, "")
+        return
+    fs, root = fsspec.core.url_to_fs(url, **storage_options)
+    root = root.rstrip("/")
+    protocol = url.split("://", 1)[0]
+    try:
+        found = fs.find(root, withdirs=False, detail=True)
+    except (OSError, ValueError) as error:
+        raise PackError(f"cannot list source folder: {error}", url=url) from None
+    for path, info in found.items():
+        rel = path[len(root) + 1 :]
+        if info.get("type") == "file" and not any(part.startswith(".") for part in rel.split("/")):
+            yield rel, f"{protocol}://{path}", int(info["size"])
+
+
+def _walk_local(directory: str, prefix: str) -> Iterator[tuple[str, str, int]]:
+    try:
+        with os.scandir(directory) as it:
+            found = list(it)
+    except OSError as error:
+        raise PackError(f"cannot list folder: {error.strerror}", url=directory) from None
+    for item in found:
+        if item.name.startswith("."):
+            continue
+        try:
+            if item.is_dir(follow_symlinks=False):
+                yield from _walk_local(item.path, f"{prefix}{item.name}/")
+            elif item.is_file():
+                yield f"{prefix}{item.name}", item.path, item.stat().st_size
+        except OSError as error:
+            raise PackError(f"cannot read file: {error.strerror}", url=item.path) from None
+
+
+def source_files(url: str, storage_options: Mapping[str, Any], suffixes: tuple[str, ...]) -> list[str]:
+    """``url`` itself, or the files with one of ``suffixes`` in the folder ``url``, sorted.
+
+    Names starting with ``_`` (Spark's ``_SUCCESS``) are skipped in a folder; any other
+    file is an error, so a typo never silently drops data.
+    """
+    if not is_dir(url, storage_options):
+        return [url]
+    found = []
+    for rel, path, _ in list_files(url, storage_options):
+        if rel.rsplit("/", 1)[-1].startswith("_"):
+            continue
+        if not has_suffix(rel, suffixes):
+            raise PackError(f"unexpected file in a folder of {'/'.join(suffixes)} files", url=path)
+        found.append((rel, path))
+    if not found:
+        raise PackError("source folder holds no files", url=url)
+    return [path for _, path in sorted(found)]
+
+
+def folder_of(url: str, storage_options: Mapping[str, Any], suffixes: tuple[str, ...]) -> bool:
+    """Whether the folder ``url`` holds files, all with one of ``suffixes`` (markers aside)."""
+    try:
+        return bool(source_files(url, storage_options, suffixes))
+    except PackError:
+        return False
+
+
+def is_dir(url: str, storage_options: Mapping[str, Any]) -> bool:
+    """Whether ``url`` is a folder; ``PackError`` if it does not exist."""
+    if is_local(url):
+        path = os.path.expanduser(fsspec.core.strip_protocol(url))
+        if not os.path.exists(path):
+            raise PackError("source not found", url=url)
+        return os.path.isdir(path)
+    fs, path = fsspec.core.url_to_fs(url, **storage_options)
+    try:
+        if fs.isdir(path):
+            return True
+        fs.info(path)
+    except FileNotFoundError:
+        raise PackError("source not found", url=url) from None
+    except (OSError, ValueError) as error:
+        raise PackError(f"cannot reach source: {error}", url=url) from None
+    return False
+
+
+def open_file(url: str, storage_options: Mapping[str, Any], mode: str = "rb") -> IO[Any]:
+    """``url`` opened for reading (any fsspec URL; ``.gz``, ``.zst``, ... decompressed)."""
+    try:
+        return fsspec.open(url, mode, compression="infer", **storage_options).open()
+    except FileNotFoundError:
+        raise PackError("source file not found", url=url) from None
+    except (OSError, ValueError) as error:
+        raise PackError(f"cannot open source file: {error}", url=url) from None
+
+
+def sample_key(index: int) -> str:
+    """The key of the ``index``-th sample of a source whose samples have no names."""
+    return f"{index:09d}"
+
+
+def tar_ready(sample: Sample, entry_url: str, line: int | None) -> Sample:
+    """``sample`` with values a tar member can hold: bytes, str (UTF-8) or int (decimal).
+
+    JSON Lines, CSV and Parquet give other Python values: a float or bool becomes its
+    JSON text, a list or dict its JSON document, and a None (a missing value) leaves
+    the field out of that sample, as a missing file would.
+    """
+    for value in sample.values():
+        if type(value) not in (bytes, str, int):
+            break
+    else:
+        return sample
+    ready: Sample = {}
+    for field, value in sample.items():
+        if value is None:
+            continue
+        if isinstance(value, (bytes, bytearray, memoryview, str)) or (
+            isinstance(value, int) and not isinstance(value, bool)
+        ):
+            ready[field] = value
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise PackError(f"field {field!r} is {value}, which JSON cannot hold", url=entry_url, line=line)
+        else:
+            try:
+                ready[field] = json.dumps(
+                    value, ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=str
+                )
+            except (TypeError, ValueError) as error:
+                raise PackError(
+                    f"field {field!r} cannot be stored in a tar shard: {error}", url=entry_url, line=line
+                ) from None
+    return ready

@@ -1,0 +1,71 @@
+"""JSON Lines: one JSON object per line, one sample per object.
+
+The object's ``__key__`` (a string) names the sample; without one the sample is named
+by its number in the file (``000000042``). Blank lines are skipped. Other members are
+the fields; for tar shards non-text values become JSON (see ``tar_ready``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from shardstream.errors import PackError
+from shardstream.pack.sources.base import Entry, Source, has_suffix, open_file, sample_key
+
+__all__ = ["JsonlSource"]
+
+_SUFFIXES = (".jsonl", ".ndjson", ".json")
+
+
+class JsonlSource(Source):
+    """A JSON Lines file (``.jsonl``, ``.ndjson``, ``.json``; compressed too)."""
+
+    name = "jsonl"
+
+    @classmethod
+    def detect(cls, url: str, storage_options: Mapping[str, Any], is_dir: bool) -> bool:
+        return not is_dir and has_suffix(url, _SUFFIXES)
+
+    def _lines(self) -> Iterator[tuple[int, bytes]]:
+        """(line number, line) of every non-blank line."""
+        with open_file(self.url, self.storage_options) as f:
+            try:
+                for number, line in enumerate(f, 1):
+                    if line.strip():
+                        yield number, line
+            except OSError as error:
+                raise PackError(f"cannot read source file: {error}", url=self.url) from None
+
+    def scan(self, start: int = 0, stop: int | None = None) -> Iterator[Entry]:
+        url = self.url
+        for index, (number, line) in enumerate(self._lines()):
+            if index < start:
+                continue
+            if stop is not None and index >= stop:
+                break
+            try:
+                sample = json.loads(line)
+            except ValueError as error:
+                raise PackError(f"invalid JSON: {_reason(error)}", url=url, line=number) from None
+            if type(sample) is not dict:
+                raise PackError(
+                    f"a line must hold a JSON object, not {type(sample).__name__}", url=url, line=number
+                )
+            key = sample.pop("__key__", None)
+            if key is None:
+                key = sample_key(index)
+            elif type(key) is not str:
+                raise PackError(f"__key__ must be a string, not {key!r}", url=url, line=number)
+            sample["__key__"] = key
+            yield Entry(key, sample, None, url, number)
+
+    def count(self) -> int:
+        return sum(1 for _ in self._lines())
+
+
+def _reason(error: ValueError) -> str:
+    if isinstance(error, json.JSONDecodeError):
+        return f"{error.msg} at column {error.colno}"
+    return str(error)

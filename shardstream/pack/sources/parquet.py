@@ -1,0 +1,100 @@
+"""Parquet files (one, or a folder of them as Spark and Ray write): one sample per row.
+
+A ``__key__`` column names the samples; without one a sample is named by its number
+across all files (``000000042``). Files are read in order of path, a row group at a
+time; Spark's ``_SUCCESS`` markers are ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from shardstream.errors import PackError
+from shardstream.pack.sources.base import (
+    Entry,
+    Source,
+    folder_of,
+    has_suffix,
+    open_file,
+    sample_key,
+    source_files,
+)
+
+__all__ = ["ParquetSource"]
+
+_BATCH_ROWS = 1024
+
+
+class ParquetSource(Source):
+    """A Parquet file, or a folder holding only Parquet files."""
+
+    name = "parquet"
+
+    @classmethod
+    def detect(cls, url: str, storage_options: Mapping[str, Any], is_dir: bool) -> bool:
+        if not is_dir:
+            return has_suffix(url, (".parquet",), compressed=False)
+        return folder_of(url, storage_options, (".parquet",))
+
+    def _files(self) -> list[str]:
+        return source_files(self.url, self.storage_options, (".parquet",))
+
+    def count(self) -> int:
+        total = 0
+        for path in self._files():
+            with open_file(path, self.storage_options) as f:
+                total += _parquet(f, path).metadata.num_rows
+        return total
+
+    def estimate(self) -> int | None:
+        return self.count()
+
+    def scan(self, start: int = 0, stop: int | None = None) -> Iterator[Entry]:
+        index = 0
+        for path in self._files():
+            if stop is not None and index >= stop:
+                return
+            with open_file(path, self.storage_options) as f:
+                pf = _parquet(f, path)
+                rows = pf.metadata.num_rows
+                if index + rows <= start:
+                    index += rows
+                    continue
+                yield from self._rows(pf, path, index, start, stop)
+                index += rows
+
+    def _rows(
+        self, pf: pq.ParquetFile, path: str, index: int, start: int, stop: int | None
+    ) -> Iterator[Entry]:
+        """Entries of one file whose first row has number ``index``."""
+        groups = []
+        for group in range(pf.metadata.num_row_groups):
+            rows = pf.metadata.row_group(group).num_rows
+            if index + rows > start:
+                groups.append(group)
+            else:
+                index += rows
+        try:
+            for batch in pf.iter_batches(batch_size=_BATCH_ROWS, row_groups=groups, use_threads=False):
+                for sample in batch.to_pylist():
+                    if stop is not None and index >= stop:
+                        return
+                    if index >= start:
+                        key = sample.pop("__key__", None)
+                        key = sample_key(index) if key is None else str(key)
+                        sample["__key__"] = key
+                        yield Entry(key, sample, None, path)
+                    index += 1
+        except (OSError, pa.ArrowException) as error:
+            raise PackError(f"cannot read Parquet file: {error}", url=path) from None
+
+
+def _parquet(f: Any, path: str) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(f)
+    except (OSError, pa.ArrowException) as error:
+        raise PackError(f"not a readable Parquet file: {error}", url=path) from None

@@ -1,0 +1,183 @@
+"""``ShardWriter``: a program hands it samples, it leaves a dataset (shards, sidecars, manifest).
+
+    with shardstream.ShardWriter("s3://bucket/generated", format="tar", samples_per_shard=10_000) as w:
+        for i, (text, label) in enumerate(generate()):
+            w.write({"__key__": f"{i:09d}", "txt": text, "cls": label})
+
+It writes the same shards and manifest as ``shardstream.pack`` given the same samples
+and options: both cut shards by the rule of NOTE [ Shard boundaries ] and write them
+with ``ShardOutput``.
+
+# NOTE [ Shard boundaries ]
+# A sample goes into the current shard unless the shard already holds
+# ``samples_per_shard`` samples, or the sample's bytes (``ShardFormat.sample_size``:
+# exact for tar, an estimate for Parquet) would take the shard's samples past the
+# budget (``shard_size`` less an empty shard's bytes); then a new shard starts with it.
+# A sample larger than the budget on its own is an error. The rule looks only at sizes
+# and counts, in sample order, so the cut is the same in one process or many.
+"""
+
+from __future__ import annotations
+
+import os
+from types import TracebackType
+from typing import Any
+
+from shardstream.errors import PackError
+from shardstream.formats.base import Sample
+from shardstream.manifest import Manifest
+from shardstream.pack.dest import DatasetTarget
+from shardstream.pack.options import PackOptions, Part
+from shardstream.pack.shard import ShardOutput, ShardResult
+from shardstream.storage import Storage
+
+__all__ = ["ShardWriter", "oversize_error"]
+
+
+def oversize_error(key: Any, size: int, options: PackOptions, budget: int) -> PackError:
+    return PackError(
+        f"sample {key!r} takes {size} bytes in a {options.format} shard, more than a shard of "
+        f"{options.shard_size} bytes can hold ({budget} bytes of samples); raise shard_size (--shard-size)"
+    )
+
+
+class ShardWriter:
+    """Write samples into shards at ``dest`` (any fsspec URL); ``close`` writes the manifest.
+
+    A sample is a dict with ``"__key__"`` (str) and its fields: for tar, bytes, str or
+    int values keyed by extension (``"txt"``, ``"jpg"``, ``"cls"``); for Parquet,
+    Python values keyed by column. Used as a context manager, an exception inside the
+    ``with`` block leaves no manifest (the whole shards written so far stay, and a rerun
+    reuses them).
+    """
+
+    def __init__(
+        self,
+        dest: str | os.PathLike[str] | Storage,
+        *,
+        format: str = "tar",
+        shard_size: int | str | None = None,
+        samples_per_shard: int | None = None,
+        compression: str | None = None,
+        storage_options: dict[str, Any] | None = None,
+        overwrite: bool = False,
+        part: str | tuple[int, int] | Part | None = None,
+    ) -> None:
+        self.options = PackOptions.create(
+            format=format,
+            shard_size=shard_size,
+            samples_per_shard=samples_per_shard,
+            compression=compression,
+            part=part,
+            overwrite=overwrite,
+        )
+        self._own_storage = not isinstance(dest, Storage)
+        self._storage = Storage(os.fspath(dest), storage_options) if not isinstance(dest, Storage) else dest
+        self._fmt = self.options.fmt
+        self._target = DatasetTarget(self._storage, self.options)
+        self._target.prepare()
+        self._budget, self._max_samples = self.options.limits()
+        self._size = self._fmt.sample_size if self.options.shard_size is not None else None
+        self._results: list[ShardResult] = []
+        self._output: ShardOutput | None = None
+        self._encode = self._closed_write
+        # The first write starts shard 0: it finds the (empty) current shard full.
+        self._count = self._max_samples
+        self._bytes = 0
+        self._done = 0
+        self._closed = False
+        self.manifest: Manifest | None = None
+
+    @property
+    def url(self) -> str:
+        return self._storage.url
+
+    @property
+    def num_samples(self) -> int:
+        """Samples written so far."""
+        return self._done + (self._count if self._output is not None else 0)
+
+    @property
+    def num_shards(self) -> int:
+        """Shards finished or open so far."""
+        return len(self._results) + (self._output is not None)
+
+    def write(self, sample: Sample) -> None:
+        """Add one sample (see NOTE [ Shard boundaries ])."""
+        size = self._size(sample) if self._size is not None else 0
+        if self._count >= self._max_samples or self._bytes + size > self._budget:
+            self._next_shard(sample, size)
+        self._encode(sample)
+        self._count += 1
+        self._bytes += size
+
+    def _next_shard(self, sample: Sample, size: int) -> None:
+        if self._closed:
+            self._closed_write(sample)
+        if size > self._budget:
+            raise oversize_error(sample.get("__key__"), size, self.options, self._budget)
+        self._finish_shard()
+        name = self.options.shard_name(len(self._results))
+        self._output = ShardOutput(
+            self._storage,
+            self._fmt,
+            name,
+            compression=self.options.compression,
+            expected=self._target.expected(name),
+        )
+        self._encode = self._output.write
+        self._count = 0
+        self._bytes = 0
+
+    def _finish_shard(self) -> None:
+        output, self._output = self._output, None
+        if output is not None:
+            self._encode = self._closed_write
+            self._results.append(output.finish())
+            self._done += self._count
+
+    def _closed_write(self, sample: Sample) -> None:
+        raise PackError("write to a ShardWriter that is closed", url=self._storage.url)
+
+    def close(self) -> Manifest:
+        """Finish the last shard, write the manifest (or the part's record) and return it."""
+        if self.manifest is not None:
+            return self.manifest
+        if self._closed:
+            raise PackError("close of a ShardWriter that was aborted", url=self._storage.url)
+        self._closed = True
+        try:
+            self._finish_shard()
+            if not self._results and self.options.part is None:
+                raise PackError(
+                    "no samples were written: a dataset needs at least one", url=self._storage.url
+                )
+            self.manifest = self._target.finish(self._results)
+        except BaseException:
+            self.abort()
+            raise
+        finally:
+            if self._own_storage:
+                self._storage.close()
+        return self.manifest
+
+    def abort(self) -> None:
+        """Stop without a manifest: drop the open shard (whole shards already stored stay)."""
+        output, self._output = self._output, None
+        self._encode = self._closed_write
+        self._closed = True
+        if output is not None:
+            output.abort()
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+            if self._own_storage:
+                self._storage.close()
