@@ -140,3 +140,155 @@ def interleave_round_robin(per_worker: Sequence[Sequence[Any]], first: int = 0) 
     for r in range(max((len(b) for b in per_worker), default=0)):
         out += [per_worker[w][r] for w in order if r < len(per_worker[w])]
     return out
+
+
+# -- adapters: the plan, the dataset and the DataLoader as harness subjects -------------------
+
+
+def write_dataset(url: str, shard_sizes: Sequence[int], storage_options: dict | None = None) -> list[str]:
+    """A tar dataset with shards of exactly these sample counts (written with the tar
+    codec and Storage, as ShardWriter cuts shards by one size only); returns every key."""
+    import hashlib
+    import io
+
+    from shardstream.formats import get_format
+    from shardstream.manifest import Manifest, ShardInfo
+    from shardstream.storage import Storage
+
+    fmt, storage = get_format("tar"), Storage(url, storage_options)
+    keys, shards = [], []
+    for shard, count in enumerate(shard_sizes):
+        path = f"shard-{shard:06d}.tar"
+        buffer = io.BytesIO()
+        encoder = fmt.encoder(buffer, name=path)
+        for i in range(count):
+            key = f"s{shard:03d}-{i:04d}"
+            encoder.write({"__key__": key, "txt": f"sample {key}".encode(), "cls": str(i).encode()})
+            keys.append(key)
+        sidecar = encoder.close().to_bytes()
+        data = buffer.getvalue()
+        storage.write(path, data)
+        storage.write(path + ".idx", sidecar)
+        digest = hashlib.sha256(data).hexdigest()
+        shards.append(ShardInfo(path, count, len(data), digest, path + ".idx", len(sidecar)))
+    storage.write_manifest(Manifest(format="tar", shards=tuple(shards), fields=("cls", "txt")))
+    storage.close()
+    return keys
+
+
+def chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    """Consecutive lists of ``size`` items (the last may be shorter); takes no item more
+    than the batch it yields needs."""
+    batch: list[Any] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+class PlanSubject:
+    """An ``EpochPlan`` for one rank, its batches made as torch's DataLoader makes them."""
+
+    def __init__(self, sizes, config, rank, world, workers, epoch, state, *, batch_size):  # type: ignore[no-untyped-def]
+        from shardstream.plan import EpochPlan
+
+        topology = {"world_size": world, "num_workers": workers, "batch_size": batch_size}
+        if state is None:
+            self.plan = EpochPlan(sizes, config, epoch=epoch, **topology)
+        else:
+            self.plan = EpochPlan.resume(sizes, config, state, **topology)
+        self.rank, self.steps = rank, 0
+
+    def batches(self) -> Iterator[list[Hashable]]:
+        plan = self.plan
+        per_worker = [
+            list(chunks(plan.worker_samples(self.rank, w), plan.batch_size)) for w in range(plan.num_workers)
+        ]
+        for batch in interleave_round_robin(per_worker, plan.first_worker()):
+            self.steps += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.plan.state_dict(self.steps)
+
+    def close(self) -> None:
+        pass
+
+
+class DatasetSubject:
+    """A ``StreamingDataset`` iterated directly (one worker), its keys cut into batches."""
+
+    def __init__(self, url, options, rank, world, workers, epoch, state, *, batch_size, **kwargs):  # type: ignore[no-untyped-def]
+        from shardstream.dataset import StreamingDataset
+
+        if workers > 1:
+            raise ValueError("a dataset iterated directly is one worker")
+        self.dataset = StreamingDataset(
+            url,
+            num_replicas=world,
+            rank=rank,
+            batch_size=batch_size,
+            decode=False,
+            storage_options=options,
+            **kwargs,
+        )
+        self.dataset.set_epoch(epoch)
+        if state is not None:
+            self.dataset.load_state_dict(state)
+        self._iterator: Any = None
+
+    def batches(self) -> Iterator[list[Hashable]]:
+        self._iterator = iter(self.dataset)
+        keys = (sample["__key__"] for sample in self._iterator)
+        return chunks(keys, self.dataset.batch_size())
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.dataset.state_dict()
+
+    def close(self) -> None:
+        if self._iterator is not None:
+            self._iterator.close()
+
+
+def collate_keys(samples: list[dict[str, Any]]) -> list[str]:
+    return [sample["__key__"] for sample in samples]
+
+
+class LoaderSubject:
+    """A ``shardstream.DataLoader`` (with ``workers`` processes, 0 for in-process)."""
+
+    def __init__(self, url, options, rank, world, workers, epoch, state, *, batch_size, **kwargs):  # type: ignore[no-untyped-def]
+        from shardstream.dataset import DataLoader, StreamingDataset
+
+        dataset_kwargs = {
+            k: kwargs.pop(k) for k in ("shuffle", "seed", "shuffle_window", "drop_last") if k in kwargs
+        }
+        self.dataset = StreamingDataset(
+            url, num_replicas=world, rank=rank, decode=False, storage_options=options, **dataset_kwargs
+        )
+        self.dataset.set_epoch(epoch)
+        self.loader = DataLoader(
+            self.dataset, batch_size=batch_size, num_workers=workers, collate_fn=collate_keys, **kwargs
+        )
+        if state is not None:
+            self.loader.load_state_dict(state)
+        self._iterator: Any = None
+
+    def batches(self) -> Iterator[list[Hashable]]:
+        self._iterator = iter(self.loader)
+        return self._iterator
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def close(self) -> None:
+        iterator, self._iterator = self._iterator, None
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        persistent = getattr(self.loader, "_iterator", None)
+        if persistent is not None:
+            persistent._shutdown_workers()
