@@ -95,7 +95,7 @@ def test_dataset_resume_same_topology(dataset, world):
 
 
 def test_dataset_resume_elastic(dataset):
-    url, keys = dataset
+    _, keys = dataset
     check_resume_elastic(dataset_opener(dataset), Topo(2, 1), Topo(4, 1), steps=4, expected=keys)
 
 
@@ -136,7 +136,7 @@ def test_loaded_state_of_another_dataset_or_seed_is_refused(dataset, tmp_path):
 
 
 def test_set_epoch_discards_a_state_of_another_epoch(dataset):
-    url, keys = dataset
+    _, keys = dataset
     opener = dataset_opener(dataset)
     _, state = __import__("tests.resume_harness", fromlist=["take"]).take(opener(0, 1, 1, 0, None), 5)
     subject = opener(0, 1, 1, 0, state)
@@ -170,7 +170,7 @@ def test_loader_resume_elastic(dataset, before, after, steps):
 
 def test_loader_batches_equal_the_plan_batches(dataset):
     """What the DataLoader yields is what the plan says, key for key (round-robin included)."""
-    url, keys = dataset
+    _, keys = dataset
     plan_batches = list(plan_opener()(1, 2, 3, 4, None).batches())
     loader_batches = list(loader_opener(dataset)(1, 2, 3, 4, None).batches())
     as_keys = [[keys[sum(SIZES[:s]) + i] for s, i in batch] for batch in plan_batches]
