@@ -14,12 +14,14 @@ from types import MappingProxyType
 
 from shardstream.errors import UsageError
 from shardstream.formats.base import Sample, SampleIndex, ShardEncoder, ShardFormat
+from shardstream.formats.parquet import ParquetFormat
 from shardstream.formats.tar import TarFormat
 
 __all__ = [
     "Sample",
     "SampleIndex",
     "ShardEncoder",
+    "ParquetFormat",
     "ShardFormat",
     "TarFormat",
     "available_formats",
@@ -27,7 +29,7 @@ __all__ = [
     "register_format",
 ]
 
-_registry: dict[str, ShardFormat] = {"tar": TarFormat()}
+_registry: dict[str, ShardFormat] = {"tar": TarFormat(), "parquet": ParquetFormat()}
 _view = MappingProxyType(_registry)
 
 

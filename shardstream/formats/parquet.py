@@ -1,0 +1,195 @@
+"""Parquet shards: a sample is a row; read a row group at a time from ranged bytes.
+
+Shards written here keep each sample's key in a ``__key__`` string column; Parquet
+written by other tools (Spark, Ray, pandas) has none, and its samples are named
+``<shard name>:<row>``. See NOTE [ Parquet shard schema ] for how types are chosen.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from collections.abc import Iterator
+from itertools import repeat
+from typing import IO, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from shardstream.errors import FormatError, UsageError
+from shardstream.formats._parquetindex import KEY_COLUMN, MAGIC, ParquetIndex, parse_footer, row_group_spans
+from shardstream.formats._parquetwrite import (
+    COMPRESSIONS,
+    ROW_GROUP_MAX_BYTES,
+    ROW_GROUP_MAX_ROWS,
+    ParquetEncoder,
+    estimate_size,
+)
+from shardstream.formats.base import Sample, SampleIndex, ShardFormat
+from shardstream.types import ByteRange
+
+__all__ = [
+    "COMPRESSIONS",
+    "ROW_GROUP_MAX_BYTES",
+    "ROW_GROUP_MAX_ROWS",
+    "ParquetEncoder",
+    "ParquetFormat",
+    "ParquetIndex",
+]
+
+_MAX_FOOTER = 256 << 20  # a footer length beyond this is corruption, not metadata
+_ARROW_ERRORS = (pa.ArrowException, OSError, ValueError, TypeError, KeyError, IndexError)
+
+
+class ParquetFormat(ShardFormat):
+    """Parquet shards (pyarrow), readable by pyarrow, DuckDB, pandas and Hugging Face datasets."""
+
+    name = "parquet"
+    suffix = ".parquet"
+
+    def encoder(self, fileobj: IO[bytes], *, name: str, compression: str | None = None) -> ParquetEncoder:
+        return ParquetEncoder(fileobj, name=name, compression=compression)
+
+    def sample_size(self, sample: Sample) -> int:
+        return estimate_size(sample)
+
+    def build_index(self, fileobj: IO[bytes], *, name: str) -> tuple[ParquetIndex, tuple[str, ...]]:
+        try:
+            size = fileobj.seek(0, io.SEEK_END)
+            if size < 12:
+                raise FormatError(f"not a Parquet file: {size} bytes", shard=name, offset=0)
+            fileobj.seek(size - 8)
+            trailer = fileobj.read(8)
+            if len(trailer) != 8 or trailer[4:] != MAGIC:
+                raise FormatError("not a Parquet file (no PAR1 at its end)", shard=name, offset=size - 4)
+            footer_len = struct.unpack("<I", trailer[:4])[0]
+            if footer_len + 12 > size or footer_len > _MAX_FOOTER:
+                raise FormatError(f"bad Parquet footer length {footer_len}", shard=name, offset=size - 8)
+            fileobj.seek(size - 8 - footer_len)
+            footer = fileobj.read(footer_len)
+        except OSError as error:
+            raise FormatError(f"cannot read the Parquet footer: {error}", shard=name) from None
+        if len(footer) != footer_len:
+            raise FormatError("truncated Parquet footer", shard=name, offset=size - 8 - footer_len)
+        metadata = parse_footer(footer, name=name)
+        keys = _read_keys(fileobj, metadata, name) if _has_key_column(metadata) else None
+        try:
+            index = ParquetIndex(
+                name=name, file_size=size, footer=footer, spans=row_group_spans(metadata), keys=keys
+            )
+        except _ARROW_ERRORS as error:
+            raise FormatError(f"corrupt Parquet metadata: {error}", shard=name) from None
+        return index, index.fields
+
+    def load_index(self, data: bytes, *, name: str) -> ParquetIndex:
+        return ParquetIndex.from_bytes(data, name=name)
+
+    def decode(
+        self,
+        data: bytes | memoryview,
+        rng: ByteRange,
+        index: SampleIndex,
+        start: int,
+        stop: int,
+        *,
+        name: str,
+    ) -> Iterator[Sample]:
+        if not isinstance(index, ParquetIndex):
+            raise UsageError(f"a Parquet shard needs a ParquetIndex, not {type(index).__name__}", shard=name)
+        need = index.byte_range(start, stop)
+        if start < stop and (
+            need.start < rng.start or need.end > rng.end or need.end - rng.start > len(data)
+        ):
+            raise FormatError(
+                f"samples [{start}, {stop}) need bytes [{need.start}, {need.end}) but got "
+                f"[{rng.start}, {rng.start + len(data)}) of range [{rng.start}, {rng.end})",
+                shard=name,
+                offset=need.start,
+            )
+        if start == stop:
+            return iter(())
+        return iter(_rows(data, rng.start, index, start, stop, name))
+
+
+def _has_key_column(metadata: pq.FileMetaData) -> bool:
+    try:
+        field = metadata.schema.to_arrow_schema().field(KEY_COLUMN)
+    except (KeyError, pa.ArrowException, ValueError):
+        return False
+    return pa.types.is_string(field.type) or pa.types.is_large_string(field.type)
+
+
+def _read_keys(fileobj: IO[bytes], metadata: pq.FileMetaData, name: str) -> list[str]:
+    """The ``__key__`` column: the only data an index of our own shards reads."""
+    try:
+        fileobj.seek(0)
+        table = pq.ParquetFile(fileobj, metadata=metadata, pre_buffer=False).read(
+            columns=[KEY_COLUMN], use_threads=False
+        )
+        keys = table.column(0).to_pylist()
+    except _ARROW_ERRORS as error:
+        raise FormatError(f"cannot read the Parquet {KEY_COLUMN} column: {error}", shard=name) from None
+    return [f"{name}:{row}" if key is None else key for row, key in enumerate(keys)]
+
+
+class _SparseFile(io.RawIOBase):
+    """A read-only file of ``size`` bytes of which only some segments are known.
+
+    pyarrow reads a row group through it as if it were the whole shard; a read outside
+    the known segments is an ``OSError`` (it would mean the index and the bytes disagree).
+    """
+
+    def __init__(self, size: int, segments: list[tuple[int, bytes | memoryview]]) -> None:
+        super().__init__()
+        self._size = size
+        self._segments = [(start, memoryview(data).cast("B")) for start, data in segments]
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = base + offset
+        return self._pos
+
+    def read(self, size: int | None = -1) -> bytes:
+        end = self._size if size is None or size < 0 else min(self._size, self._pos + size)
+        if end <= self._pos:
+            return b""
+        for start, data in self._segments:
+            if start <= self._pos and end <= start + len(data):
+                chunk = bytes(data[self._pos - start : end - start])
+                self._pos = end
+                return chunk
+        raise OSError(f"bytes [{self._pos}, {end}) of the shard are not in the fetched range")
+
+    def readinto(self, buffer: Any) -> int:
+        chunk = self.read(len(buffer))
+        buffer[: len(chunk)] = chunk
+        return len(chunk)
+
+
+def _rows(
+    data: bytes | memoryview, base: int, index: ParquetIndex, start: int, stop: int, name: str
+) -> Iterator:
+    lo, hi = index.row_groups(start, stop)
+    footer = index.footer
+    tail = footer + struct.pack("<I", len(footer)) + MAGIC
+    source = _SparseFile(index.file_size, [(base, data), (index.file_size - len(tail), tail)])
+    try:
+        parquet = pq.ParquetFile(source, metadata=index.metadata, pre_buffer=False)
+        table = parquet.read_row_groups(list(range(lo, hi)), use_threads=False)
+        table = table.slice(start - index.first_row(lo), stop - start)
+        names = [n for n in table.column_names if n != index.key_column]
+        columns = [table.column(n).to_pylist() for n in names]
+    except _ARROW_ERRORS as error:
+        raise FormatError(f"cannot decode rows [{start}, {stop}): {error}", shard=name) from None
+    keys = index.key_slice(start, stop)
+    return map(dict, map(zip, repeat(("__key__", *names)), zip(keys, *columns, strict=True)))
