@@ -257,3 +257,18 @@ class TestS3(StorageConformance, CrossProcessConformance):
                 f.write(view[i : i + 65_536])
         assert storage.size("big.bin") == len(blob)
         assert storage.read("big.bin", ByteRange(2**20, 2**20 + 10)) == blob[2**20 : 2**20 + 10]
+
+    def test_bucket_root_as_the_dataset_folder(self, s3):
+        base, options = s3
+        storage = Storage(base + "/", options)
+        storage.write("a.tar", b"a")
+        storage.write("sub/b.tar", b"b")
+        assert storage.url == base
+        assert storage.list_files() == ["a.tar", "sub/b.tar"]
+        storage.close()
+
+
+@pytest.mark.parametrize("url", ["", "memory://", "s3://", "a::memory://x", "nosuchprotocol://x"])
+def test_bad_urls_are_usage_errors(url):
+    with pytest.raises(UsageError):
+        Storage(url)

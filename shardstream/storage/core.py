@@ -81,6 +81,8 @@ class Storage:
                 raise UsageError(f"unsupported storage URL: {error}", url=url) from None
             self._root = str(fs_class._strip_protocol(url)).rstrip("/")
             self.url = url.rstrip("/")
+            if not self._root.strip("/"):
+                raise UsageError("the URL names no folder (like s3://bucket/dataset)", url=url)
         # Local files are already local: caching them would only copy them.
         self._cache = ShardCache(cache_dir, cache_limit) if cache_dir and not self._is_local else None
         self._fs: Any = None

@@ -8,6 +8,8 @@
 # user's storage_options say otherwise) and this module is the only place that retries:
 # every operation is tried ``attempts`` times in all, with exponential backoff and full
 # jitter, and a short or truncated body counts as a failed try like a 503 does.
+# (s3fs still sleeps 0.1 s after its one failed try before handing us the error; that
+# only adds to our backoff.)
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ _TRANSIENT_ERRNOS = frozenset(
         errno.EHOSTUNREACH,
     }
 )
-_TRANSIENT_TEXT = ("SlowDown", "reduce your request rate", "Service Unavailable", "503", "timed out")
+_TRANSIENT_TEXT = ("SlowDown", "reduce your request rate", "Service Unavailable", "(503)", "timed out")
 _TRANSIENT_NAMES = frozenset(
     {
         # botocore
