@@ -140,7 +140,10 @@ class Storage:
     def close(self) -> None:
         """Release this process's connections; the Storage can still be used later."""
         fs, self._fs = self._fs, None
-        if fs is None or self._fs_pid != os.getpid():
+        if fs is None:
+            return
+        if self._fs_pid != os.getpid():  # the parent's: never close it here
+            _ABANDONED.append(fs)
             return
         creator = getattr(fs, "_s3creator", None)
         if creator is not None and getattr(fs, "_s3", None) is not None:
