@@ -234,10 +234,9 @@ def scan_tar(fileobj: IO[bytes], name: str) -> TarIndex:
             continue
         records = {**global_pax, **pax} if global_pax else pax
         if "size" in records:
-            try:
-                size = int(records["size"])
-            except ValueError:
-                raise reader.error("PAX size is not a number", offset) from None
+            if not records["size"].isdigit():
+                raise reader.error(f"PAX size {records['size']!r} is not a number", offset)
+            size = int(records["size"])
         if "path" in records:
             member = _decode_name(records["path"])
         else:
