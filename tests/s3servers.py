@@ -20,10 +20,10 @@ SECRET_KEY = "shardstream-test-secret"
 class MotoServer:
     """moto's S3 server, in a thread of this process, on 127.0.0.1 and a free port."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         from moto.server import ThreadedMotoServer
 
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
         self.endpoint = ""
 
     def start(self) -> None:
