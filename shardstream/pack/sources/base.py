@@ -21,7 +21,7 @@ from typing import IO, Any, ClassVar, NamedTuple
 import fsspec
 from fsspec.core import split_protocol
 
-from shardstream.errors import PackError
+from shardstream.errors import PackError, UsageError
 from shardstream.formats.base import Sample, ShardFormat
 
 __all__ = [
@@ -155,6 +155,8 @@ def _walk_local(directory: str, prefix: str) -> Iterator[tuple[str, str, int]]:
                 yield from _walk_local(item.path, f"{prefix}{item.name}/")
             elif item.is_file():
                 yield f"{prefix}{item.name}", item.path, item.stat().st_size
+            elif item.is_symlink():
+                raise PackError("cannot read file: broken symbolic link", url=item.path)
         except OSError as error:
             raise PackError(f"cannot read file: {error.strerror}", url=item.path) from None
 
@@ -192,7 +194,7 @@ def is_dir(url: str, storage_options: Mapping[str, Any]) -> bool:
     if is_local(url):
         path = os.path.expanduser(fsspec.core.strip_protocol(url))
         if not os.path.exists(path):
-            raise PackError("source not found", url=url)
+            raise UsageError("source not found", url=url)
         return os.path.isdir(path)
     fs, path = fsspec.core.url_to_fs(url, **storage_options)
     try:
@@ -200,7 +202,7 @@ def is_dir(url: str, storage_options: Mapping[str, Any]) -> bool:
             return True
         fs.info(path)
     except FileNotFoundError:
-        raise PackError("source not found", url=url) from None
+        raise UsageError("source not found", url=url) from None
     except (OSError, ValueError) as error:
         raise PackError(f"cannot reach source: {error}", url=url) from None
     return False

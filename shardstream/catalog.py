@@ -1,0 +1,424 @@
+"""What is in a dataset folder: ``index`` it, ``inspect`` it, ``verify`` it.
+
+- ``index_dataset(url)`` writes the sample-index sidecars and the manifest for shards
+  another tool wrote (``webdataset.ShardWriter`` tars, Spark or Ray Parquet), or joins
+  the parts of a ``pack --part I/N``; each shard is read once (hash and index together).
+- ``inspect_dataset(url)`` summarises the manifest: shards, samples, bytes, fields, a
+  few keys and the distribution of shard sizes.
+- ``verify_dataset(url)`` re-reads every shard and checks it against the manifest:
+  size, sha256, sample count, and the sidecar against an index rebuilt from the shard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import IO, Any, TypeVar, cast
+
+from shardstream.errors import FormatError, ShardstreamError, StorageError, UsageError
+from shardstream.formats import SampleIndex, ShardFormat, get_format
+from shardstream.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from shardstream.pack.dest import PART_RECORD_RE, build_manifest
+from shardstream.pack.shard import ShardResult, fields_and_schema, sha256_of
+from shardstream.storage import Storage
+
+__all__ = [
+    "DatasetSummary",
+    "ShardProblem",
+    "VerifyReport",
+    "index_dataset",
+    "inspect_dataset",
+    "verify_dataset",
+]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+_SUFFIX_FORMATS = {".tar": "tar", ".parquet": "parquet"}
+_COMPRESSED_TAR = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst", ".tar.lz4")
+_PART_SHARD_RE = re.compile(r"^part-(\d{5})-shard-\d{6}\.")
+_READ_CHUNK = 8 << 20
+_DEFAULT_THREADS = 4
+
+
+class _OnePass(io.RawIOBase):
+    """A read stream that hashes every byte while a format reads the shard in order.
+
+    When the format seeks elsewhere than the current position (Parquet reads its footer
+    first), hashing stops and ``digest`` hashes the object in a second pass.
+    """
+
+    def __init__(self, file: IO[bytes], *, sequential: bool) -> None:
+        super().__init__()
+        self._file = file
+        self._sequential = sequential
+        self._hash = hashlib.sha256()
+        self._pos = 0
+        self.in_order = True
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return not self._sequential
+
+    def tell(self) -> int:
+        return self._pos
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = self._file.read(-1 if size is None else size)
+        if self.in_order:
+            self._hash.update(data)
+        self._pos += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_SET and offset == self._pos:
+            return self._pos
+        self.in_order = False
+        self._pos = self._file.seek(offset, whence)
+        return self._pos
+
+    def finish(self) -> tuple[str, int] | None:
+        """(sha256, size) of the whole object if it was all read in order, else None."""
+        if not self.in_order:
+            return None
+        while self.read(_READ_CHUNK):
+            pass
+        return self._hash.hexdigest(), self._pos
+
+
+def _read_shard(
+    storage: Storage, fmt: ShardFormat, path: str
+) -> tuple[SampleIndex, tuple[str, ...], str, int]:
+    """Index, fields, sha256 and size of a stored shard, read once where the format allows."""
+    with storage.open(path) as f:
+        reader = _OnePass(f, sequential=fmt.name == "tar")
+        index, fields = fmt.build_index(cast(IO[bytes], reader), name=path)
+        hashed = reader.finish()
+    if hashed is None:
+        hashed = sha256_of(storage, path), storage.size(path)
+    return index, fields, hashed[0], hashed[1]
+
+
+def _map(function: Callable[[T], R], items: Iterable[T], threads: int) -> list[R]:
+    items = list(items)
+    if threads <= 1 or len(items) <= 1:
+        return [function(item) for item in items]
+    with ThreadPoolExecutor(min(threads, len(items)), thread_name_prefix="shardstream-catalog") as pool:
+        return list(pool.map(function, items))
+
+
+# -- index ------------------------------------------------------------------------
+
+
+def _shard_format(paths: list[str], url: str) -> str:
+    for path in paths:
+        if path.lower().endswith(_COMPRESSED_TAR):
+            raise UsageError(
+                "compressed tar shards are not supported: a sample cannot be fetched with a ranged read "
+                "from inside a compressed stream; decompress them, or repack with `shardstream pack`",
+                url=url,
+                shard=path,
+            )
+    formats = {fmt for path in paths for suffix, fmt in _SUFFIX_FORMATS.items() if path.endswith(suffix)}
+    if not formats:
+        raise UsageError("no shards (*.tar or *.parquet files) in this folder", url=url)
+    if len(formats) > 1:
+        raise UsageError("the folder holds both tar and Parquet shards; a dataset has one format", url=url)
+    return formats.pop()
+
+
+def _part_records(storage: Storage, files: list[str]) -> dict[str, tuple[ShardInfo, Manifest]]:
+    """Shards of finished ``pack --part`` jobs, from their records; refuses unfinished parts."""
+    records = {
+        m.group(0): (int(m.group(1)), int(m.group(2))) for f in files if (m := PART_RECORD_RE.match(f))
+    }
+    part_shards = {int(m.group(1)) for f in files if (m := _PART_SHARD_RE.match(f))}
+    if not records and not part_shards:
+        return {}
+    counts = {count for _, count in records.values()}
+    if len(counts) != 1:
+        what = (
+            "no part records (part-IIIII-of-NNNNN.json)"
+            if not counts
+            else f"records of {sorted(counts)} parts"
+        )
+        raise UsageError(
+            f"the folder holds {what}; pack every part with the same --part I/N", url=storage.url
+        )
+    count = counts.pop()
+    done = {index for index, _ in records.values()}
+    missing = sorted(set(range(count)) - done) + sorted(part_shards - set(range(count)))
+    if missing:
+        raise UsageError(
+            f"part {missing[0]} of {count} is not finished (it has no record part-{missing[0]:05d}-of-{count:05d}"
+            ".json); wait for its job, or run it again",
+            url=storage.url,
+        )
+    found: dict[str, tuple[ShardInfo, Manifest]] = {}
+    for name in sorted(records):
+        record = Manifest.from_json(storage.read(name), url=storage.full_url(name))
+        for info in record.shards:
+            found[info.path] = (info, record)
+    return found
+
+
+def _index_one(storage: Storage, fmt: ShardFormat, path: str) -> ShardResult:
+    index, fields, digest, size = _read_shard(storage, fmt, path)
+    sidecar = index.to_bytes()
+    storage.write(path + ".idx", sidecar)
+    info = ShardInfo(path, index.num_samples, size, digest, path + ".idx", len(sidecar))
+    return ShardResult(info, tuple(fields), fields_and_schema(index)[1])
+
+
+def index_dataset(
+    url: str,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    threads: int = _DEFAULT_THREADS,
+    rehash: bool = False,
+) -> Manifest:
+    """Write sample indexes and ``manifest.json`` for the shards under ``url``; return the manifest.
+
+    Shards are the ``*.tar`` or ``*.parquet`` files under ``url`` (recursive, sorted by
+    path). Shards listed in the records of finished ``pack --part`` jobs are taken from
+    the records (unless ``rehash``); every other shard is read once.
+    """
+    storage = Storage(url, storage_options)
+    try:
+        files = storage.list_files()
+        visible = [f for f in files if not any(part.startswith(".") for part in f.split("/"))]
+        candidates = [f for f in visible if f.lower().endswith((*_SUFFIX_FORMATS, *_COMPRESSED_TAR))]
+        format = _shard_format(candidates, storage.url)
+        fmt = get_format(format)
+        shards = [f for f in candidates if f.endswith(fmt.suffix)]
+        records = _part_records(storage, visible)
+        present = set(files)
+        for path, (info, _) in records.items():
+            if path not in present or info.index not in present:
+                raise UsageError("a part record lists a shard that is missing", url=storage.url, shard=path)
+        for path in shards:
+            if _PART_SHARD_RE.match(path) and path not in records:
+                raise UsageError("shard of a part is not in that part's record", url=storage.url, shard=path)
+
+        def one(path: str) -> ShardResult:
+            if path in records and not rehash:
+                info, record = records[path]
+                return ShardResult(info, record.fields, record.schema)
+            return _index_one(storage, fmt, path)
+
+        manifest = build_manifest(format, _map(one, shards, threads))
+        storage.write_manifest(manifest)
+        return manifest
+    finally:
+        storage.close()
+
+
+# -- inspect ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetSummary:
+    """What ``shardstream inspect`` shows."""
+
+    url: str
+    format: str
+    writer: str
+    num_shards: int
+    num_samples: int
+    num_bytes: int
+    fields: tuple[str, ...]
+    schema: dict[str, str]
+    sample_keys: tuple[str, ...]
+    shard_bytes: dict[str, float]  # min, p10, p50, p90, max, mean
+    shard_samples: dict[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "format": self.format,
+            "writer": self.writer,
+            "num_shards": self.num_shards,
+            "num_samples": self.num_samples,
+            "num_bytes": self.num_bytes,
+            "fields": list(self.fields),
+            "schema": dict(self.schema),
+            "sample_keys": list(self.sample_keys),
+            "shard_bytes": dict(self.shard_bytes),
+            "shard_samples": dict(self.shard_samples),
+        }
+
+
+def _distribution(values: list[int]) -> dict[str, float]:
+    if not values:
+        return {}
+    ordered = sorted(values)
+
+    def quantile(q: float) -> int:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return {
+        "min": ordered[0],
+        "p10": quantile(0.1),
+        "p50": quantile(0.5),
+        "p90": quantile(0.9),
+        "max": ordered[-1],
+        "mean": round(sum(ordered) / len(ordered), 1),
+    }
+
+
+def inspect_dataset(
+    url: str, *, storage_options: Mapping[str, Any] | None = None, sample_keys: int = 5
+) -> DatasetSummary:
+    """A summary of the dataset at ``url`` from its manifest and its first shard's index."""
+    storage = Storage(url, storage_options)
+    try:
+        manifest = storage.read_manifest()
+        keys: list[str] = []
+        fmt = get_format(manifest.format)
+        for shard in manifest.shards:
+            if len(keys) >= sample_keys:
+                break
+            index = fmt.load_index(storage.read(shard.index), name=shard.path)
+            keys += index.keys[: sample_keys - len(keys)]
+        return DatasetSummary(
+            url=storage.url,
+            format=manifest.format,
+            writer=manifest.writer,
+            num_shards=len(manifest.shards),
+            num_samples=manifest.num_samples,
+            num_bytes=manifest.num_bytes,
+            fields=manifest.fields,
+            schema=dict(manifest.schema),
+            sample_keys=tuple(keys),
+            shard_bytes=_distribution([s.bytes for s in manifest.shards]),
+            shard_samples=_distribution([s.samples for s in manifest.shards]),
+        )
+    finally:
+        storage.close()
+
+
+# -- verify -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ShardProblem:
+    """One thing wrong with one shard."""
+
+    shard: str
+    problem: str
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    """What ``verify_dataset`` found; ``ok`` when no shard has a problem."""
+
+    url: str
+    num_shards: int
+    num_samples: int
+    num_bytes: int
+    problems: tuple[ShardProblem, ...] = ()
+    unlisted: tuple[str, ...] = field(default=())  # shard files the manifest does not list
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def bad_shards(self) -> list[str]:
+        return sorted({p.shard for p in self.problems})
+
+
+def _check_shard(storage: Storage, fmt: ShardFormat, info: ShardInfo) -> list[str]:
+    """Problems of one shard (empty when it is sound)."""
+    try:
+        size = storage.size(info.path)
+    except StorageError as error:
+        return [f"cannot be read: {error.message}"]
+    problems = []
+    if size != info.bytes:
+        problems.append(f"is {size} bytes, the manifest says {info.bytes}")
+    rebuilt: SampleIndex | None = None
+    try:
+        rebuilt, _fields, digest, _size = _read_shard(storage, fmt, info.path)
+    except FormatError as error:
+        problems.append(f"is corrupt: {error}")
+        digest = sha256_of(storage, info.path)
+    if digest != info.sha256:
+        problems.append(f"has sha256 {digest[:16]}..., the manifest says {info.sha256[:16]}...")
+    if rebuilt is not None and rebuilt.num_samples != info.samples:
+        problems.append(f"holds {rebuilt.num_samples} samples, the manifest says {info.samples}")
+    problems += _check_sidecar(storage, fmt, info, rebuilt)
+    return problems
+
+
+def _check_sidecar(
+    storage: Storage, fmt: ShardFormat, info: ShardInfo, rebuilt: SampleIndex | None
+) -> list[str]:
+    try:
+        data = storage.read(info.index)
+    except StorageError as error:
+        return [f"sample index {info.index} cannot be read: {error.message}"]
+    if info.index_bytes and len(data) != info.index_bytes:
+        return [f"sample index is {len(data)} bytes, the manifest says {info.index_bytes}"]
+    try:
+        loaded = fmt.load_index(data, name=info.path)
+    except FormatError as error:
+        return [f"sample index is corrupt: {error}"]
+    if rebuilt is None or data == rebuilt.to_bytes() or _same_index(loaded, rebuilt):
+        return []
+    return ["sample index does not match the shard's contents"]
+
+
+def _same_index(a: SampleIndex, b: SampleIndex) -> bool:
+    n = a.num_samples
+    if n != b.num_samples or a.keys != b.keys:
+        return False
+    return all(a.byte_range(i, i + 1) == b.byte_range(i, i + 1) for i in range(n))
+
+
+def verify_dataset(
+    url: str,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    threads: int = _DEFAULT_THREADS,
+) -> VerifyReport:
+    """Re-read every shard of the dataset at ``url`` and report each one that is not sound."""
+    storage = Storage(url, storage_options)
+    try:
+        manifest = storage.read_manifest()
+        fmt = get_format(manifest.format)
+
+        def one(info: ShardInfo) -> list[ShardProblem]:
+            try:
+                return [ShardProblem(info.path, p) for p in _check_shard(storage, fmt, info)]
+            except ShardstreamError as error:
+                return [ShardProblem(info.path, f"cannot be checked: {error}")]
+
+        problems = [p for found in _map(one, manifest.shards, threads) for p in found]
+        listed = {s.path for s in manifest.shards}
+        unlisted = tuple(
+            f
+            for f in storage.list_files()
+            if f.endswith(fmt.suffix) and f not in listed and f != MANIFEST_NAME
+        )
+        return VerifyReport(
+            url=storage.url,
+            num_shards=len(manifest.shards),
+            num_samples=manifest.num_samples,
+            num_bytes=manifest.num_bytes,
+            problems=tuple(problems),
+            unlisted=unlisted,
+        )
+    finally:
+        storage.close()

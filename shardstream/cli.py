@@ -1,0 +1,285 @@
+"""The ``shardstream`` command: pack, index, inspect, verify.
+
+Thin: each subcommand is one ``add_*`` function that declares its arguments and one
+``run_*`` function that calls the library. Another subcommand is one more pair, added
+to ``SUBCOMMANDS``. Exit status: 0 on success, 1 for data errors (and ``verify``
+finding bad shards), 2 for usage errors; no traceback unless ``--debug``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from shardstream import __version__
+from shardstream.errors import ShardstreamError, UsageError
+from shardstream.progress import Progress, human_bytes
+
+__all__ = ["SUBCOMMANDS", "build_parser", "main", "storage_options_for"]
+
+
+def storage_options_for(url: str, endpoint_url: str | None) -> dict[str, Any] | None:
+    """fsspec options for ``url``: the S3 endpoint if one was given (else AWS_* variables apply)."""
+    if endpoint_url and url.startswith(("s3://", "s3a://")):
+        return {"endpoint_url": endpoint_url}
+    return None
+
+
+def _common() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--endpoint-url", help="S3 endpoint (MinIO, SeaweedFS...); default: AWS_ENDPOINT_URL")
+    common.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
+    common.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    return common
+
+
+# -- pack ---------------------------------------------------------------------------
+
+
+def add_pack(subparsers: Any, common: argparse.ArgumentParser) -> None:
+    from shardstream.pack import available_sources
+
+    p = subparsers.add_parser(
+        "pack",
+        parents=[common],
+        help="pack a folder of files, JSON Lines, CSV, Parquet or tar shards into a dataset",
+        description="Pack SOURCE into shards, sample indexes and a manifest at DEST (any fsspec URL).",
+    )
+    p.add_argument(
+        "source", metavar="SOURCE", help="folder, .jsonl, .csv, .parquet (or folder of them), .tar"
+    )
+    p.add_argument("dest", metavar="DEST", help="dataset folder: a path, s3://bucket/prefix, ...")
+    p.add_argument("--format", default="tar", choices=["tar", "parquet"], help="shard format (default: tar)")
+    p.add_argument(
+        "--shard-size", help="largest shard, as 256MB or 64MiB (default: 256MB unless --samples-per-shard)"
+    )
+    p.add_argument("--samples-per-shard", type=int, metavar="N", help="most samples in a shard")
+    p.add_argument("--workers", type=int, metavar="N", help="worker processes (default: the core count)")
+    p.add_argument("--compression", help="Parquet compression: zstd (default), snappy, gzip, none")
+    p.add_argument(
+        "--source-type", choices=sorted(available_sources()), help="kind of SOURCE (default: detected)"
+    )
+    p.add_argument(
+        "--part", metavar="I/N", help="pack only part I of N (0 <= I < N); then `shardstream index DEST`"
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace another dataset already at DEST")
+    p.set_defaults(run=run_pack)
+
+
+def run_pack(args: argparse.Namespace) -> int:
+    from shardstream.pack import pack
+
+    progress = Progress("pack", enabled=False if args.quiet else None)
+    try:
+        manifest = pack(
+            args.source,
+            args.dest,
+            format=args.format,
+            shard_size=args.shard_size,
+            samples_per_shard=args.samples_per_shard,
+            workers=args.workers,
+            storage_options=storage_options_for(args.dest, args.endpoint_url),
+            source_options=storage_options_for(args.source, args.endpoint_url),
+            compression=args.compression,
+            source_type=args.source_type,
+            overwrite=args.overwrite,
+            part=args.part,
+            progress=progress,
+        )
+    finally:
+        progress.close()
+    if not args.quiet:
+        where = f"into {len(manifest.shards)} shards at {args.dest}"
+        print(progress.summary(where))
+        if args.part:
+            print(f"part {args.part} done; when every part is, run: shardstream index {args.dest}")
+    return 0
+
+
+# -- index --------------------------------------------------------------------------
+
+
+def add_index(subparsers: Any, common: argparse.ArgumentParser) -> None:
+    p = subparsers.add_parser(
+        "index",
+        parents=[common],
+        help="write the manifest and sample indexes for shards another tool wrote (or for --part jobs)",
+        description="Index every *.tar or *.parquet shard under URL and write URL/manifest.json.",
+    )
+    p.add_argument("url", metavar="URL")
+    p.add_argument("--threads", type=int, default=4, metavar="N", help="shards read at once (default: 4)")
+    p.add_argument(
+        "--rehash", action="store_true", help="read every shard, even those listed in part records"
+    )
+    p.set_defaults(run=run_index)
+
+
+def run_index(args: argparse.Namespace) -> int:
+    from shardstream.catalog import index_dataset
+
+    manifest = index_dataset(
+        args.url,
+        storage_options=storage_options_for(args.url, args.endpoint_url),
+        threads=args.threads,
+        rehash=args.rehash,
+    )
+    if not args.quiet:
+        print(
+            f"index: {len(manifest.shards)} {manifest.format} shards, {manifest.num_samples:,} samples, "
+            f"{human_bytes(manifest.num_bytes)}; wrote manifest.json at {args.url}"
+        )
+    return 0
+
+
+# -- inspect ------------------------------------------------------------------------
+
+
+def add_inspect(subparsers: Any, common: argparse.ArgumentParser) -> None:
+    p = subparsers.add_parser("inspect", parents=[common], help="show what a dataset holds")
+    p.add_argument("url", metavar="URL")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--keys", type=int, default=5, metavar="N", help="sample keys to show (default: 5)")
+    p.set_defaults(run=run_inspect)
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    from shardstream.catalog import inspect_dataset
+
+    summary = inspect_dataset(
+        args.url, storage_options=storage_options_for(args.url, args.endpoint_url), sample_keys=args.keys
+    )
+    if args.json:
+        print(json.dumps(summary.to_dict(), indent=1))
+        return 0
+    sizes, counts = summary.shard_bytes, summary.shard_samples
+    rows = [
+        ("dataset", summary.url),
+        ("format", summary.format),
+        ("writer", summary.writer or "-"),
+        ("shards", f"{summary.num_shards:,}"),
+        ("samples", f"{summary.num_samples:,}"),
+        ("bytes", f"{summary.num_bytes:,} ({human_bytes(summary.num_bytes)})"),
+        ("fields", ", ".join(summary.fields) or "-"),
+    ]
+    if summary.schema:
+        rows.append(("schema", ", ".join(f"{k}: {v}" for k, v in summary.schema.items())))
+    rows.append(("sample keys", ", ".join(summary.sample_keys) + (" ..." if summary.num_samples > 5 else "")))
+    if sizes:
+        order = ("min", "p10", "p50", "p90", "max")
+        rows.append(("shard bytes", "  ".join(f"{q} {human_bytes(sizes[q])}" for q in order)))
+        rows.append(("shard samples", "  ".join(f"{q} {int(counts[q]):,}" for q in order)))
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+    return 0
+
+
+# -- verify -------------------------------------------------------------------------
+
+
+def add_verify(subparsers: Any, common: argparse.ArgumentParser) -> None:
+    p = subparsers.add_parser(
+        "verify", parents=[common], help="re-read every shard: checksums, sample counts, sample indexes"
+    )
+    p.add_argument("url", metavar="URL")
+    p.add_argument("--threads", type=int, default=4, metavar="N", help="shards read at once (default: 4)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=run_verify)
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    from shardstream.catalog import verify_dataset
+
+    report = verify_dataset(
+        args.url, storage_options=storage_options_for(args.url, args.endpoint_url), threads=args.threads
+    )
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "url": report.url,
+                    "ok": report.ok,
+                    "num_shards": report.num_shards,
+                    "bad_shards": report.bad_shards,
+                    "problems": [{"shard": p.shard, "problem": p.problem} for p in report.problems],
+                    "unlisted": list(report.unlisted),
+                },
+                indent=1,
+            )
+        )
+    elif not args.quiet or not report.ok:
+        for problem in report.problems:
+            print(f"BAD {problem.shard}: {problem.problem}")
+        for path in report.unlisted:
+            print(f"note: {path} looks like a shard but the manifest does not list it")
+        bad = len(report.bad_shards)
+        verdict = "OK" if report.ok else f"{bad} of {report.num_shards} shards bad"
+        print(f"verify: {report.num_shards} shards, {report.num_samples:,} samples checked: {verdict}")
+    return 0 if report.ok else 1
+
+
+# -- main ---------------------------------------------------------------------------
+
+SUBCOMMANDS: list[Callable[[Any, argparse.ArgumentParser], None]] = [
+    add_pack,
+    add_index,
+    add_inspect,
+    add_verify,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common()
+    parser = argparse.ArgumentParser(
+        prog="shardstream",
+        description="Pack corpora into tar or Parquet shards on object storage, and check them.",
+    )
+    parser.add_argument("--version", action="version", version=f"shardstream {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in SUBCOMMANDS:
+        add(subparsers, common)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # argparse: --help, --version, or a usage error (2)
+        return exit_.code if isinstance(exit_.code, int) else 2
+    try:
+        return int(args.run(args))
+    except ShardstreamError as error:
+        return _fail(args, error, 2 if isinstance(error, UsageError) else 1)
+    except KeyboardInterrupt:
+        print("shardstream: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the output went to `head` or similar, which stopped reading
+        _silence_stdout()
+        return 1
+    except Exception as error:  # a bug or an environment problem: say so briefly
+        return _fail(args, error, 1)
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _fail(args: argparse.Namespace, error: BaseException, status: int) -> int:
+    if args.debug:
+        traceback.print_exc()
+    else:
+        text = str(error) if isinstance(error, ShardstreamError) else f"{type(error).__name__}: {error}"
+        hint = "" if isinstance(error, ShardstreamError) else " (run with --debug for the traceback)"
+        print(f"shardstream {args.command}: error: {text}{hint}", file=sys.stderr)
+    return status
