@@ -142,8 +142,8 @@ class ParquetIndex(SampleIndex):
 
     @property
     def fields(self) -> tuple[str, ...]:
-        """The columns of a sample, in file order, the key column aside."""
-        return tuple(n for n in self.arrow_schema.names if n != self.key_column)
+        """The columns of a sample, in file order, ``__key__`` aside (the sample's name, or nothing)."""
+        return tuple(n for n in self.arrow_schema.names if n != KEY_COLUMN)
 
     @property
     def schema(self) -> dict[str, str]:

@@ -187,7 +187,7 @@ def _rows(
         parquet = pq.ParquetFile(source, metadata=index.metadata, pre_buffer=False)
         table = parquet.read_row_groups(list(range(lo, hi)), use_threads=False)
         table = table.slice(start - index.first_row(lo), stop - start)
-        names = [n for n in table.column_names if n != index.key_column]
+        names = [n for n in table.column_names if n != KEY_COLUMN]  # a non-str __key__ is no sample data
         columns = [table.column(n).to_pylist() for n in names]
     except _ARROW_ERRORS as error:
         raise FormatError(f"cannot decode rows [{start}, {stop}): {error}", shard=name) from None
