@@ -295,24 +295,34 @@ class ParquetEncoder(ShardEncoder):
         )
 
     def _flush(self) -> None:
-        rows, self._rows, self._row_bytes = self._rows, [], 0
-        if self._schema is None:
-            self._schema = self._infer_schema(rows)
-            self._checks = {f.name: _checker(f.type) for f in self._schema}
+        """Write the buffered rows as one row group; on error they stay buffered and nothing is written."""
+        rows = self._rows
+        if self._writer is None:
+            self._start(rows)
+        if rows:
+            try:
+                columns = [pa.array([row.get(f.name) for row in rows], type=f.type) for f in self._schema]  # type: ignore[union-attr]
+            except (pa.ArrowException, TypeError, ValueError, OverflowError) as error:
+                raise PackError(
+                    f"samples {rows[0][KEY_COLUMN]!r} to {rows[-1][KEY_COLUMN]!r} do not fit the shard's "
+                    f"schema: {error}",
+                    shard=self._name,
+                ) from None
+            table = pa.Table.from_arrays(columns, schema=self._schema)
+            self._writer.write_table(table, row_group_size=len(rows))  # type: ignore[union-attr]
+        self._rows, self._row_bytes = [], 0
+
+    def _start(self, rows: list[Sample]) -> None:
+        """Infer the schema from the first rows, check them against it, open the writer."""
+        self._schema = self._infer_schema(rows)
+        self._checks = {f.name: _checker(f.type) for f in self._schema}
+        try:
             for row in rows:  # pyarrow unions struct keys, but not types inside lists
                 self._check_row(row[KEY_COLUMN], row)
-            self._writer = self._open(self._schema)
-        if not rows:
-            return
-        try:
-            columns = [pa.array([row.get(f.name) for row in rows], type=f.type) for f in self._schema]
-        except (pa.ArrowException, TypeError, ValueError, OverflowError) as error:
-            raise PackError(
-                f"samples {rows[0][KEY_COLUMN]!r} to {rows[-1][KEY_COLUMN]!r} do not fit the shard's schema: {error}",
-                shard=self._name,
-            ) from None
-        table = pa.Table.from_arrays(columns, schema=self._schema)
-        self._writer.write_table(table, row_group_size=len(rows))  # type: ignore[union-attr]
+        except PackError:
+            self._schema, self._checks = None, {}
+            raise
+        self._writer = self._open(self._schema)
 
     def close(self) -> ParquetIndex:
         if self._index is not None:

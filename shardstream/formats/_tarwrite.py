@@ -52,7 +52,7 @@ def webdataset_skips(name: str) -> bool:
     return WDS_SKIPPED_RE.match(name) is not None
 
 
-def encode_value(value: Any, key: str, field: str, shard: str) -> bytes:
+def encode_value(value: Any, key: str, field: str, shard: str | None) -> bytes:
     """A field value as member bytes: bytes-like as is, ``str`` as UTF-8, ``int`` as its decimal text."""
     if isinstance(value, bytes):
         return value
@@ -74,7 +74,7 @@ def encode_value(value: Any, key: str, field: str, shard: str) -> bytes:
         ) from None
 
 
-def check_key(key: Any, shard: str) -> bytes:
+def check_key(key: Any, shard: str | None) -> bytes:
     """The UTF-8 key, after checking it names members that split back to it in every reader."""
     if not isinstance(key, str) or not key:
         raise PackError(f"sample key must be a non-empty str, not {key!r}", shard=shard)
@@ -91,7 +91,7 @@ def check_key(key: Any, shard: str) -> bytes:
         raise PackError(f"sample key {key!r} is not valid Unicode ({error})", shard=shard) from None
 
 
-def check_field(field: Any, key: str, shard: str) -> bytes | None:
+def check_field(field: Any, key: str, shard: str | None) -> bytes | None:
     """``b"." + field`` in UTF-8, or None for a metadata field (leading ``_``) that is not written."""
     if not isinstance(field, str):
         raise PackError(f"sample {key!r}: field names must be str, not {field!r}", shard=shard)
@@ -109,7 +109,7 @@ def check_field(field: Any, key: str, shard: str) -> bytes | None:
         ) from None
 
 
-def sample_members(sample: Sample, shard: str) -> tuple[str, bytes, list[tuple[str, bytes, bytes]]]:
+def sample_members(sample: Sample, shard: str | None) -> tuple[str, bytes, list[tuple[str, bytes, bytes]]]:
     """Validate a sample (slow, general path): key, UTF-8 key, sorted ``(field, b"." + field, data)``."""
     if not isinstance(sample, dict):
         raise PackError(f"a sample must be a dict, not {type(sample).__name__}", shard=shard)
@@ -131,14 +131,14 @@ def sample_members(sample: Sample, shard: str) -> tuple[str, bytes, list[tuple[s
     return key, key_b, members
 
 
-def _sorted_fields(sample: Sample, key: Any, shard: str) -> list:
+def _sorted_fields(sample: Sample, key: Any, shard: str | None) -> list:
     try:
         return sorted(sample)
     except TypeError:
         raise PackError(f"sample {key!r}: field names must be str", shard=shard) from None
 
 
-def sample_size(sample: Sample, shard: str) -> int:
+def sample_size(sample: Sample, shard: str | None) -> int:
     total = 0
     _key, key_b, members = sample_members(sample, shard)
     for _field, dot_field, data in members:

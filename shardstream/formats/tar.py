@@ -34,7 +34,7 @@ class TarFormat(ShardFormat):
         return TarEncoder(fileobj, name=name)
 
     def sample_size(self, sample: Sample) -> int:
-        return sample_size(sample, "<sample>")
+        return sample_size(sample, None)
 
     def build_index(self, fileobj: IO[bytes], *, name: str) -> tuple[TarIndex, tuple[str, ...]]:
         index = scan_tar(fileobj, name)
