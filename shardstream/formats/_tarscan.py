@@ -199,6 +199,19 @@ def _ustar_name(block: bytes) -> str:
     return _decode_name(name)
 
 
+def _name_and_size(
+    block: bytes, records: dict[str, bytes], long_name: str | None, size: int, reader: _Reader, offset: int
+) -> tuple[str, int]:
+    """A member's name and size: PAX records first, then a GNU long name, then the ustar fields."""
+    if "size" in records:
+        if not records["size"].isdigit():
+            raise reader.error(f"PAX size {records['size']!r} is not a number", offset)
+        size = int(records["size"])
+    if "path" in records:
+        return _decode_name(records["path"]), size
+    return (long_name if long_name is not None else _ustar_name(block)), size
+
+
 def scan_tar(fileobj: IO[bytes], name: str) -> TarIndex:
     """The index of the tar in ``fileobj``, read from its current position to its end marker."""
     reader = _Reader(fileobj, name)
@@ -233,14 +246,7 @@ def scan_tar(fileobj: IO[bytes], name: str) -> TarIndex:
             pending = offset if pending is None else pending
             continue
         records = {**global_pax, **pax} if global_pax else pax
-        if "size" in records:
-            if not records["size"].isdigit():
-                raise reader.error(f"PAX size {records['size']!r} is not a number", offset)
-            size = int(records["size"])
-        if "path" in records:
-            member = _decode_name(records["path"])
-        else:
-            member = long_name if long_name is not None else _ustar_name(block)
+        member, size = _name_and_size(block, records, long_name, size, reader, offset)
         start = offset if pending is None else pending
         pax, long_name, pending = {}, None, None
         if typeflag in _NO_DATA:

@@ -160,6 +160,15 @@ class _Plan(NamedTuple):
     header_sizes: tuple[int, ...]
 
 
+# NOTE [ Tar encoder fast path ]
+# write() is the pack hot path. A sample whose field names were seen before (so they are
+# validated and have a plan), whose key is plain (ASCII, no dot, no leading "_") and whose
+# values are bytes/str/int of less than 8 GiB is written with locals bound once, header
+# pieces cached per field name, per size and per checksum, and one write call. Anything
+# else goes to _write_slow, which validates everything and writes PAX headers as needed;
+# a successful slow write leaves a plan, so the next sample of that shape is fast.
+
+
 class TarEncoder(ShardEncoder):
     """Writes WebDataset-style samples to ``fileobj``; one ``write`` call per sample."""
 
@@ -188,12 +197,7 @@ class TarEncoder(ShardEncoder):
         return self._pos + (len(END_OF_ARCHIVE) if self._closed else 0)
 
     def write(self, sample: Sample) -> None:
-        # NOTE [ Tar encoder fast path ]
-        # This is the pack hot path. A sample whose field names were seen before (so they
-        # are validated and have a plan), whose key is plain (no dot, no leading "_") and
-        # whose values are bytes/str/int with small sizes is written here with locals bound
-        # once, header pieces cached per field name and per size, and one write call.
-        # Anything else goes to _write_slow, which validates everything and uses PAX.
+        # See NOTE [ Tar encoder fast path ].
         try:
             key = sample["__key__"]
             plan = self._plans[tuple(sample)]
