@@ -13,7 +13,8 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from shardstream.errors import FormatError, StorageError
@@ -23,24 +24,47 @@ from shardstream.manifest import Manifest
 from shardstream.storage import Prefetcher, Storage
 from shardstream.types import ByteRange
 
-__all__ = ["INDEX_CACHE_SIZE", "WindowReader", "coalesce", "report_skip"]
+__all__ = ["COALESCE_GAP", "INDEX_CACHE_SIZE", "Read", "WindowReader", "plan_reads", "report_skip"]
 
 _log = logging.getLogger("shardstream.dataset")
 INDEX_CACHE_SIZE = 16  # sidecars kept per worker; a worker reads a few shards at a time
+# Runs of one shard closer than this share a read: a request costs more than this many
+# bytes on object storage (latency x bandwidth), and the read stays within the window.
+COALESCE_GAP = 256 * 1024
 
 
-def coalesce(runs: Any) -> list[tuple[int, int, int]]:
-    """``(shard, start, stop)`` reads for ``runs``: consecutive runs of one shard that
-    touch (``a.stop == b.start``) become one read; the order of samples is kept."""
-    reads: list[tuple[int, int, int]] = []
-    for run in runs:
-        shard, start, stop = int(run.shard), int(run.start), int(run.stop)
-        if stop <= start:
-            continue
-        if reads and reads[-1][0] == shard and reads[-1][2] == start:
-            reads[-1] = (shard, reads[-1][1], stop)
-        else:
-            reads.append((shard, start, stop))
+@dataclass(frozen=True, slots=True)
+class Read:
+    """One ranged read of a shard, serving the runs numbered ``runs`` of a window."""
+
+    shard: int
+    rng: ByteRange
+    runs: tuple[int, ...]
+
+
+def plan_reads(
+    runs: Sequence[Any], byte_range: Callable[[int, int, int], ByteRange], *, gap: int
+) -> list[Read]:
+    """The ranged reads for a window's runs: runs of one shard whose bytes overlap, touch
+    or lie at most ``gap`` bytes apart share one read (Parquet runs in one row group
+    overlap; the rest of a resumed window has holes). Reads come in window order."""
+    by_shard: dict[int, list[tuple[ByteRange, int]]] = {}
+    for number, run in enumerate(runs):
+        if run.stop > run.start:
+            by_shard.setdefault(run.shard, []).append((byte_range(run.shard, run.start, run.stop), number))
+    reads: list[Read] = []
+    for shard, spans in by_shard.items():
+        spans.sort(key=lambda span: span[0].start)
+        lo, hi, members = spans[0][0].start, spans[0][0].end, [spans[0][1]]
+        for rng, number in spans[1:]:
+            if rng.start - hi <= gap:
+                hi = max(hi, rng.end)
+                members.append(number)
+                continue
+            reads.append(Read(shard, ByteRange(lo, hi), tuple(members)))
+            lo, hi, members = rng.start, rng.end, [number]
+        reads.append(Read(shard, ByteRange(lo, hi), tuple(members)))
+    reads.sort(key=lambda read: min(read.runs))
     return reads
 
 
@@ -90,35 +114,46 @@ class WindowReader:
 
     def fetch(self, window: Any) -> list[Sample | None]:
         """The samples of ``window``'s runs, concatenated in run order (not yet shuffled)."""
-        samples: list[Sample | None] = []
-        for shard, start, stop in coalesce(window.runs):
-            samples.extend(self._read_run(shard, start, stop))
-        return samples
+        runs = window.runs
+        reads = plan_reads(runs, self._byte_range, gap=COALESCE_GAP)
+        if len(reads) == 1 and len(reads[0].runs) == 1:  # the usual unshuffled case
+            return self._read(reads[0], runs)[0]
+        parts: dict[int, list[Sample | None]] = {}
+        for read in reads:
+            parts.update(zip(read.runs, self._read(read, runs), strict=True))
+        return [sample for number in sorted(parts) for sample in parts[number]]
 
-    def _read_run(self, shard: int, start: int, stop: int) -> list[Sample | None]:
-        info = self.manifest.shards[shard]
-        index = self.index(shard)
-        rng = index.byte_range(start, stop)
+    def _byte_range(self, shard: int, start: int, stop: int) -> ByteRange:
+        return self.index(shard).byte_range(start, stop)
+
+    def _read(self, read: Read, runs: Sequence[Any]) -> list[list[Sample | None]]:
+        """One ranged read, decoded into the samples of each run it serves."""
+        info = self.manifest.shards[read.shard]
+        index, rng = self.index(read.shard), read.rng
         try:
             data = self.storage.read(info.path, rng)
         except StorageError as error:
+            first, last = runs[read.runs[0]], runs[read.runs[-1]]
             raise type(error)(
-                f"{error.message} (samples [{start}, {stop}), bytes [{rng.start}, {rng.end}))",
+                f"{error.message} (samples [{first.start}, {last.stop}), bytes [{rng.start}, {rng.end}))",
                 url=error.url or self.storage.full_url(info.path),
                 shard=info.path,
                 offset=rng.start,
             ) from error
+        return [self._decode(data, rng, index, runs[n].start, runs[n].stop, info.path) for n in read.runs]
+
+    def _decode(
+        self, data: bytes, rng: ByteRange, index: SampleIndex, start: int, stop: int, name: str
+    ) -> list[Sample | None]:
         try:
-            samples: list[Sample | None] = list(
-                self.format.decode(data, rng, index, start, stop, name=info.path)
-            )
+            samples: list[Sample | None] = list(self.format.decode(data, rng, index, start, stop, name=name))
         except FormatError as error:
             if self.on_error != "skip":
-                raise self._named(error, info.path, rng) from error
-            return self._read_one_by_one(data, rng, index, start, stop, info.path)
+                raise self._named(error, name, rng) from error
+            return self._read_one_by_one(data, rng, index, start, stop, name)
         if len(samples) != stop - start:
             wrong = FormatError(f"decoded {len(samples)} samples, expected {stop - start}", offset=rng.start)
-            raise self._named(wrong, info.path, rng)
+            raise self._named(wrong, name, rng)
         return samples
 
     def _read_one_by_one(
@@ -148,7 +183,8 @@ class WindowReader:
     def locate(self, error: FormatError, window: Any, position: int) -> FormatError:
         """``error`` about the sample at ``position`` of ``window``'s concatenated runs,
         naming its URL, shard, byte offset and key."""
-        for shard, start, stop in coalesce(window.runs):
+        for run in window.runs:
+            shard, start, stop = run.shard, run.start, run.stop
             if position < stop - start:
                 info = self.manifest.shards[shard]
                 index = self.index(shard)
@@ -194,12 +230,12 @@ class WindowReader:
             prefetcher.close()
 
 
-_SKIPPED: collections.Counter[str] = collections.Counter()  # per shard, in this process
+_SKIPPED: collections.Counter[str] = collections.Counter()  # per shard URL, in this process
 
 
 def report_skip(error: FormatError) -> None:
     """Count a sample skipped with ``on_error="skip"``; log the first of each shard."""
-    shard = error.shard or ""
+    shard = error.url or error.shard or ""
     _SKIPPED[shard] += 1
     if _SKIPPED[shard] == 1:
         _log.warning("skipping corrupt samples (on_error='skip'); the first in this shard: %s", error)

@@ -1,0 +1,344 @@
+"""StreamingDataset: local, memory:// and S3 (moto over HTTP), tar and Parquet, decoding,
+ranks, epochs, ranged and coalesced reads, errors, pickling."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import uuid
+
+import fsspec
+import pytest
+
+import shardstream
+from shardstream.dataset.reader import COALESCE_GAP, plan_reads
+from shardstream.errors import FormatError, StorageError, UsageError
+from shardstream.pack.writer import ShardWriter
+from shardstream.plan import Run
+from shardstream.storage import Storage
+from shardstream.types import ByteRange
+from tests.resume_harness import assert_exactly_once, write_dataset
+
+SIZES = [6, 10, 3, 8, 9]  # 36 samples
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory):
+    url = str(tmp_path_factory.mktemp("dataset") / "ds")
+    return url, write_dataset(url, SIZES)
+
+
+def keys_of(dataset):
+    return [sample["__key__"] for sample in dataset]
+
+
+def test_streams_every_sample_once_decoded(local):
+    url, keys = local
+    dataset = shardstream.StreamingDataset(url)
+    samples = list(dataset)
+    assert len(dataset) == len(keys) == len(samples)
+    assert_exactly_once([s["__key__"] for s in samples], keys)
+    by_key = {s["__key__"]: s for s in samples}
+    assert by_key["s001-0007"] == {"__key__": "s001-0007", "txt": "sample s001-0007", "cls": 7}
+    assert [s["__key__"] for s in samples] != keys  # shuffled by default
+
+
+def test_decode_false_gives_bytes_and_transform_applies(local):
+    url, _ = local
+    raw = next(iter(shardstream.StreamingDataset(url, decode=False, shuffle=False)))
+    assert raw == {"__key__": "s000-0000", "txt": b"sample s000-0000", "cls": b"0"}
+    dataset = shardstream.StreamingDataset(url, shuffle=False, transform=lambda s: (s["__key__"], s["cls"]))
+    assert next(iter(dataset)) == ("s000-0000", 0)
+
+
+def test_no_shuffle_is_manifest_order(local):
+    url, keys = local
+    assert keys_of(shardstream.StreamingDataset(url, shuffle=False)) == keys
+
+
+def test_epochs_and_seeds(local):
+    url, keys = local
+    dataset = shardstream.StreamingDataset(url, seed=1)
+    first = keys_of(dataset)
+    assert keys_of(dataset) == first  # the epoch changes only through set_epoch
+    dataset.set_epoch(1)
+    second = keys_of(dataset)
+    assert second != first
+    assert sorted(second) == sorted(keys)
+    assert keys_of(shardstream.StreamingDataset(url, seed=2)) != first
+    with pytest.raises(shardstream.ShardstreamError):
+        dataset.set_epoch(-1)
+
+
+@pytest.mark.parametrize(("world", "drop_last"), [(3, False), (5, False), (5, True)])
+def test_ranks_split_the_epoch(local, world, drop_last):
+    url, keys = local
+    parts = [
+        keys_of(shardstream.StreamingDataset(url, num_replicas=world, rank=r, drop_last=drop_last))
+        for r in range(world)
+    ]
+    counts = {len(p) for p in parts}
+    assert len(counts) == 1
+    everything = [k for p in parts for k in p]
+    if drop_last:
+        assert len(set(everything)) == len(everything) == counts.pop() * world
+    else:
+        assert set(everything) == set(keys)
+        assert len(everything) - len(keys) < world
+    dataset = shardstream.StreamingDataset(url, num_replicas=world, rank=0, drop_last=drop_last)
+    assert len(dataset) == len(parts[0])
+
+
+def test_rank_and_world_from_environment(local, monkeypatch):
+    url, _ = local
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    from_env = keys_of(shardstream.StreamingDataset(url))
+    assert from_env == keys_of(shardstream.StreamingDataset(url, num_replicas=2, rank=1))
+    monkeypatch.setenv("RANK", "2")
+    with pytest.raises(UsageError):
+        len(shardstream.StreamingDataset(url))
+
+
+def test_memory_url():
+    url = f"memory://shardstream-test-{uuid.uuid4().hex[:8]}/ds"
+    try:
+        keys = write_dataset(url, [4, 5])
+        assert_exactly_once(keys_of(shardstream.StreamingDataset(url)), keys)
+    finally:
+        fsspec.filesystem("memory").rm(url.rsplit("/", 1)[0], recursive=True)
+
+
+@pytest.mark.s3
+def test_s3_with_options_and_with_environment(s3):
+    base, options = s3
+    url = f"{base}/ds"
+    keys = write_dataset(url, [7, 5, 9], storage_options=options)
+    assert_exactly_once(keys_of(shardstream.StreamingDataset(url, storage_options=options)), keys)
+    # AWS_ENDPOINT_URL and the AWS_* keys are set by the fixture: no options needed.
+    assert_exactly_once(keys_of(shardstream.StreamingDataset(url)), keys)
+
+
+def test_parquet_rows_with_and_without_key_column(tmp_path):
+    url = str(tmp_path / "pq")
+    with ShardWriter(url, format="parquet", samples_per_shard=7) as writer:
+        for i in range(20):
+            writer.write({"__key__": f"row{i:02d}", "text": f"t{i}", "label": i, "scores": [i, i + 0.5]})
+    samples = list(shardstream.StreamingDataset(url))
+    assert len(samples) == 20
+    by_key = {s["__key__"]: s for s in samples}
+    assert by_key["row13"] == {"__key__": "row13", "text": "t13", "label": 13, "scores": [13.0, 13.5]}
+    # Parquet written by another tool has no key column: the key is "<shard>:<row>".
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from shardstream.formats import get_format
+    from shardstream.manifest import Manifest, ShardInfo
+
+    other = tmp_path / "other"
+    other.mkdir()
+    pq.write_table(pa.table({"x": [1, 2, 3]}), other / "part-0.parquet")
+    storage = Storage(str(other))
+    with storage.open("part-0.parquet") as f:
+        index, fields = get_format("parquet").build_index(f, name="part-0.parquet")
+    storage.write("part-0.parquet.idx", index.to_bytes())
+    size = os.path.getsize(other / "part-0.parquet")
+    info = ShardInfo("part-0.parquet", 3, size, "0" * 64, "part-0.parquet.idx")
+    storage.write_manifest(Manifest(format="parquet", shards=(info,), fields=fields))
+    rows = list(shardstream.StreamingDataset(str(other), shuffle=False))
+    assert rows == [{"__key__": f"part-0.parquet:{i}", "x": i + 1} for i in range(3)]
+
+
+# -- reads ------------------------------------------------------------------------------------
+
+
+class RecordingReads:
+    def __init__(self, monkeypatch):
+        self.reads: list[tuple[str, ByteRange | None]] = []
+        original = Storage.read
+
+        def read(storage, path, rng=None):
+            self.reads.append((path, rng))
+            return original(storage, path, rng)
+
+        monkeypatch.setattr(Storage, "read", read)
+
+    def shard_reads(self):
+        return [(p, r) for p, r in self.reads if p.endswith(".tar")]
+
+
+def test_reads_are_ranged_and_bounded_by_the_window(tmp_path, monkeypatch):
+    url = str(tmp_path / "ds")
+    keys = write_dataset(url, [40] * 6)
+    recorder = RecordingReads(monkeypatch)
+    window = 12
+    assert_exactly_once(keys_of(shardstream.StreamingDataset(url, shuffle_window=window, decode=False)), keys)
+    reads = recorder.shard_reads()
+    sizes = {info.path: info.bytes for info in Storage(url).read_manifest().shards}
+    assert all(rng is not None and rng.length < sizes[path] for path, rng in reads)
+    sample_bytes = max(sizes.values()) / 40
+    assert max(rng.length for _, rng in reads) <= window * sample_bytes
+    indexes = [p for p, _ in recorder.reads if p.endswith(".idx")]
+    assert len(indexes) == len(set(indexes)) == 6  # each sidecar read once
+
+
+def test_unshuffled_reads_are_one_per_shard(tmp_path, monkeypatch):
+    url = str(tmp_path / "ds")
+    write_dataset(url, [10] * 4)
+    recorder = RecordingReads(monkeypatch)
+    list(shardstream.StreamingDataset(url, shuffle=False, shuffle_window=20))
+    assert [p for p, _ in recorder.shard_reads()] == [f"shard-{i:06d}.tar" for i in range(4)]
+
+
+def test_plan_reads_coalesces_close_runs_of_a_shard():
+    def byte_range(shard, start, stop):
+        return ByteRange(1000 * start, 1000 * stop)
+
+    runs = [Run(0, 0, 3), Run(1, 0, 2), Run(0, 3, 5), Run(0, 8, 9), Run(0, 5000, 5001), Run(2, 4, 4)]
+    reads = plan_reads(runs, byte_range, gap=COALESCE_GAP)
+    assert [(r.shard, r.rng, r.runs) for r in reads] == [
+        (0, ByteRange(0, 9000), (0, 2, 3)),
+        (1, ByteRange(0, 2000), (1,)),
+        (0, ByteRange(5_000_000, 5_001_000), (4,)),
+    ]
+
+
+def test_resumed_window_reads_its_holes_in_one_read(tmp_path, monkeypatch):
+    url = str(tmp_path / "ds")
+    keys = write_dataset(url, [30])
+    dataset = shardstream.StreamingDataset(url, shuffle_window=30, batch_size=5, decode=False)
+    iterator = iter(dataset)
+    head = [next(iterator)["__key__"] for _ in range(10)]
+    state = dataset.state_dict()
+    iterator.close()
+    recorder = RecordingReads(monkeypatch)
+    resumed = shardstream.StreamingDataset(url, shuffle_window=30, batch_size=5, decode=False)
+    resumed.load_state_dict(state)
+    assert_exactly_once(head + keys_of(resumed), keys)
+    assert len(recorder.shard_reads()) == 1
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+def corrupt_json_dataset(url):
+    keys = []
+    with ShardWriter(url, format="tar", samples_per_shard=5) as writer:
+        for i in range(12):
+            key = f"k{i:02d}"
+            writer.write({"__key__": key, "json": b"{bad" if i in (3, 8) else b'{"i": %d}' % i})
+            keys.append(key)
+    return keys
+
+
+def test_corrupt_sample_raises_naming_url_shard_and_key(tmp_path):
+    url = str(tmp_path / "bad")
+    corrupt_json_dataset(url)
+    with pytest.raises(FormatError) as info:
+        list(shardstream.StreamingDataset(url, shuffle=False))
+    error = info.value
+    assert "'k03'" in str(error)
+    assert error.shard == "shard-000000.tar"
+    assert error.url.endswith("shard-000000.tar")
+    assert error.offset is not None
+
+
+def test_on_error_skip_skips_counts_and_logs_once_per_shard(tmp_path, caplog):
+    url = str(tmp_path / "bad")
+    keys = corrupt_json_dataset(url)
+    dataset = shardstream.StreamingDataset(url, on_error="skip")
+    with caplog.at_level(logging.WARNING, logger="shardstream.dataset"):
+        got = keys_of(dataset)
+    assert sorted(got) == sorted(k for k in keys if k not in ("k03", "k08"))
+    assert dataset.num_skipped == 2
+    warned = [r for r in caplog.records if "on_error='skip'" in r.getMessage()]
+    assert len(warned) == 2  # k03 and k08 lie in two different shards
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="shardstream.dataset"):
+        keys_of(dataset)
+    assert dataset.num_skipped == 4
+    assert not [r for r in caplog.records if "on_error='skip'" in r.getMessage()]
+
+
+def test_pickle_is_refused_even_when_skipping(tmp_path):
+    url = str(tmp_path / "pkl")
+    with ShardWriter(url, format="tar", samples_per_shard=5) as writer:
+        writer.write({"__key__": "a", "pkl": pickle.dumps({"x": 1})})
+    for on_error in ("raise", "skip"):
+        with pytest.raises(shardstream.dataset.PickleRefusedError):
+            list(shardstream.StreamingDataset(url, on_error=on_error))
+    assert list(shardstream.StreamingDataset(url, allow_pickle=True)) == [{"__key__": "a", "pkl": {"x": 1}}]
+
+
+def test_missing_shard_names_url_shard_and_byte_range(tmp_path):
+    url = str(tmp_path / "ds")
+    write_dataset(url, [5, 5])
+    os.remove(os.path.join(url, "shard-000001.tar"))
+    with pytest.raises(StorageError) as info:
+        list(shardstream.StreamingDataset(url, shuffle=False, on_error="skip"))
+    error = info.value
+    assert error.shard == "shard-000001.tar"
+    assert "shard-000001.tar" in error.url
+    assert "bytes [" in str(error)
+    assert error.offset is not None
+
+
+def test_truncated_shard_is_a_storage_error(tmp_path):
+    url = str(tmp_path / "ds")
+    write_dataset(url, [5, 5])
+    path = os.path.join(url, "shard-000000.tar")
+    with open(path, "r+b") as f:
+        f.truncate(1024)
+    with pytest.raises(StorageError, match="past the end"):
+        list(shardstream.StreamingDataset(url, shuffle=False))
+
+
+def test_not_a_dataset(tmp_path):
+    with pytest.raises(shardstream.ShardstreamError, match="manifest"):
+        len(shardstream.StreamingDataset(str(tmp_path)))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"on_error": "ignore"}, {"batch_size": 0}, {"shuffle_window": 0}, {"seed": 1.5}, {"transform": 3}],
+)
+def test_bad_options(local, kwargs):
+    with pytest.raises(UsageError):
+        shardstream.StreamingDataset(local[0], **kwargs)
+
+
+# -- processes --------------------------------------------------------------------------------
+
+
+def test_pickles_as_configuration(local):
+    url, keys = local
+    dataset = shardstream.StreamingDataset(url, seed=4)
+    dataset.set_epoch(2)
+    expected = keys_of(dataset)
+    assert dataset._storage is not None
+    again = pickle.loads(pickle.dumps(dataset))
+    assert again._storage is None
+    assert again.epoch == 2
+    assert again._manifest == dataset._manifest  # the manifest travels, not re-read
+    assert keys_of(again) == expected
+
+
+def test_storage_is_made_anew_after_fork(local):
+    url, _ = local
+    dataset = shardstream.StreamingDataset(url)
+    parent = dataset.storage
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a fresh Storage, which still reads the dataset
+        try:
+            ok = dataset.storage is not parent and len(keys_of(dataset)) == len(dataset)
+            os.write(write, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(write)
+    answer = os.read(read, 1)
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert answer == b"1"
+    assert dataset.storage is parent
