@@ -312,7 +312,7 @@ def test_bad_options(local, kwargs):
 
 
 def test_pickles_as_configuration(local):
-    url, keys = local
+    url, _ = local
     dataset = shardstream.StreamingDataset(url, seed=4)
     dataset.set_epoch(2)
     expected = keys_of(dataset)
