@@ -15,20 +15,28 @@ Only names that shardstream writes are ever deleted.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+
+import fsspec
 
 from shardstream import __version__
 from shardstream.errors import ManifestError, UsageError
 from shardstream.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from shardstream.pack.options import PackOptions
 from shardstream.pack.shard import ShardResult
+from shardstream.pack.sources.base import is_local
 from shardstream.storage import Storage
+from shardstream.storage.local import TEMP_PREFIX
 
 __all__ = ["SHARD_NAME_RE", "DatasetTarget", "build_manifest", "writer_name"]
 
 # Every name a shardstream pack writes at the top of a dataset folder.
 SHARD_NAME_RE = re.compile(r"^(?:part-\d{5}-)?shard-\d{6}\.(?:tar|parquet)(?:\.idx)?$")
 PART_RECORD_RE = re.compile(r"^part-(\d{5})-of-(\d{5})\.json$")
+# What ``Storage.writer`` names a local file in flight: the prefix, a random part, the target's name.
+_TEMP_RE = re.compile(re.escape(TEMP_PREFIX) + r"[0-9a-f]+-(.+)$")
 
 
 def writer_name() -> str:
@@ -72,6 +80,7 @@ class DatasetTarget:
     def prepare(self) -> None:
         """Look at what the destination holds; with overwrite, delete its manifest."""
         self._prepared = True
+        self._remove_stale_temp_files()
         old = self._old_manifest()
         if old is None:
             return
@@ -82,6 +91,26 @@ class DatasetTarget:
         if old.format != self.options.format:
             raise self._refusal(f"it holds a {old.format} dataset and this pack writes {self.options.format}")
         self._protected = {s.path: s for s in old.shards}
+
+    def _remove_stale_temp_files(self) -> None:
+        """Delete the temp files of this pack's shards that a killed run left (local folders only).
+
+        Remote writes spool outside the dataset, so only a local destination can hold
+        them; a part removes only its own, since other parts may be writing theirs.
+        """
+        url = self.storage.url
+        if not is_local(url):
+            return
+        root = fsspec.core.strip_protocol(url)
+        try:
+            names = os.listdir(root)
+        except OSError:
+            return
+        for name in names:
+            match = _TEMP_RE.match(name)
+            if match and SHARD_NAME_RE.match(match.group(1)) and match.group(1).startswith(self.options.prefix):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(root, name))
 
     def _old_manifest(self) -> Manifest | None:
         if not self.storage.exists(MANIFEST_NAME):

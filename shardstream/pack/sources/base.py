@@ -19,7 +19,9 @@ from collections.abc import Iterator, Mapping
 from typing import IO, Any, ClassVar, NamedTuple
 
 import fsspec
+from fsspec.compression import compr
 from fsspec.core import split_protocol
+from fsspec.utils import infer_compression
 
 from shardstream.errors import PackError, UsageError
 from shardstream.formats.base import Sample, ShardFormat
@@ -209,9 +211,18 @@ def is_dir(url: str, storage_options: Mapping[str, Any]) -> bool:
 
 
 def open_file(url: str, storage_options: Mapping[str, Any], mode: str = "rb") -> IO[Any]:
-    """``url`` opened for reading (any fsspec URL; ``.gz``, ``.zst``, ... decompressed)."""
+    """``url`` opened for reading (any fsspec URL; ``.gz``, ``.zst``, ... decompressed).
+
+    A local path is opened directly, so pipes work too (``<(zcat corpus.jsonl.gz)``).
+    """
     try:
-        return fsspec.open(url, mode, compression="infer", **storage_options).open()
+        if not is_local(url):
+            return fsspec.open(url, mode, compression="infer", **storage_options).open()
+        f = open(os.path.expanduser(fsspec.core.strip_protocol(url)), mode)  # noqa: SIM115 (returned)
+        compression = infer_compression(url)
+        if compression is None:
+            return f
+        return compr[compression](f, mode=mode)
     except FileNotFoundError:
         raise PackError("source file not found", url=url) from None
     except (OSError, ValueError) as error:
