@@ -1,0 +1,90 @@
+"""One rank of a multi-process test, launched by torchrun (see tests/test_distributed.py).
+
+    python -m torch.distributed.run --standalone --nproc_per_node=2 tests/dist_worker.py \
+        URL OUT --workers 2 --batch-size 4 --epochs 0 1 [--stop-after K] [--resume STATE]
+
+Streams the dataset at URL through ``shardstream.DataLoader`` with gloo as the process
+group, for each epoch given; the keys of every rank are gathered with
+``all_gather_object`` and rank 0 writes ``OUT/epoch-E.json``: ``{"ranks": [keys of each
+rank, in order], "batches": [batches of each rank], "world_size": W, "len": len(loader)}``.
+With ``--stop-after K`` the last epoch stops after K batches and rank 0 also writes the
+loader's state to ``OUT/state.json`` (every rank's state must be the same). With
+``--resume STATE`` the loader loads that state first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+import torch.distributed as dist
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+import shardstream
+
+
+def keep(samples: list[dict]) -> list[str]:
+    return [sample["__key__"] for sample in samples]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("url")
+    parser.add_argument("out")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--epochs", type=int, nargs="+", default=[0])
+    parser.add_argument("--stop-after", type=int, default=None)
+    parser.add_argument("--resume", default=None)
+    parser.add_argument("--start-method", default=None)
+    args = parser.parse_args()
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = pathlib.Path(args.out)
+    dataset = shardstream.StreamingDataset(args.url, shuffle=True, seed=7, decode=False)
+    loader = shardstream.DataLoader(
+        dataset,
+        batch_size=args.batch_size,
+        num_workers=args.workers,
+        collate_fn=keep,
+        multiprocessing_context=args.start_method,
+    )
+    if args.resume:
+        loader.load_state_dict(json.loads(pathlib.Path(args.resume).read_text()))
+    for number, epoch in enumerate(args.epochs):
+        dataset.set_epoch(epoch)
+        last = number == len(args.epochs) - 1
+        keys: list[str] = []
+        batches = 0
+        for step, batch in enumerate(loader):
+            keys.extend(batch)
+            batches += 1
+            if last and args.stop_after is not None and step + 1 == args.stop_after:
+                break
+        state = loader.state_dict()
+        gathered: list[object] = [None] * world
+        dist.all_gather_object(gathered, {"keys": keys, "state": state, "batches": batches})
+        if rank == 0:
+            record = {
+                "ranks": [g["keys"] for g in gathered],  # type: ignore[index]
+                "batches": [g["batches"] for g in gathered],  # type: ignore[index]
+                "world_size": world,
+                "len": len(loader),
+            }
+            (out / f"epoch-{epoch}.json").write_text(json.dumps(record))
+            if last and args.stop_after is not None:
+                states = [g["state"] for g in gathered]  # type: ignore[index]
+                if any(s != states[0] for s in states):
+                    raise SystemExit("ranks disagree on the state after the same steps")
+                (out / "state.json").write_text(json.dumps(states[0]))
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
