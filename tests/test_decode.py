@@ -159,3 +159,99 @@ def test_json_text_integers_round_trip_values():
     decoder = SampleDecoder.build()
     payload = {"x": [1, 2.5, None, "é"]}
     assert decoder({"__key__": "k", "meta.json": json.dumps(payload).encode()})["meta.json"] == payload
+
+
+# -- round trips through pack and stream ------------------------------------------------------
+
+
+def test_every_type_round_trips_through_a_tar_dataset(tmp_path):
+    import shardstream
+    from shardstream.pack import ShardWriter
+
+    rng = np.random.default_rng(1)
+    arrays = [rng.standard_normal((3, 4)).astype(np.float32) for _ in range(3)]
+    images = [rng.integers(0, 255, (6, 5, 3), dtype=np.uint8) for _ in range(3)]
+    url = str(tmp_path / "ds")
+    with ShardWriter(url, format="tar", samples_per_shard=2) as writer:
+        for i in range(3):
+            buf = io.BytesIO()
+            np.savez(buf, a=arrays[i], b=np.arange(i + 1))
+            writer.write(
+                {
+                    "__key__": f"s{i}",
+                    "txt": f"text {i} é",
+                    "json": json.dumps({"i": i, "tags": ["a", "b"]}).encode(),
+                    "cls": i,
+                    "npy": npy_bytes(arrays[i]),
+                    "npz": buf.getvalue(),
+                    "png": image_bytes(images[i], "PNG"),
+                    "jpg": image_bytes(images[i], "JPEG"),
+                    "gray.png": image_bytes(images[i][:, :, 0], "PNG"),
+                    "pt": pt_bytes({"t": torch.full((2,), float(i))}),
+                    "bin": bytes([i]) * 3,
+                }
+            )
+    samples = {s["__key__"]: s for s in shardstream.StreamingDataset(url)}
+    assert sorted(samples) == ["s0", "s1", "s2"]
+    for i in range(3):
+        s = samples[f"s{i}"]
+        assert s["txt"] == f"text {i} é"
+        assert s["json"] == {"i": i, "tags": ["a", "b"]}
+        assert s["cls"] == i
+        np.testing.assert_array_equal(s["npy"], arrays[i])
+        np.testing.assert_array_equal(s["npz"]["a"], arrays[i])
+        np.testing.assert_array_equal(s["npz"]["b"], np.arange(i + 1))
+        np.testing.assert_array_equal(s["png"], images[i])
+        assert s["jpg"].shape == images[i].shape
+        assert s["jpg"].dtype == np.uint8
+        np.testing.assert_array_equal(s["gray.png"], images[i][:, :, 0])
+        assert torch.equal(s["pt"]["t"], torch.full((2,), float(i)))
+        assert s["bin"] == bytes([i]) * 3
+    raw = {s["__key__"]: s for s in shardstream.StreamingDataset(url, decode=False)}
+    assert raw["s1"]["cls"] == b"1"
+    assert raw["s1"]["npy"] == npy_bytes(arrays[1])
+
+
+def test_parquet_columns_round_trip_and_binary_columns_decode_by_name(tmp_path):
+    import shardstream
+    from shardstream.pack import ShardWriter
+
+    image = np.arange(12, dtype=np.uint8).reshape(2, 2, 3)
+    url = str(tmp_path / "pq")
+    with ShardWriter(url, format="parquet", samples_per_shard=2) as writer:
+        for i in range(3):
+            writer.write(
+                {
+                    "__key__": f"r{i}",
+                    "text": f"row {i}",
+                    "n": i,
+                    "x": i / 2,
+                    "ids": [i, i + 1],
+                    "image.png": image_bytes(image + i, "PNG"),
+                    "meta.json": json.dumps({"i": i}).encode(),
+                }
+            )
+    rows = {s["__key__"]: s for s in shardstream.StreamingDataset(url)}
+    for i in range(3):
+        row = rows[f"r{i}"]
+        assert (row["text"], row["n"], row["x"], row["ids"]) == (f"row {i}", i, i / 2, [i, i + 1])
+        np.testing.assert_array_equal(row["image.png"], image + i)
+        assert row["meta.json"] == {"i": i}
+
+
+def test_pickle_round_trip_needs_allow_pickle(tmp_path):
+    import shardstream
+    from shardstream.pack import ShardWriter
+
+    url = str(tmp_path / "pkl")
+    with ShardWriter(url, format="tar", samples_per_shard=4) as writer:
+        writer.write({"__key__": "p", "pkl": pickle.dumps({"a": (1, 2)})})
+    with pytest.raises(PickleRefusedError):
+        list(shardstream.StreamingDataset(url))
+    assert list(shardstream.StreamingDataset(url, allow_pickle=True)) == [
+        {"__key__": "p", "pkl": {"a": (1, 2)}}
+    ]
+    # a user decoder for the extension is an explicit choice
+    assert list(shardstream.StreamingDataset(url, decoders={"pkl": len})) == [
+        {"__key__": "p", "pkl": len(pickle.dumps({"a": (1, 2)}))}
+    ]
