@@ -125,6 +125,12 @@ def sample_members(sample: Sample, shard: str | None) -> tuple[str, bytes, list[
             raise PackError(
                 f"sample {key!r}: member {name!r} would be skipped as metadata by webdataset", shard=shard
             )
+        split = KEY_FIELD_RE.match(name)
+        if split is None or split.group(1) != key or split.group(2) != field:
+            # e.g. a newline before a dotted directory: webdataset's regex would read another key
+            raise PackError(
+                f"sample {key!r}: member {name!r} would not read back as this key and field", shard=shard
+            )
         members.append((field, dot_field, encode_value(sample[field], key, field, shard)))
     if not members:
         raise PackError(f"sample {key!r} has no fields; a tar sample needs at least one", shard=shard)
