@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import datetime
 import io
+import subprocess
+import sys
 
 import duckdb
 import pyarrow as pa
@@ -65,6 +67,34 @@ def test_duckdb_reads_our_shard(tmp_path):
         (s["__key__"], s["image"], s["caption"], s["label"], s["score"], s["keep"], s["tags"], s["meta"]["w"])
         for s in samples
     ]
+
+
+_READER = """
+import sys
+sys.modules["shardstream"] = None  # any import of shardstream now fails: the readers must not need it
+import duckdb, pyarrow.parquet as pq
+table = pq.read_table(sys.argv[1])
+with duckdb.connect() as con:
+    count, total = con.execute("SELECT count(*), sum(label) FROM read_parquet(?)", [sys.argv[1]]).fetchone()
+print(table.num_rows, table.column(0)[7], count, total)
+"""
+
+
+def test_read_without_shardstream_installed(tmp_path):
+    samples = rows(40)
+    data, _ = write_shard(FMT, samples)
+    path = tmp_path / "shard.parquet"
+    path.write_bytes(data)
+    # -I: isolated mode, so neither the repository nor PYTHONPATH is on the path
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", _READER, str(path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["40", "s00007", "40", str(sum(s["label"] for s in samples))]
 
 
 def test_schema_types_and_index_metadata():
