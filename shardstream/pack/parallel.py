@@ -136,8 +136,13 @@ def _work(job: ShardJob) -> ShardResult:
 
 
 def _mp_context() -> Any:
-    """fork when this process has no other thread (fast, and safe then); spawn otherwise."""
-    if "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1:
+    """fork when no thread but fsspec's could hold a lock across it (fast); spawn otherwise.
+
+    fsspec's event-loop thread ("fsspecIO", made by the first S3 call) is safe: fsspec
+    resets its loop in a forked child, and ``Storage`` makes a fresh file system there.
+    """
+    others = [t for t in threading.enumerate() if t is not threading.current_thread()]
+    if "fork" in multiprocessing.get_all_start_methods() and all(t.name == "fsspecIO" for t in others):
         return multiprocessing.get_context("fork")
     return multiprocessing.get_context("spawn")
 

@@ -20,7 +20,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import IO, Any, cast
 
-from shardstream.errors import ShardstreamError, UsageError
+from shardstream.errors import ShardstreamError, StorageError, UsageError
 from shardstream.formats import SampleIndex, ShardFormat
 from shardstream.formats.base import Sample
 from shardstream.manifest import ShardInfo
@@ -160,7 +160,10 @@ class ShardOutput:
             index=self.name + ".idx",
             index_bytes=len(sidecar),
         )
-        _write_if_changed(self._storage, info.index, sidecar)
+        if reused:
+            _write_if_changed(self._storage, info.index, sidecar)
+        else:  # a new shard: whatever sidecar was there belonged to other bytes
+            self._storage.write(info.index, sidecar)
         return ShardResult(info, *fields_and_schema(index), reused=reused)
 
     def abort(self) -> None:
@@ -190,7 +193,10 @@ class ShardOutput:
                 shard=self.name,
             )
         storage = self._storage
-        if not storage.exists(self.name) or storage.size(self.name) != size:
+        try:
+            if storage.size(self.name) != size:
+                return False
+        except StorageError:  # not there (or not readable: then it is written again)
             return False
         return sha256_of(storage, self.name) == digest
 
@@ -213,7 +219,7 @@ def sha256_of(storage: Storage, path: str) -> str:
 
 def _write_if_changed(storage: Storage, path: str, data: bytes) -> None:
     try:
-        if storage.exists(path) and storage.size(path) == len(data) and storage.read(path) == data:
+        if storage.size(path) == len(data) and storage.read(path) == data:
             return
     except ShardstreamError:
         pass  # unreadable: write it again
