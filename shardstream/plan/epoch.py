@@ -63,12 +63,14 @@ class EpochPlan:
         record = _record(world_size, num_workers, batch_size)
         sizes = shard_sizes_array(shard_sizes)
         epoch, records = read_state(state, sizes, config, window=config.window_for(sizes))
-        last = records[-1]
-        if not last.same_topology(record):
-            # An untouched last pass is replaced: resuming at its start is a fresh pass.
-            records = [*records[:-1], record] if last.steps == 0 else [*records, record]
         plan = cls.__new__(cls)
         plan._setup(sizes, config, epoch, records)
+        if records[-1].same_topology(record):
+            return plan
+        # Resuming at the start of a pass under another topology makes that pass anew (a
+        # fresh epoch if it is the first); a pass with no batches at all is at its end.
+        started = records[-1].steps > 0 or not sum(plan._pass.batches)
+        plan._setup(sizes, config, epoch, [*records, record] if started else [*records[:-1], record])
         return plan
 
     def _setup(

@@ -30,7 +30,9 @@ from shardstream.plan.shards import ShardOrder
 
 __all__ = ["Pass", "PassRecord", "Remainder", "Source"]
 
-_CACHED_REMAINDERS = 4  # each can hold a window's worth of intervals
+# Remainders of worker slices are cached up to this many intervals per shuffle window
+# (a striped window of a later pass keeps coming back to the same few slices).
+_CACHED_WINDOWS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +92,7 @@ class Pass:
         }
         self.batches = [-(-int(n) // record.batch_size) for n in self.lengths]
         self._remainders: OrderedDict[tuple[int, int, int], Intervals] = OrderedDict()
+        self._cached = 0  # intervals held in _remainders
 
     def layout(self, worker: int) -> SliceLayout:
         return self.layouts[int(self.lengths[worker])]
@@ -154,8 +157,9 @@ class Pass:
         start = self.slice_start(rank, worker)
         spans = merge((starts[ascending] + start, stops[ascending] + start))
         self._remainders[key] = spans
-        if len(self._remainders) > _CACHED_REMAINDERS:
-            self._remainders.popitem(last=False)
+        self._cached += spans[0].size
+        while len(self._remainders) > 1 and self._cached > _CACHED_WINDOWS * self.setup.window + 4096:
+            self._cached -= self._remainders.popitem(last=False)[1][0].size
         return spans
 
 
@@ -183,10 +187,12 @@ class Remainder:
         if not starts.size:
             return EMPTY
         workers = self.done.record.num_workers
-        first = int(np.searchsorted(self.ends, starts.min(), side="right"))
-        last = int(np.searchsorted(self.ends, stops.max() - 1, side="right"))
+        # Only the workers some interval overlaps: a striped window spans many others.
+        first = np.searchsorted(self.ends, starts, side="right")
+        last = np.searchsorted(self.ends, stops - 1, side="right")
+        touched = np.unique(points((first, last + 1)))
         rank_starts, targets, lengths = [], [], []
-        for i in range(first, last + 1):
+        for i in touched.tolist():
             if not self.counts[i]:
                 continue
             rank, worker = divmod(i, workers)
