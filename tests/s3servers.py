@@ -27,6 +27,9 @@ class MotoServer:
         self.endpoint = ""
 
     def start(self) -> None:
+        import logging
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
         self._server.start()
         host, port = self._server.get_host_and_port()
         self.endpoint = f"http://{host}:{port}"

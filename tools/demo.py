@@ -40,7 +40,9 @@ def write_corpus(path: pathlib.Path) -> int:
             if relative.startswith(("site-packages/", "dist-packages/")):
                 continue
             text = source.read_text(encoding="utf-8", errors="replace")
-            key = relative[: -len(".py")].replace(".", "_")
+            # webdataset treats names starting with "__" as metadata, and a key ends at the first dot
+            slug = relative[: -len(".py")].replace("__", "").replace(".", "_")
+            key = f"{count:05d}-{slug}"
             out.write(json.dumps({"__key__": key, "txt": text}) + "\n")
             count += 1
     return count
