@@ -9,11 +9,14 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 import webdataset as wds
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shardstream.catalog import index_dataset, verify_dataset
 from shardstream.errors import PackError, UsageError
 from shardstream.formats import get_format
 from shardstream.pack import ShardWriter, pack
+from shardstream.pack.sizing import sample_sizer
 from shardstream.types import ByteRange
 
 
@@ -224,3 +227,26 @@ def test_parts_then_index_make_one_dataset(tmp_path):
     assert [s["__key__"] for s in read_shards(tmp_path / "parts")] == [f"{i:09d}" for i in range(23)]
     assert index_dataset(str(tmp_path / "parts"), rehash=True).to_json() == joined.to_json()
     assert verify_dataset(str(tmp_path / "parts")).ok
+
+
+_names = st.text(st.characters(codec="utf-8", exclude_characters="./\0"), min_size=1, max_size=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    key=st.lists(_names, min_size=1, max_size=4).map("/".join),
+    fields=st.dictionaries(
+        st.text(st.characters(codec="utf-8", exclude_characters="/\0_"), min_size=1, max_size=40),
+        st.one_of(st.binary(max_size=1500), st.text(max_size=300), st.integers(-(10**30), 10**30)),
+        min_size=1,
+        max_size=4,
+    ),
+)
+def test_fast_tar_sizes_are_the_format_sizes(key, fields):
+    fmt = get_format("tar")
+    sample = {"__key__": key, **fields}
+    try:
+        expected = fmt.sample_size(sample)
+    except PackError:
+        return  # an invalid sample: the encoder rejects it when written
+    assert sample_sizer(fmt)(sample) == expected

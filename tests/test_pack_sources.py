@@ -43,10 +43,15 @@ def test_folder_groups_files_by_key_recursively(tmp_path):
     (src / ".git").mkdir()
     (src / ".git" / "x.txt").write_bytes(b"skipped")
 
+    (src / "a" / "b" / ("long" * 30 + ".txt")).write_bytes(b"a name that needs a PAX header" * 40)
     source = open_source(src)
     assert source.name == "folder"
-    assert [e.key for e in source.scan()] == ["a/b/img001", "a/b/img002", "top"]
-    assert source.count() == 3
+    assert [e.key for e in source.scan()] == ["a/b/img001", "a/b/img002", "a/b/" + "long" * 30, "top"]
+    assert source.count() == 4
+    for fmt in (get_format("tar"), get_format("parquet")):
+        for entry in source.scan():  # planned from the listing = measured on the loaded sample
+            assert source.size(entry, fmt) == fmt.sample_size(source.load(entry))
+    (src / "a" / "b" / ("long" * 30 + ".txt")).unlink()
 
     pack(src, tmp_path / "out", workers=1)
     samples = read_dataset(tmp_path / "out")

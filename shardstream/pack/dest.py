@@ -108,7 +108,11 @@ class DatasetTarget:
             return
         for name in names:
             match = _TEMP_RE.match(name)
-            if match and SHARD_NAME_RE.match(match.group(1)) and match.group(1).startswith(self.options.prefix):
+            if (
+                match
+                and SHARD_NAME_RE.match(match.group(1))
+                and match.group(1).startswith(self.options.prefix)
+            ):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(root, name))
 

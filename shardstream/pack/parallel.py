@@ -28,6 +28,7 @@ from shardstream.formats import get_format
 from shardstream.manifest import ShardInfo
 from shardstream.pack.options import PackOptions
 from shardstream.pack.shard import ShardOutput, ShardResult
+from shardstream.pack.sizing import sample_sizer
 from shardstream.pack.sources.base import Entry, Source, tar_ready
 from shardstream.pack.writer import oversize_error
 from shardstream.storage import Storage
@@ -71,6 +72,7 @@ def cut_shards(
     budget, max_samples = options.limits()
     sized = options.shard_size is not None
     adapt = fmt.name == "tar" and not source.lazy
+    measure = sample_sizer(fmt)
     entries: list[Entry] = []
     nbytes = 0
     for entry in source.scan(start, stop):
@@ -79,7 +81,7 @@ def cut_shards(
         size = 0
         if sized:
             try:
-                size = source.size(entry, fmt)
+                size = measure(entry.sample) if entry.sample is not None else source.size(entry, fmt)
             except ShardstreamError as error:
                 raise _at_entry(error, entry) from None
             if size > budget:

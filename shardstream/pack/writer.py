@@ -29,6 +29,7 @@ from shardstream.manifest import Manifest
 from shardstream.pack.dest import DatasetTarget
 from shardstream.pack.options import PackOptions, Part
 from shardstream.pack.shard import ShardOutput, ShardResult
+from shardstream.pack.sizing import sample_sizer
 from shardstream.storage import Storage
 
 __all__ = ["ShardWriter", "oversize_error"]
@@ -77,7 +78,7 @@ class ShardWriter:
         self._target = DatasetTarget(self._storage, self.options)
         self._target.prepare()
         self._budget, self._max_samples = self.options.limits()
-        self._size = self._fmt.sample_size if self.options.shard_size is not None else None
+        self._size = sample_sizer(self._fmt) if self.options.shard_size is not None else None
         self._results: list[ShardResult] = []
         self._output: ShardOutput | None = None
         self._encode = self._closed_write

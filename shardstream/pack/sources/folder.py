@@ -11,13 +11,14 @@ whichever process writes their shard.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import fsspec
 
 from shardstream.errors import PackError
 from shardstream.formats.base import Sample, ShardFormat
+from shardstream.pack.sizing import sample_sizer
 from shardstream.pack.sources.base import Entry, Source, is_local, list_files
 
 __all__ = ["FolderSource"]
@@ -36,6 +37,8 @@ class FolderSource(Source):
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         super().__init__(url, storage_options)
         self._entries: list[Entry] | None = None
+        self._sizer: Callable[[Sample], int] | None = None
+        self._sizer_format = ""
 
     def __getstate__(self) -> dict[str, Any]:  # workers need the configuration, not the listing
         return {"url": self.url, "storage_options": self.storage_options}
@@ -64,7 +67,11 @@ class FolderSource(Source):
     def size(self, entry: Entry, fmt: ShardFormat) -> int:
         # The bytes of a file's member are its header (which depends on the name only,
         # below 8 GiB) plus its data, padded to whole blocks for tar.
-        overhead = fmt.sample_size({"__key__": entry.key, **{field: b"" for field, _, _ in entry.where}})
+        sizer = self._sizer
+        if sizer is None or self._sizer_format != fmt.name:
+            sizer = sample_sizer(fmt)
+            self._sizer, self._sizer_format = sizer, fmt.name
+        overhead = sizer({"__key__": entry.key, **{field: b"" for field, _, _ in entry.where}})
         block = 512 if fmt.name == "tar" else 1
         return overhead + sum(-(-size // block) * block for _, _, size in entry.where)
 
