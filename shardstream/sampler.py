@@ -1,0 +1,107 @@
+"""``ShardSampler``: the epoch plan as a map-style sampler with shard locality.
+
+A drop-in for ``torch.utils.data.DistributedSampler``, with the same knobs and the same
+guarantees (every index once per epoch across ranks, equal counts per rank, padding by
+repetition or ``drop_last``), but the indices a rank gets are contiguous runs of shards
+shuffled inside windows (DESIGN.md, "The epoch plan"), and the order is computed lazily:
+no ``randperm(N)``, so a 10^10-sample epoch starts at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Sampler
+
+from shardstream.errors import StateError
+from shardstream.plan import EpochPlan, PlanConfig
+from shardstream.plan.config import check_count, shard_sizes_array
+from shardstream.topology import detect_rank
+
+__all__ = ["ShardSampler"]
+
+
+class ShardSampler(Sampler[int]):
+    """Global sample indices for this rank, in the order of the epoch plan.
+
+    ``shard_sizes`` is the sample count of each shard in manifest order; index ``i`` of
+    the dataset is sample ``i - offset[shard]`` of the shard whose prefix-sum range holds
+    it. ``num_replicas`` and ``rank`` default to torch.distributed, then to ``RANK`` and
+    ``WORLD_SIZE``, then to 1 and 0. Call ``set_epoch(epoch)`` before each epoch.
+
+    ``state_dict(num_consumed)`` and ``load_state_dict(state)`` resume an epoch exactly
+    where it stopped, also under another number of ranks.
+    """
+
+    def __init__(
+        self,
+        shard_sizes: Sequence[int],
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        shuffle_window: int | None = None,
+    ) -> None:
+        self.rank, self.num_replicas = detect_rank(rank=rank, world_size=num_replicas)
+        self.shuffle, self.seed, self.drop_last = bool(shuffle), seed, bool(drop_last)
+        self.config = PlanConfig(
+            shuffle=self.shuffle, seed=seed, drop_last=self.drop_last, shuffle_window=shuffle_window
+        )
+        self.shard_sizes = shard_sizes_array(shard_sizes)
+        self.offsets = np.cumsum(self.shard_sizes) - self.shard_sizes
+        self.epoch = 0
+        self._resume: Mapping[str, Any] | None = None  # a loaded state for the next __iter__
+        self._active: EpochPlan | None = None  # the plan the latest __iter__ follows
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use the order of ``epoch`` from the next iteration on (a loaded state of the
+        same epoch stays in force)."""
+        self.epoch = check_count(epoch, "epoch")
+        if self._active is not None and self._active.epoch != self.epoch:
+            self._active = None
+        if self._resume is not None and self._resume.get("epoch") != self.epoch:
+            self._resume = None
+
+    def plan(self) -> EpochPlan:
+        """The plan the next iteration follows: resumed from a loaded state, or fresh."""
+        topology = {"world_size": self.num_replicas, "num_workers": 1, "batch_size": 1}
+        if self._resume is not None:
+            return EpochPlan.resume(self.shard_sizes, self.config, self._resume, **topology)
+        return EpochPlan(self.shard_sizes, self.config, epoch=self.epoch, **topology)
+
+    def __len__(self) -> int:
+        """Indices this rank gets in the current (or next) iteration."""
+        plan = self._active if self._active is not None else self.plan()
+        return plan.samples_per_rank()
+
+    def __iter__(self) -> Iterator[int]:
+        plan = self.plan()
+        self._active, self._resume = plan, None
+        return self._indices(plan)
+
+    def _indices(self, plan: EpochPlan) -> Iterator[int]:
+        for window in plan.worker_windows(self.rank, 0):
+            shards, indices = window.shard_indices()
+            yield from (self.offsets[shards] + indices)[window.order].tolist()
+
+    def state_dict(self, num_consumed: int = 0) -> dict[str, Any]:
+        """The state after this rank consumed ``num_consumed`` indices of the current
+        iteration (of the next one, before it starts); JSON-serialisable."""
+        plan = self._active if self._active is not None else self.plan()
+        return plan.state_dict(num_consumed)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from ``state_dict()``: the next iteration yields what was not consumed
+        (re-cut over this world size if it changed). ``StateError`` if it does not fit."""
+        if not isinstance(state, Mapping) or isinstance(state.get("epoch"), bool):
+            raise StateError("a ShardSampler state is a mapping with an integer 'epoch'")
+        previous = (self.epoch, self._resume, self._active)
+        self.epoch, self._resume, self._active = state.get("epoch", -1), dict(state), None
+        try:
+            self.plan()  # validate now
+        except StateError:
+            self.epoch, self._resume, self._active = previous
+            raise
