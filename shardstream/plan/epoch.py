@@ -35,7 +35,7 @@ class EpochPlan:
 
     def __init__(
         self,
-        shard_sizes: Sequence[int],
+        shard_sizes: Sequence[int] | np.ndarray,
         config: PlanConfig,
         *,
         epoch: int,
@@ -49,7 +49,7 @@ class EpochPlan:
     @classmethod
     def resume(
         cls,
-        shard_sizes: Sequence[int],
+        shard_sizes: Sequence[int] | np.ndarray,
         config: PlanConfig,
         state: Mapping[str, Any],
         *,
@@ -185,10 +185,18 @@ class EpochPlan:
 
     def _samples(self, rank: int, worker: int) -> Iterator[tuple[int, int]]:
         for window in self._windows(rank, worker):
-            shards, indices = window.shard_indices()
+            if not window.runs:
+                continue
+            # Resolved a chunk at a time, so the first samples come before the whole
+            # window is laid out (it may hold millions).
+            shard = np.array([r.shard for r in window.runs], dtype=np.int64)
+            start = np.array([r.start for r in window.runs], dtype=np.int64)
+            length = np.array([r.stop - r.start for r in window.runs], dtype=np.int64)
+            first = np.cumsum(length) - length
             for lo in range(0, len(window.order), _YIELD_CHUNK):
                 chunk = window.order[lo : lo + _YIELD_CHUNK]
-                yield from zip(shards[chunk].tolist(), indices[chunk].tolist(), strict=True)
+                run = np.searchsorted(first, chunk, side="right") - 1
+                yield from zip(shard[run].tolist(), (start[run] + chunk - first[run]).tolist(), strict=True)
 
     def rank_samples(self, rank: int) -> Iterator[tuple[int, int]]:
         """What this rank's DataLoader yields, in order: each worker's batches taken

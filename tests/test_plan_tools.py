@@ -1,0 +1,40 @@
+"""The plan's benchmark tools run (small sizes) and report what they promise."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.slow
+
+
+def run_tool(name: str) -> str:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / name), "--quick"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
+    return out.stdout
+
+
+def test_bench_plan_quick():
+    text = run_tool("bench_plan.py")
+    assert "first 1000 samples at N=1e+07" in text
+    assert "torch DistributedSampler" in text
+    assert "M samples/s" in text
+
+
+def test_shuffle_quality_quick_runs_real_webdataset():
+    text = run_tool("shuffle_quality.py")
+    rows = {line[:42].strip(): line[42:] for line in text.splitlines()}
+    assert "perfect global shuffle" in rows
+    assert "shardstream, window 4 shards" in rows
+    assert "webdataset shardshuffle + shuffle(1000)" in rows
+    assert "(1.00x)" in rows["perfect global shuffle"]

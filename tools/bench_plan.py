@@ -1,0 +1,167 @@
+"""Benchmark the epoch plan: time and memory to a worker's first samples, full rate,
+and time to the first index next to torch's DistributedSampler.
+
+    python tools/bench_plan.py           # N = 10^10 in 10^5 shards, R = 4096, W = 8; N = 10^8 vs DistributedSampler
+    python tools/bench_plan.py --quick   # a small smoke run (seconds)
+
+Each measurement runs in a fresh subprocess, so imports, caches and earlier
+allocations do not count: time is wall-clock from building the plan (or sampler) to
+the sample (median of --repeat processes), memory is tracemalloc's peak over that span
+(Python and numpy buffers, in a separate run: tracemalloc slows allocation) and the
+growth of the process's resident set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+TARGETS = {"first_ms": 50.0, "peak_mb": 64.0, "ratio": 100.0, "rate": 1e6}
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+
+def measure_plan(
+    num_samples: int, num_shards: int, ranks: int, workers: int, first: int, trace: bool
+) -> dict:
+    """One worker of an EpochPlan: its first `first` samples, then the rest of its slice.
+
+    With `trace`, tracemalloc follows the first part (it slows allocation, so timings
+    come from runs without it)."""
+    from shardstream.plan import EpochPlan, PlanConfig
+
+    sizes = [num_samples // num_shards] * num_shards
+    rank, worker = ranks // 3, workers // 2
+    rss = _rss_mb()
+    if trace:
+        tracemalloc.start()
+    start = time.perf_counter()
+    plan = EpochPlan(sizes, PlanConfig(seed=1), epoch=3, world_size=ranks, num_workers=workers, batch_size=32)
+    stream = plan.worker_samples(rank, worker)
+    head = [next(stream) for _ in range(first)]
+    first_s = time.perf_counter() - start
+    peak = tracemalloc.get_traced_memory()[1] if trace else 0
+    tracemalloc.stop()
+    rss_growth = _rss_mb() - rss
+    start = time.perf_counter()
+    rest = sum(1 for _ in stream)
+    rest_s = time.perf_counter() - start
+    return {
+        "what": f"EpochPlan worker, N={num_samples:.0e}, {num_shards} shards, R={ranks}, W={workers}",
+        "first_ms": first_s * 1000,
+        "peak_mb": peak / 2**20,
+        "rss_growth_mb": rss_growth,
+        "worker_samples": len(head) + rest,
+        "rate": rest / rest_s if rest else float("nan"),
+    }
+
+
+def measure_shard_sampler(num_samples: int, num_shards: int, ranks: int) -> dict:
+    from shardstream.sampler import ShardSampler
+
+    sizes = [num_samples // num_shards] * num_shards
+    rss = _rss_mb()
+    start = time.perf_counter()
+    iterator = iter(ShardSampler(sizes, num_replicas=ranks, rank=ranks // 3, seed=1))
+    next(iterator)
+    first_s = time.perf_counter() - start
+    rss_growth = _rss_mb() - rss
+    start = time.perf_counter()
+    count = sum(1 for _ in iterator)
+    return {
+        "what": f"ShardSampler, N={num_samples:.0e}, R={ranks}",
+        "first_ms": first_s * 1000,
+        "rss_growth_mb": rss_growth,
+        "rate": count / (time.perf_counter() - start),
+    }
+
+
+def measure_distributed_sampler(num_samples: int, ranks: int) -> dict:
+    from torch.utils.data import DistributedSampler
+
+    rss = _rss_mb()
+    start = time.perf_counter()
+    iterator = iter(DistributedSampler(range(num_samples), num_replicas=ranks, rank=ranks // 3, seed=1))
+    next(iterator)
+    first_s = time.perf_counter() - start
+    return {
+        "what": f"torch DistributedSampler, N={num_samples:.0e}, R={ranks}",
+        "first_ms": first_s * 1000,
+        "rss_growth_mb": _rss_mb() - rss,
+    }
+
+
+def _child(name: str, args: list) -> dict:
+    """Run one measurement in a fresh interpreter and return its result."""
+    code = (
+        f"import json, sys; sys.path.insert(0, {str(ROOT)!r}); from tools import bench_plan as b; "
+        f"print(json.dumps(b.{name}(*{args!r})))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _median(name: str, args: list, repeat: int) -> dict:
+    """The run with the median time to the first sample, of `repeat` fresh processes."""
+    runs = sorted((_child(name, args) for _ in range(repeat)), key=lambda r: r["first_ms"])
+    result = runs[len(runs) // 2]
+    result["first_ms_min"] = runs[0]["first_ms"]
+    return result
+
+
+def _row(result: dict) -> str:
+    cells = [f"{result['first_ms']:10.1f}"]
+    cells.append(f"{result['peak_mb']:9.1f}" if "peak_mb" in result else f"{'-':>9}")
+    cells.append(f"{result['rss_growth_mb']:9.1f}")
+    cells.append(f"{result['rate'] / 1e6:9.2f}" if "rate" in result else f"{'-':>9}")
+    return " ".join(cells) + "  " + result["what"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run of a few seconds")
+    parser.add_argument("--repeat", type=int, default=5, help="fresh processes per timing (median reported)")
+    args = parser.parse_args(argv)
+    repeat = 1 if args.quick else args.repeat
+    if args.quick:
+        big, ranks, workers, small, shards_small = (10**7, 1000), 64, 4, 10**6, 100
+    else:
+        big, ranks, workers, small, shards_small = (10**10, 10**5), 4096, 8, 10**8, 1000
+    head = _median("measure_plan", [big[0], big[1], ranks, workers, 1000, False], repeat)
+    head["peak_mb"] = _child("measure_plan", [big[0], big[1], ranks, workers, 1000, True])["peak_mb"]
+    plan_small = _median("measure_plan", [small, shards_small, ranks, workers, 1, False], repeat)
+    plan_small["peak_mb"] = _child("measure_plan", [small, shards_small, ranks, workers, 1, True])["peak_mb"]
+    sampler = _median("measure_shard_sampler", [small, shards_small, ranks], repeat)
+    torch_ds = _child("measure_distributed_sampler", [small, ranks])  # seconds and GBs: once is enough
+    results = [head, plan_small, sampler, torch_ds]
+    print(f"{'first ms':>10} {'peak MB':>9} {'RSS+ MB':>9} {'M samp/s':>9}  what")
+    for result in results:
+        print(_row(result))
+    ratio_plan = torch_ds["first_ms"] / plan_small["first_ms"]
+    ratio_sampler = torch_ds["first_ms"] / sampler["first_ms"]
+    print()
+    print(
+        f"first 1000 samples at N={big[0]:.0e}: {head['first_ms']:.1f} ms (target < {TARGETS['first_ms']:.0f} ms)"
+    )
+    print(f"peak traced memory then: {head['peak_mb']:.1f} MB (target < {TARGETS['peak_mb']:.0f} MB)")
+    print(f"full rate of that worker: {head['rate'] / 1e6:.2f} M samples/s (target >= 1 M/s)")
+    print(
+        f"time to first index at N={small:.0e}: DistributedSampler / EpochPlan worker = {ratio_plan:.0f}x, "
+        f"DistributedSampler / ShardSampler = {ratio_sampler:.0f}x (target >= {TARGETS['ratio']:.0f}x)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
