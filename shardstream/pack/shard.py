@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import queue
+import threading
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -28,15 +30,19 @@ from shardstream.storage import Storage
 
 __all__ = ["HashingSink", "ShardOutput", "ShardResult", "sha256_of", "write_shard"]
 
-_CHUNK = 1 << 20  # bytes gathered before one hash update and one write
+_CHUNK = 4 << 20  # bytes gathered before one hash update and one write
+_QUEUED_CHUNKS = 3  # chunks waiting for the hashing thread, at most
 _READ_CHUNK = 8 << 20
 
 
 class HashingSink:
-    """A write-only file object that hashes what goes through it, in large chunks.
+    """A write-only file object that hashes what goes through it, off the encoding thread.
 
-    Encoders write a sample at a time; gathering those small writes into 1 MiB chunks
-    makes one hash update and one write per MiB instead of per sample.
+    Encoders write a sample at a time; the sink gathers those small writes into 4 MiB
+    chunks and hands each to a helper thread that hashes and writes it. ``hashlib``
+    and file writes release the GIL on large buffers, so hashing and I/O run on another
+    core while the encoder makes the next chunk. ``close`` (or ``hexdigest``) waits for
+    the helper; it is a daemon thread, so a sink never closed cannot hang the program.
     """
 
     def __init__(self, file: IO[bytes]) -> None:
@@ -44,15 +50,29 @@ class HashingSink:
         self._hash = hashlib.sha256()
         self._buffer = bytearray()
         self._written = 0
+        self._error: BaseException | None = None
+        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=_QUEUED_CHUNKS)
+        self._thread: threading.Thread | None = threading.Thread(
+            target=self._drain, name="shardstream-hash", daemon=True
+        )
+        self._thread.start()
         self.closed = False
 
+    def _drain(self) -> None:
+        update, write = self._hash.update, self._file.write
+        while (chunk := self._queue.get()) is not None:
+            if self._error is None:
+                try:
+                    update(chunk)
+                    write(chunk)
+                except BaseException as error:  # reported to the writing thread at close
+                    self._error = error
+
     def write(self, data: Any) -> int:
-        n = len(data) if isinstance(data, bytes) else memoryview(data).nbytes
+        n = len(data) if type(data) is bytes else memoryview(data).nbytes
         if n >= _CHUNK:
             self._flush()
-            self._hash.update(data)
-            self._file.write(data)
-            self._written += n
+            self._emit(data if type(data) is bytes else bytes(data))
             return n
         buffer = self._buffer
         buffer += data
@@ -60,13 +80,27 @@ class HashingSink:
             self._flush()
         return n
 
+    def _emit(self, chunk: bytes) -> None:
+        if self._error is not None or self._thread is None:
+            self._finish()
+        self._queue.put(chunk)
+        self._written += len(chunk)
+
     def _flush(self) -> None:
-        buffer = self._buffer
-        if buffer:
-            self._hash.update(buffer)
-            self._file.write(buffer)
-            self._written += len(buffer)
-            buffer.clear()
+        if self._buffer:
+            self._emit(bytes(self._buffer))
+            self._buffer.clear()
+
+    def _finish(self) -> None:
+        """Stop the helper thread; raise what it met."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)
+            thread.join()
+        if self._error is not None:
+            raise self._error
+        if thread is None:
+            raise ValueError("write to a closed HashingSink")
 
     def flush(self) -> None:
         self._flush()
@@ -83,15 +117,21 @@ class HashingSink:
     def seekable(self) -> bool:
         return False
 
-    def close(self) -> None:  # encoders leave the file open; the owner finishes it
-        self._flush()
+    def close(self) -> None:
+        """Write what is buffered and stop the helper (encoders leave the sink open; its owner closes it)."""
+        if self._thread is not None:
+            try:
+                self._flush()
+            finally:
+                self._finish()
+        self.closed = True
 
     @property
     def size(self) -> int:
         return self.tell()
 
     def hexdigest(self) -> str:
-        self._flush()
+        self.close()
         return self._hash.hexdigest()
 
 
@@ -174,6 +214,9 @@ class ShardOutput:
         context, self._context = self._context, None
         if context is None:
             return
+        if not keep:
+            with contextlib.suppress(Exception):  # what failed is already being raised
+                self._sink.close()
         if keep:
             context.__exit__(None, None, None)
             return

@@ -5,10 +5,10 @@
 # that size is a property of the tar format itself: each member is one 512-byte ustar
 # header (while its name fits the 100-byte name field and its size is under 8 GiB)
 # plus its data padded to 512 bytes. ``tar_sizer`` computes exactly that for the usual
-# sample (a str key; bytes, str or int values; short names), in about a microsecond,
-# and hands anything else (long names needing PAX headers, other value types, invalid
-# samples) to ``TarFormat.sample_size``, which is exact for all samples but validates
-# and builds every header. A test checks the two agree.
+# sample (a str key; bytes, str or int values; short ASCII field names), in about a
+# microsecond, and hands anything else (long names needing PAX headers, other value
+# types, invalid samples) to ``TarFormat.sample_size``, which is exact for all samples
+# but validates and builds every header. A property test checks the two agree.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from shardstream.formats.base import Sample
 
 __all__ = ["sample_sizer"]
 
-_BLOCK = 512
 _NAME_FIELD = 100  # bytes of the ustar name field
 _MAX_MEMBER = 8 * 2**30 - 1  # sizes fitting the ustar size field
+_KEY, _METADATA = -1, -2  # markers in the field cache
 
 
 def sample_sizer(fmt: ShardFormat) -> Callable[[Sample], int]:
@@ -33,16 +33,23 @@ def sample_sizer(fmt: ShardFormat) -> Callable[[Sample], int]:
 
 
 def _tar_sizer(exact: Callable[[Sample], int]) -> Callable[[Sample], int]:
+    # field name -> its length (plain fields), or _KEY / _METADATA; other names are not cached
+    known: dict[str, int] = {"__key__": _KEY}
+
     def size(sample: Sample) -> int:
-        try:
-            key = sample["__key__"]
-            room = _NAME_FIELD - 1 - len(key.encode("utf-8"))  # what the ".field" part may take
-        except (KeyError, TypeError, AttributeError, UnicodeError):
-            return exact(sample)  # raises the format's error for a bad sample
-        total = 0
+        total = longest = 0
+        key = None
         for field, value in sample.items():
-            if field[:1] == "_":
-                continue  # metadata (__key__, __url__...) is not written
+            length = known.get(field)
+            if length is None:
+                length = _classify(field)
+                if length is None:
+                    return exact(sample)
+                known[field] = length
+            if length < 0:
+                if length == _KEY:
+                    key = value
+                continue
             kind = type(value)
             if kind is bytes:
                 n = len(value)
@@ -52,9 +59,24 @@ def _tar_sizer(exact: Callable[[Sample], int]) -> Callable[[Sample], int]:
                 n = len(str(value))
             else:
                 return exact(sample)
-            if n > _MAX_MEMBER or not field.isascii() or len(field) > room:
+            if n > _MAX_MEMBER:
                 return exact(sample)
-            total += _BLOCK + n + (-n % _BLOCK)
-        return total or exact(sample)
+            total += (n + 1023) & -512  # a header block, then the data padded to whole blocks
+            if length > longest:
+                longest = length
+        if type(key) is not str or not total or not key.isascii() or len(key) + 1 + longest > _NAME_FIELD:
+            return exact(sample)  # also raises the format's error for a bad key
+        return total
 
     return size
+
+
+def _classify(field: object) -> int | None:
+    """A field name's cache entry: its length if plain ASCII, _METADATA, or None (slow path)."""
+    if type(field) is not str or not field:
+        return None
+    if field[0] == "_":
+        return _METADATA
+    if not field.isascii() or "/" in field or "\0" in field:
+        return None
+    return len(field)
