@@ -342,3 +342,32 @@ def test_storage_is_made_anew_after_fork(local):
     os.waitpid(pid, 0)
     assert answer == b"1"
     assert dataset.storage is parent
+
+
+def test_large_local_samples_are_mapped_and_read_right(tmp_path, monkeypatch):
+    """Ranges of large samples on local disk are memory-mapped (NOTE [ Getting the bytes ])."""
+    import mmap
+
+    from shardstream.dataset import fetch
+
+    url = str(tmp_path / "big")
+    payloads = {f"b{i:02d}": os.urandom(fetch.MAP_MIN_SAMPLE_BYTES + 1000 * i) for i in range(12)}
+    with ShardWriter(url, format="tar", samples_per_shard=5) as writer:
+        for key, data in payloads.items():
+            writer.write({"__key__": key, "bin": data, "cls": b"1"})
+    maps = []
+    original = mmap.mmap
+
+    def recording_mmap(*args, **kwargs):
+        maps.append(args)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(fetch.mmap, "mmap", recording_mmap)
+    samples = list(shardstream.StreamingDataset(url, decode=False, shuffle_window=4))
+    assert {s["__key__"]: s["bin"] for s in samples} == payloads
+    assert all(type(s["bin"]) is bytes for s in samples)
+    assert maps, "large samples were not mapped"
+    os.truncate(os.path.join(url, "shard-000001.tar"), 100_000)
+    with pytest.raises(StorageError, match="past the end") as info:
+        list(shardstream.StreamingDataset(url, decode=False, shuffle=False))
+    assert info.value.shard == "shard-000001.tar"

@@ -19,7 +19,6 @@ from shardstream.dataset.decode import (
     SampleDecoder,
     decoders,
     field_extension,
-    raw_sample,
     register_decoder,
 )
 from shardstream.errors import FormatError, UsageError
@@ -79,7 +78,6 @@ def test_memoryview_fields_become_bytes():
         "txt": "hello",
         "raw": b"xx",
     }
-    assert raw_sample({"__key__": "k", "txt": data[2:]}) == {"__key__": "k", "txt": b"hello"}
 
 
 def test_parquet_values_that_are_not_bytes_pass_through():

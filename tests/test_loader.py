@@ -28,7 +28,9 @@ def dataset(tmp_path_factory):
 def make_loader(url, *, workers=2, epoch=0, **kwargs):
     dataset = shardstream.StreamingDataset(url, seed=3, shuffle_window=10, decode=False)
     dataset.set_epoch(epoch)
-    return shardstream.DataLoader(dataset, batch_size=BATCH, num_workers=workers, collate_fn=collate_keys, **kwargs)
+    return shardstream.DataLoader(
+        dataset, batch_size=BATCH, num_workers=workers, collate_fn=collate_keys, **kwargs
+    )
 
 
 def run_epoch(loader):
@@ -40,7 +42,9 @@ def run_epoch(loader):
 def reference(dataset):
     """The batches of epochs 0 and 1 with 2 fork workers: every start method must match."""
     url, _ = dataset
-    return {epoch: run_epoch(make_loader(url, epoch=epoch, multiprocessing_context="fork")) for epoch in (0, 1)}
+    return {
+        epoch: run_epoch(make_loader(url, epoch=epoch, multiprocessing_context="fork")) for epoch in (0, 1)
+    }
 
 
 def test_reference_is_every_sample_once_and_epochs_differ(dataset, reference):

@@ -35,7 +35,6 @@ __all__ = [
     "SampleDecoder",
     "decoders",
     "field_extension",
-    "raw_sample",
     "register_decoder",
 ]
 
@@ -200,12 +199,3 @@ class SampleDecoder:
                     shard=shard,
                 ) from error
         return out
-
-
-def raw_sample(sample: dict[str, Any]) -> dict[str, Any]:
-    """``decode=False``: the fields as ``bytes`` (memoryview slices are copied out, so a
-    sample neither pins its whole read buffer nor fails to pickle across workers)."""
-    for name, value in sample.items():
-        if isinstance(value, memoryview):
-            sample[name] = bytes(value)
-    return sample

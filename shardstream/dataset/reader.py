@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from shardstream.dataset.fetch import ByteFetcher
 from shardstream.errors import FormatError, StorageError
 from shardstream.formats import get_format
 from shardstream.formats.base import Sample, SampleIndex
@@ -27,7 +28,9 @@ from shardstream.types import ByteRange
 __all__ = ["COALESCE_GAP", "INDEX_CACHE_SIZE", "Read", "WindowReader", "plan_reads", "report_skip"]
 
 _log = logging.getLogger("shardstream.dataset")
-INDEX_CACHE_SIZE = 16  # sidecars kept per worker; a worker reads a few shards at a time
+# Sidecars kept per worker: a shuffled window stripes over 4 x its shards' worth, and the
+# next window is read while this one is decoded.
+INDEX_CACHE_SIZE = 48
 # Runs of one shard closer than this share a read: a request costs more than this many
 # bytes on object storage (latency x bandwidth), and the read stays within the window.
 COALESCE_GAP = 256 * 1024
@@ -83,21 +86,32 @@ class WindowReader:
         self.format = get_format(manifest.format)
         self.on_error = on_error
         self.prefetch = prefetch
+        self._holes = 0  # samples the format could not decode, replaced by None
         self._indexes: collections.OrderedDict[int, SampleIndex] = collections.OrderedDict()
         self._lock = threading.Lock()
-        self._prefetcher: Prefetcher[Any, list[Sample | None]] | None = None
+        self._prefetcher: Prefetcher[Any, list[tuple[Read, bytes | memoryview]]] | None = None
+        self.bytes = ByteFetcher(storage)
 
     # -- indexes -------------------------------------------------------------------------
 
     def index(self, shard: int) -> SampleIndex:
         """The sample index of ``shard`` (by position in the manifest), from the LRU."""
+        found = self._cached_index(shard)
+        if found is not None:
+            return found
+        info = self.manifest.shards[shard]
+        return self._keep_index(shard, self.storage.read(info.index))
+
+    def _cached_index(self, shard: int) -> SampleIndex | None:
         with self._lock:
             found = self._indexes.get(shard)
             if found is not None:
                 self._indexes.move_to_end(shard)
-                return found
+            return found
+
+    def _keep_index(self, shard: int, data: bytes | memoryview) -> SampleIndex:
         info = self.manifest.shards[shard]
-        index = self.format.load_index(self.storage.read(info.index), name=info.path)
+        index = self.format.load_index(bytes(data), name=info.path)
         if index.num_samples != info.samples:
             raise FormatError(
                 f"sample index has {index.num_samples} samples, the manifest says {info.samples}",
@@ -110,40 +124,69 @@ class WindowReader:
                 self._indexes.popitem(last=False)
         return index
 
+    def _load_indexes(self, shards: Sequence[int]) -> None:
+        """Load the sidecars of ``shards`` not in the LRU, all at once."""
+        missing = [shard for shard in dict.fromkeys(shards) if self._cached_index(shard) is None]
+        items = [(self.manifest.shards[shard].index, None, 0) for shard in missing]
+        for shard, data in zip(missing, self.bytes.read_all(items, self._storage_error), strict=True):
+            self._keep_index(shard, data)
+
     # -- one window ----------------------------------------------------------------------
 
-    def fetch(self, window: Any) -> list[Sample | None]:
-        """The samples of ``window``'s runs, concatenated in run order (not yet shuffled)."""
+    def fetch(self, window: Any) -> list[tuple[Read, bytes | memoryview]]:
+        """The bytes of ``window``, one ranged read per group of close runs of a shard.
+
+        Only I/O (and sidecars): it runs in the prefetch thread, where reading releases
+        the GIL, while the caller decodes the previous window (:meth:`decode`).
+        """
         runs = window.runs
+        self._load_indexes([run.shard for run in runs])
         reads = plan_reads(runs, self._byte_range, gap=COALESCE_GAP)
-        if len(reads) == 1 and len(reads[0].runs) == 1:  # the usual unshuffled case
-            return self._read(reads[0], runs)[0]
+        items = [
+            (self.manifest.shards[read.shard].path, read.rng, sum(len(runs[n]) for n in read.runs))
+            for read in reads
+        ]
+        return list(zip(reads, self.bytes.read_all(items, self._storage_error), strict=True))
+
+    def decode(
+        self, window: Any, fetched: list[tuple[Read, bytes | memoryview]]
+    ) -> tuple[list[Sample | None], bool]:
+        """The samples of ``window``'s runs from :meth:`fetch`'s bytes, concatenated in run
+        order (not yet shuffled), and whether any is ``None`` (skipped as corrupt). Each
+        read's bytes are let go as soon as they are decoded."""
+        runs, holes = window.runs, self._holes
+        fetched.reverse()
         parts: dict[int, list[Sample | None]] = {}
-        for read in reads:
-            parts.update(zip(read.runs, self._read(read, runs), strict=True))
-        return [sample for number in sorted(parts) for sample in parts[number]]
+        while fetched:
+            read, data = fetched.pop()
+            info = self.manifest.shards[read.shard]
+            index = self.index(read.shard)
+            for number in read.runs:
+                run = runs[number]
+                parts[number] = self._decode(data, read.rng, index, run.start, run.stop, info.path)
+            del data
+        if len(parts) == 1:  # the usual unshuffled case: one run
+            samples = parts.popitem()[1]
+        else:
+            samples = [sample for number in sorted(parts) for sample in parts[number]]
+        return samples, self._holes != holes
 
     def _byte_range(self, shard: int, start: int, stop: int) -> ByteRange:
         return self.index(shard).byte_range(start, stop)
 
-    def _read(self, read: Read, runs: Sequence[Any]) -> list[list[Sample | None]]:
-        """One ranged read, decoded into the samples of each run it serves."""
-        info = self.manifest.shards[read.shard]
-        index, rng = self.index(read.shard), read.rng
-        try:
-            data = self.storage.read(info.path, rng)
-        except StorageError as error:
-            first, last = runs[read.runs[0]], runs[read.runs[-1]]
-            raise type(error)(
-                f"{error.message} (samples [{first.start}, {last.stop}), bytes [{rng.start}, {rng.end}))",
-                url=error.url or self.storage.full_url(info.path),
-                shard=info.path,
-                offset=rng.start,
-            ) from error
-        return [self._decode(data, rng, index, runs[n].start, runs[n].stop, info.path) for n in read.runs]
+    def _storage_error(self, error: StorageError, item: tuple[str, ByteRange | None, int]) -> StorageError:
+        path, rng, _ = item
+        where = f" (bytes [{rng.start}, {rng.end}))" if rng is not None else ""
+        shard = next((s.path for s in self.manifest.shards if path in (s.path, s.index)), path)
+        return type(error)(
+            f"{error.message}{where}",
+            url=error.url or self.storage.full_url(path),
+            shard=shard,
+            offset=rng.start if rng is not None else error.offset,
+        )
 
     def _decode(
-        self, data: bytes, rng: ByteRange, index: SampleIndex, start: int, stop: int, name: str
+        self, data: bytes | memoryview, rng: ByteRange, index: SampleIndex, start: int, stop: int, name: str
     ) -> list[Sample | None]:
         try:
             samples: list[Sample | None] = list(self.format.decode(data, rng, index, start, stop, name=name))
@@ -157,7 +200,7 @@ class WindowReader:
         return samples
 
     def _read_one_by_one(
-        self, data: bytes, rng: ByteRange, index: SampleIndex, start: int, stop: int, name: str
+        self, data: bytes | memoryview, rng: ByteRange, index: SampleIndex, start: int, stop: int, name: str
     ) -> list[Sample | None]:
         """``on_error="skip"``: decode sample by sample, ``None`` for each that fails."""
         view = memoryview(data)
@@ -169,6 +212,7 @@ class WindowReader:
                 out.extend(self.format.decode(part, one, index, i, i + 1, name=name))
             except FormatError as error:
                 out.append(None)
+                self._holes += 1
                 report_skip(self._named(error, name, one))
         return out
 
@@ -202,13 +246,14 @@ class WindowReader:
 
     # -- the stream of windows -----------------------------------------------------------
 
-    def stream(self, windows: Iterator[Any]) -> Iterator[tuple[Any, list[Sample | None]]]:
-        """``(window, samples)`` for each window, the next ones fetched in the background."""
+    def stream(self, windows: Iterator[Any]) -> Iterator[tuple[Any, list[Sample | None], bool]]:
+        """``(window, samples, holes)`` for each window (see :meth:`decode`); the bytes of
+        the next ``prefetch`` windows are read in a background thread meanwhile."""
         if self.prefetch < 1:
             for window in windows:
-                yield window, self.fetch(window)
+                yield (window, *self.decode(window, self.fetch(window)))
             return
-        prefetcher: Prefetcher[Any, list[Sample | None]] = Prefetcher(
+        prefetcher: Prefetcher[Any, list[tuple[Read, bytes | memoryview]]] = Prefetcher(
             self.fetch, threads=1, max_pending=self.prefetch
         )
         self._prefetcher = prefetcher
@@ -218,9 +263,11 @@ class WindowReader:
                 pending.append(window)
                 prefetcher.submit(window)
                 if len(pending) > self.prefetch:
-                    yield pending.popleft(), prefetcher.next()
+                    window = pending.popleft()
+                    yield (window, *self.decode(window, prefetcher.next()))
             while pending:
-                yield pending.popleft(), prefetcher.next()
+                window = pending.popleft()
+                yield (window, *self.decode(window, prefetcher.next()))
         finally:
             self.close()
 
@@ -228,6 +275,7 @@ class WindowReader:
         prefetcher, self._prefetcher = self._prefetcher, None
         if prefetcher is not None:
             prefetcher.close()
+        self.bytes.close()
 
 
 _SKIPPED: collections.Counter[str] = collections.Counter()  # per shard URL, in this process

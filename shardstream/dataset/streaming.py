@@ -16,7 +16,7 @@ from typing import Any
 from torch.utils.data import IterableDataset, get_worker_info
 
 from shardstream.dataset.config import DatasetConfig
-from shardstream.dataset.decode import Decoder, raw_sample
+from shardstream.dataset.decode import Decoder
 from shardstream.dataset.reader import WindowReader, report_skip
 from shardstream.errors import FormatError, StateError
 from shardstream.manifest import Manifest
@@ -231,26 +231,39 @@ class StreamingDataset(IterableDataset):
     def _samples(self, reader: WindowReader, windows: Iterator[Any], progress: _Progress) -> Iterator[Any]:
         decoder, transform = self.config.decoder, self.config.transform
         try:
-            for window, samples in reader.stream(windows):
-                for i in window.order.tolist():
-                    sample = samples[i]
-                    if sample is None:  # the shard format could not decode it: skipped
-                        self.num_skipped += 1
-                        progress.count += 1
-                        continue
-                    try:
-                        sample = raw_sample(sample) if decoder is None else decoder(sample, url=self.url)
-                    except FormatError as error:
-                        if self.config.on_error != "skip":
-                            raise reader.locate(error, window, i) from error
-                        self._skip(reader.locate(error, window, i))
-                        progress.count += 1
-                        continue
-                    progress.count += 1
-                    yield sample if transform is None else transform(sample)
+            for window, samples, holes in reader.stream(windows):
+                order = window.order.tolist()
+                ordered = progress.start_window(list(map(samples.__getitem__, order)))
+                del samples
+                if decoder is None and not holes:
+                    # The hot path: no Python code runs per sample but the caller's.
+                    yield from ordered if transform is None else map(transform, ordered)
+                else:
+                    yield from self._decoded(ordered, order, window, reader)
             progress.done = True
         finally:
             reader.close()
+
+    def _decoded(
+        self, ordered: Iterator[Any], order: list[int], window: Any, reader: WindowReader
+    ) -> Iterator[Any]:
+        """The samples of one window decoded, and with ``on_error="skip"`` those the format
+        or a decoder could not read left out (counted and logged)."""
+        decoder, transform = self.config.decoder, self.config.transform
+        for position, sample in enumerate(ordered):
+            if sample is None:  # the shard format could not decode it (on_error="skip")
+                self.num_skipped += 1
+                continue
+            if decoder is not None:
+                try:
+                    sample = decoder(sample, url=self.url)
+                except FormatError as error:
+                    located = reader.locate(error, window, order[position])
+                    if self.config.on_error != "skip":
+                        raise located from error
+                    self._skip(located)
+                    continue
+            yield sample if transform is None else transform(sample)
 
     def _skip(self, error: FormatError) -> None:
         self.num_skipped += 1
@@ -276,11 +289,25 @@ class StreamingDataset(IterableDataset):
 
 
 class _Progress:
-    """Samples yielded so far by one in-process iteration, for ``state_dict()``."""
+    """How far one in-process iteration got, for ``state_dict()``: read off the list
+    iterator of the current window, so the hot path counts nothing per sample."""
 
-    __slots__ = ("count", "done", "plan")
+    __slots__ = ("_base", "_iterator", "_size", "done", "plan")
 
     def __init__(self, plan: EpochPlan) -> None:
         self.plan = plan
-        self.count = 0
         self.done = False
+        self._base = self._size = 0
+        self._iterator: Any = None
+
+    def start_window(self, ordered: list[Any]) -> Iterator[Any]:
+        self._base += self._size
+        self._size = len(ordered)
+        self._iterator = iter(ordered)
+        return self._iterator
+
+    @property
+    def count(self) -> int:
+        """Samples taken so far (skipped ones included: they were consumed too)."""
+        left = self._iterator.__length_hint__() if self._iterator is not None else 0
+        return self._base + self._size - left

@@ -1,0 +1,302 @@
+"""Streaming throughput: shardstream against the alternatives, measured in the same run.
+
+    python tools/bench_stream.py [--quick] [--only small,large,s3,loader] [--repeat 3]
+
+- small: 100k samples of three fields (~300 B): shardstream vs ``webdataset.WebDataset``
+  on the same tar shards and ``litdata.StreamingDataset`` on the same samples in its own
+  format; no decoding, no shuffle, one process, local files.
+- large: 2k samples of 1 MB, local: shardstream vs ``open().read()`` of every shard.
+- s3: large samples on moto's S3 server (a separate process on 127.0.0.1): shardstream vs
+  boto3 ``get_object`` of the same shard bytes, and the time to the first batch.
+- loader: ``shardstream.DataLoader`` with 2 workers: samples/s and peak RSS per worker.
+
+Every rate is the best of ``--repeat`` runs, the contenders alternating, so that a busy
+machine hurts all of them alike. Ratios are printed as ``shardstream / other``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import shardstream
+from shardstream.pack import ShardWriter
+
+MB = 1 << 20
+
+
+def best_rate(contenders: dict[str, Callable[[], int]], repeat: int) -> dict[str, float]:
+    """Items per second of each contender, best of ``repeat`` alternating runs."""
+    best = dict.fromkeys(contenders, 0.0)
+    for _ in range(repeat):
+        for name, run in contenders.items():
+            started = time.perf_counter()
+            count = run()
+            best[name] = max(best[name], count / (time.perf_counter() - started))
+    return best
+
+
+def report(title: str, rates: dict[str, float], unit: str = "samples/s") -> None:
+    ours = rates["shardstream"]
+    print(f"\n{title}")
+    for name, rate in rates.items():
+        ratio = "" if name == "shardstream" else f"   shardstream / {name} = {ours / rate:.2f}x"
+        print(f"  {name:<12} {rate:>14,.0f} {unit}{ratio}")
+
+
+def count_samples(iterable) -> int:  # type: ignore[no-untyped-def]
+    count = 0
+    for _ in iterable:
+        count += 1
+    return count
+
+
+# -- data -------------------------------------------------------------------------------------
+
+
+def small_sample(i: int) -> dict:
+    return {
+        "__key__": f"{i:09d}",
+        "txt": (b"lorem ipsum dolor sit amet %d " % i) * 6,
+        "cls": b"%d" % (i % 1000),
+        "json": b'{"id": %d, "source": "bench", "tags": ["a", "b", "c"]}' % i,
+    }
+
+
+def write_tar(url: str, samples, per_shard: int, options: dict | None = None) -> None:  # type: ignore[no-untyped-def]
+    with ShardWriter(url, format="tar", samples_per_shard=per_shard, storage_options=options) as writer:
+        for sample in samples:
+            writer.write(sample)
+
+
+def tar_paths(url: str) -> list[str]:
+    return [os.path.join(url, s.path) for s in shardstream.StreamingDataset(url).manifest.shards]
+
+
+def write_litdata(directory: str, samples) -> bool:  # type: ignore[no-untyped-def]
+    try:
+        from litdata.streaming.writer import BinaryWriter
+    except ImportError:
+        return False
+    writer = BinaryWriter(directory, chunk_bytes="64MB")
+    for i, sample in enumerate(samples):
+        writer.add_item(i, sample)
+    writer.done()
+    writer.merge(1, 0)
+    return True
+
+
+# -- the benchmarks ---------------------------------------------------------------------------
+
+
+def bench_small(work: str, count: int, repeat: int) -> None:
+    url = os.path.join(work, "small")
+    write_tar(url, map(small_sample, range(count)), 10_000)
+    contenders: dict[str, Callable[[], int]] = {
+        "shardstream": lambda: count_samples(shardstream.StreamingDataset(url, shuffle=False, decode=False)),
+    }
+    import webdataset as wds
+
+    paths = tar_paths(url)
+    contenders["webdataset"] = lambda: count_samples(
+        wds.WebDataset(paths, shardshuffle=False, empty_check=False)
+    )
+    litdata_dir = os.path.join(work, "small-litdata")
+    if write_litdata(litdata_dir, map(small_sample, range(count))):
+        import litdata
+
+        contenders["litdata"] = lambda: count_samples(litdata.StreamingDataset(litdata_dir, shuffle=False))
+    else:
+        print("litdata: not installed")
+    rates = best_rate(contenders, repeat)
+    report(f"small samples: {count:,} x ~300 B, 3 fields, local, no decode, no shuffle, one process", rates)
+    best_other = max(v for k, v in rates.items() if k != "shardstream")
+    print(f"  shardstream / best other = {rates['shardstream'] / best_other:.2f}x (target >= 1.5x)")
+
+
+def large_sample(i: int) -> dict:
+    return {"__key__": f"{i:07d}", "bin": os.urandom(MB - 64), "cls": b"%d" % i}
+
+
+def bench_large(work: str, count: int, repeat: int) -> str:
+    url = os.path.join(work, "large")
+    write_tar(url, map(large_sample, range(count)), 64)
+    paths = tar_paths(url)
+
+    def raw() -> int:
+        for path in paths:
+            with open(path, "rb") as f:
+                f.read()
+        return count
+
+    def ours() -> int:
+        total = 0
+        for sample in shardstream.StreamingDataset(url, shuffle=False, decode=False):
+            total += len(sample["bin"])
+        return count
+
+    rates = best_rate({"shardstream": ours, "raw read": raw}, repeat)
+    report(f"large samples: {count:,} x 1 MB, local (page cache warm), no decode", rates)
+    print(f"  = {rates['shardstream'] * MB / 1e9:.2f} GB/s (target: >= 0.9x of raw read)")
+    return url
+
+
+class MotoProcess:
+    """moto's S3 server in its own process (tools/local_s3.py), so it does not share our GIL."""
+
+    def __init__(self, bucket: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "tools" / "local_s3.py"), "--bucket", bucket],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self.env: dict[str, str] = {}
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("export "):
+                name, _, value = line[len("export ") :].strip().partition("=")
+                self.env[name] = value
+            if line.startswith("#"):
+                break
+
+    def options(self) -> dict:
+        return {
+            "endpoint_url": self.env["AWS_ENDPOINT_URL"],
+            "key": self.env["AWS_ACCESS_KEY_ID"],
+            "secret": self.env["AWS_SECRET_ACCESS_KEY"],
+        }
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+def bench_s3(count: int, repeat: int) -> None:
+    import boto3
+
+    server = MotoProcess("bench")
+    try:
+        options, url = server.options(), "s3://bench/large"
+        write_tar(url, map(large_sample, range(count)), 64, options)
+        manifest = shardstream.StreamingDataset(url, storage_options=options).manifest
+        client = boto3.client(
+            "s3",
+            endpoint_url=options["endpoint_url"],
+            aws_access_key_id=options["key"],
+            aws_secret_access_key=options["secret"],
+            region_name="us-east-1",
+        )
+
+        def boto() -> int:
+            for shard in manifest.shards:
+                client.get_object(Bucket="bench", Key=f"large/{shard.path}")["Body"].read()
+            return count
+
+        def ours() -> int:
+            dataset = shardstream.StreamingDataset(url, storage_options=options, shuffle=False, decode=False)
+            return count_samples(dataset)
+
+        rates = best_rate({"shardstream": ours, "boto3": boto}, repeat)
+        report(f"S3 (moto, another process, loopback): {count:,} x 1 MB, no decode", rates)
+        print(f"  = {rates['shardstream'] * MB / 1e6:.0f} MB/s (target: >= 0.9x of boto3 get_object)")
+        for workers in (0, 2):
+            started = time.perf_counter()
+            dataset = shardstream.StreamingDataset(url, storage_options=options, decode=False)
+            loader = shardstream.DataLoader(dataset, batch_size=8, num_workers=workers, collate_fn=list)
+            iterator = iter(loader)
+            next(iterator)
+            print(
+                f"  time to first batch (8 x 1 MB, shuffled, {workers} workers): {time.perf_counter() - started:.2f} s"
+            )
+            del iterator
+    finally:
+        server.stop()
+
+
+def proc_status(pid: int | str, field: str) -> int:
+    """A ``/proc/PID/status`` memory field (``VmHWM``: peak RSS, ``VmRSS``) in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def loader_epoch(url: str, batch_size: int) -> tuple[float, list[int], int, int]:
+    """(samples/s, peak RSS of each worker, samples, RSS of the main process when the
+    workers were forked) for one epoch with 2 persistent workers."""
+    dataset = shardstream.StreamingDataset(url, decode=False)
+    loader = shardstream.DataLoader(
+        dataset, batch_size=batch_size, num_workers=2, collate_fn=list, persistent_workers=True
+    )
+    started, count = time.perf_counter(), 0
+    forked_from = proc_status("self", "VmRSS")
+    iterator = iter(loader)
+    for batch in iterator:
+        count += len(batch)
+    elapsed = time.perf_counter() - started
+    peaks = [proc_status(w.pid, "VmHWM") for w in iterator._workers]  # type: ignore[attr-defined]
+    iterator._shutdown_workers()  # type: ignore[attr-defined]
+    return count / elapsed, peaks, count, forked_from
+
+
+def bench_loader(small_url: str, large_url: str, large_bytes: int) -> None:
+    print("\nDataLoader, 2 workers (fork), shuffled, no decode, whole epoch with worker start-up:")
+    for name, url, batch in (("small", small_url, 256), ("large", large_url, 8)):
+        rate, peaks, count, base = loader_epoch(url, batch)
+        plan = shardstream.StreamingDataset(url).make_plan(consume=False)
+        window_mb = plan.shuffle_window * shardstream.StreamingDataset(url).manifest.num_bytes / count / MB
+        print(
+            f"  {name:<6} {rate:>10,.0f} samples/s ({count:,} samples, batch {batch}); peak RSS per worker "
+            f"{', '.join(f'{p / MB:,.0f}' for p in peaks)} MB, forked from {base / MB:,.0f} MB; "
+            f"window {plan.shuffle_window:,} samples = {window_mb:,.0f} MB of shards"
+        )
+    print(
+        f"  (the large dataset is {large_bytes / MB:,.0f} MB; a worker holds its window and one prefetched)"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="a smoke run: small sizes, one repeat")
+    parser.add_argument("--only", default="small,large,s3,loader")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    only = set(args.only.split(","))
+    repeat = 1 if args.quick else args.repeat
+    small, large, s3 = (20_000, 128, 128) if args.quick else (100_000, 2_000, 2_000)
+    work = tempfile.mkdtemp(prefix="bench-stream-")
+    try:
+        if "small" in only or "loader" in only:
+            bench_small(work, small, repeat) if "small" in only else write_tar(
+                os.path.join(work, "small"), map(small_sample, range(small)), 10_000
+            )
+        if "large" in only or "loader" in only:
+            if "large" in only:
+                bench_large(work, large, repeat)
+            else:
+                write_tar(os.path.join(work, "large"), map(large_sample, range(large)), 64)
+        if "s3" in only:
+            bench_s3(s3, repeat)
+        if "loader" in only:
+            bench_loader(os.path.join(work, "small"), os.path.join(work, "large"), large * MB)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
