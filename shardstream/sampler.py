@@ -45,6 +45,7 @@ class ShardSampler(Sampler[int]):
         drop_last: bool = False,
         shuffle_window: int | None = None,
     ) -> None:
+        super().__init__()
         self.rank, self.num_replicas = detect_rank(rank=rank, world_size=num_replicas)
         self.shuffle, self.seed, self.drop_last = bool(shuffle), seed, bool(drop_last)
         self.config = PlanConfig(
@@ -54,6 +55,7 @@ class ShardSampler(Sampler[int]):
         self.offsets = np.cumsum(self.shard_sizes) - self.shard_sizes
         self.epoch = 0
         self._resume: Mapping[str, Any] | None = None  # a loaded state for the next __iter__
+        self._next: EpochPlan | None = None  # the plan of the next __iter__, once built
         self._active: EpochPlan | None = None  # the plan the latest __iter__ follows
 
     def set_epoch(self, epoch: int) -> None:
@@ -62,24 +64,40 @@ class ShardSampler(Sampler[int]):
         self.epoch = check_count(epoch, "epoch")
         if self._active is not None and self._active.epoch != self.epoch:
             self._active = None
+        if self._next is not None and self._next.epoch != self.epoch:
+            self._next = None
         if self._resume is not None and self._resume.get("epoch") != self.epoch:
-            self._resume = None
+            self._resume, self._next = None, None
 
     def plan(self) -> EpochPlan:
         """The plan the next iteration follows: resumed from a loaded state, or fresh."""
-        topology = {"world_size": self.num_replicas, "num_workers": 1, "batch_size": 1}
-        if self._resume is not None:
-            return EpochPlan.resume(self.shard_sizes, self.config, self._resume, **topology)
-        return EpochPlan(self.shard_sizes, self.config, epoch=self.epoch, **topology)
+        if self._next is None:
+            topology = {"world_size": self.num_replicas, "num_workers": 1, "batch_size": 1}
+            if self._resume is not None:
+                self._next = EpochPlan.resume(self.shard_sizes, self.config, self._resume, **topology)
+            else:
+                self._next = EpochPlan(self.shard_sizes, self.config, epoch=self.epoch, **topology)
+        return self._next
 
-    def __len__(self) -> int:
-        """Indices this rank gets in the current (or next) iteration."""
+    @property
+    def num_samples(self) -> int:
+        """Indices this rank gets in the current (or next) iteration, as DistributedSampler's."""
         plan = self._active if self._active is not None else self.plan()
         return plan.samples_per_rank()
 
+    @property
+    def total_size(self) -> int:
+        """Indices all ranks get together (padding included), as DistributedSampler's."""
+        return self.num_samples * self.num_replicas
+
+    def __len__(self) -> int:
+        return self.num_samples
+
     def __iter__(self) -> Iterator[int]:
         plan = self.plan()
-        self._active, self._resume = plan, None
+        self._active = plan
+        if self._resume is not None:  # a loaded state is used once
+            self._resume, self._next = None, None
         return self._indices(plan)
 
     def _indices(self, plan: EpochPlan) -> Iterator[int]:
@@ -98,10 +116,10 @@ class ShardSampler(Sampler[int]):
         (re-cut over this world size if it changed). ``StateError`` if it does not fit."""
         if not isinstance(state, Mapping) or isinstance(state.get("epoch"), bool):
             raise StateError("a ShardSampler state is a mapping with an integer 'epoch'")
-        previous = (self.epoch, self._resume, self._active)
-        self.epoch, self._resume, self._active = state.get("epoch", -1), dict(state), None
+        previous = (self.epoch, self._resume, self._next, self._active)
+        self.epoch, self._resume, self._next, self._active = state.get("epoch", -1), dict(state), None, None
         try:
             self.plan()  # validate now
         except StateError:
-            self.epoch, self._resume, self._active = previous
+            self.epoch, self._resume, self._next, self._active = previous
             raise

@@ -12,11 +12,20 @@ from hypothesis import strategies as st
 from shardstream.errors import PlanError
 from shardstream.plan import EpochPlan, PlanConfig
 
-PROPERTY = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # Shard sizes with many empty and one-sample shards, and a few big ones.
 shard_sizes = st.lists(st.one_of(st.sampled_from([0, 1]), st.integers(0, 40)), min_size=0, max_size=24)
 windows = st.one_of(st.none(), st.integers(1, 60))
+# Half of the topologies small, so that worker slices span several windows and a resume
+# often stops inside a window; the other half up to 64 ranks x 8 workers.
+topologies = st.fixed_dictionaries(
+    {
+        "world_size": st.one_of(st.integers(1, 4), st.integers(1, 64)),
+        "num_workers": st.one_of(st.integers(0, 3), st.integers(0, 8)),
+        "batch_size": st.integers(1, 9),
+    }
+)
 
 
 @st.composite
@@ -28,11 +37,7 @@ def plans(draw, *, shuffle=None, drop_last=None):
         drop_last=draw(st.booleans()) if drop_last is None else drop_last,
         shuffle_window=draw(windows),
     )
-    topology = {
-        "world_size": draw(st.integers(1, 64)),
-        "num_workers": draw(st.integers(0, 8)),
-        "batch_size": draw(st.integers(1, 9)),
-    }
+    topology = draw(topologies)
     return sizes, config, draw(st.integers(0, 5)), topology
 
 

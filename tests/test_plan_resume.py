@@ -13,13 +13,9 @@ from hypothesis import strategies as st
 from shardstream.errors import PlanError, StateError
 from shardstream.manifest import counts_checksum
 from shardstream.plan import STATE_VERSION, EpochPlan, PlanConfig
-from tests.test_plan_properties import plans, reference_batches, worker_lists
+from tests.test_plan_properties import plans, reference_batches, topologies, worker_lists
 
-PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-topologies = st.fixed_dictionaries(
-    {"world_size": st.integers(1, 64), "num_workers": st.integers(0, 8), "batch_size": st.integers(1, 9)}
-)
+PROPERTY = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def take(plan: EpochPlan, steps: int) -> list[list[tuple[int, int]]]:
@@ -136,6 +132,41 @@ def test_state_of_a_huge_epoch_is_small_and_resumes_fast():
     assert len(json.dumps(plan.state_dict(1))) < 1024
 
 
+@pytest.mark.parametrize(
+    "chain",
+    [
+        [(3, 2, 7, 0.37), (2, 3, 5, 0.5), (5, 1, 4, 1.0)],
+        [(4, 3, 8, 0.9), (4, 3, 8, 0.2), (1, 1, 3, 0.6), (6, 4, 2, 1.0)],
+        [(1, 1, 16, 0.5), (7, 2, 3, 0.01), (2, 2, 9, 1.0)],
+    ],
+)
+def test_a_chain_of_resumes_over_striped_windows_sees_every_sample_once(chain):
+    """Bigger than the property tests: slices many windows long, striped over lanes."""
+    sizes = [37 + (i * 13) % 29 for i in range(60)]  # 3,000-odd samples
+    config = PlanConfig(seed=21, shuffle_window=120)
+    world, workers, batch, _ = chain[0]
+    plan = EpochPlan(sizes, config, epoch=4, world_size=world, num_workers=workers, batch_size=batch)
+    assert any(len(w.runs) > 4 for w in plan.worker_windows(0, 0))  # striping is on
+    seen, allowed = [], plan.samples_per_rank() * world - sum(sizes)
+    for i, (_, _, _, part) in enumerate(chain):
+        steps = round(part * plan.batches_per_rank())
+        seen += [s for samples in take(plan, steps) for s in samples]
+        if i + 1 < len(chain):
+            world, workers, batch, _ = chain[i + 1]
+            plan = EpochPlan.resume(
+                sizes,
+                config,
+                roundtrip(plan.state_dict(steps)),
+                world_size=world,
+                num_workers=workers,
+                batch_size=batch,
+            )
+            allowed += world - 1
+    counts = collections.Counter(seen)
+    assert set(counts) == {(s, i) for s, n in enumerate(sizes) for i in range(n)}
+    assert sum(counts.values()) - len(counts) <= allowed
+
+
 def _state(**changes):
     sizes = [5, 0, 7, 3]
     state = EpochPlan(
@@ -170,6 +201,12 @@ def _state(**changes):
         ),
         ({"epoch": -1}, PlanConfig(seed=1), None, "epoch"),
         ({"counts_checksum": counts_checksum([1])}, PlanConfig(seed=1), None, "another dataset"),
+        (
+            {"passes": [{"world_size": 2**20, "num_workers": 8, "batch_size": 1, "steps": 0}]},
+            PlanConfig(seed=1),
+            None,
+            "workers",
+        ),
     ],
 )
 def test_a_state_that_does_not_fit_raises_state_error(changes, config, sizes, message):

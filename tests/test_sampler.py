@@ -35,6 +35,9 @@ def test_like_distributed_sampler_every_index_once_equal_lengths(ranks, drop_las
         for r in range(ranks)
     ]
     got = [indices(s) for s in samplers]
+    assert [(s.num_samples, s.total_size) for s in samplers] == [
+        (d.num_samples, d.total_size) for d in reference
+    ]
     assert [len(g) for g in got] == [len(s) for s in samplers] == [len(d) for d in reference]
     counts = collections.Counter(i for g in got for i in g)
     if drop_last:

@@ -23,6 +23,9 @@ __all__ = ["STATE_VERSION", "make_state", "read_state"]
 STATE_VERSION = 1
 
 _RECORD_KEYS = ("world_size", "num_workers", "batch_size", "steps")
+# Re-cutting a pass holds a few integers per rank x worker of it; more than this many
+# workers is not a state any real run wrote.
+_MAX_WORKERS = 1 << 22
 
 
 def make_state(
@@ -66,6 +69,8 @@ def _records(passes: object) -> list[PassRecord]:
         if not isinstance(entry, Mapping):
             raise StateError(f"plan state pass {entry!r} is not a mapping")
         values = [_integer(entry, k, 0 if k == "steps" else 1) for k in _RECORD_KEYS]
+        if values[0] * values[1] > _MAX_WORKERS:
+            raise StateError(f"plan state pass {dict(entry)!r} has more than {_MAX_WORKERS} workers in all")
         records.append(PassRecord(*values))
     return records
 
