@@ -8,7 +8,8 @@
 # that made it; a process with another pid makes a fresh one. The parent's file system
 # is then kept referenced in ``_ABANDONED`` and never used or closed in the child:
 # closing it there would run s3fs's finalizer on connections (and TLS state) that the
-# parent still owns.
+# parent still owns. The botocore client that reads s3:// objects follows the same rules
+# (see NOTE [ S3 reads without s3fs ] in s3read.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from shardstream.manifest import MANIFEST_NAME, Manifest
 from shardstream.storage import local
 from shardstream.storage.cache import ShardCache
 from shardstream.storage.retry import RetryPolicy, call_with_retry, is_not_found, permanent_error
+from shardstream.storage.s3read import S3Reader, s3_options
 from shardstream.storage.streams import RangeReader, spooled_writer
 from shardstream.types import ByteRange
 
@@ -87,6 +89,8 @@ class Storage:
         self._cache = ShardCache(cache_dir, cache_limit) if cache_dir and not self._is_local else None
         self._fs: Any = None
         self._fs_pid = -1
+        # Object reads on s3:// skip s3fs; see NOTE [ S3 reads without s3fs ] in s3read.py.
+        self._s3 = S3Reader.create(self._options) if self._protocol in _S3_PROTOCOLS else None
 
     # -- configuration, pickling, life cycle ---------------------------------------
 
@@ -123,22 +127,13 @@ class Storage:
         return fs
 
     def _fs_options(self) -> dict[str, Any]:
-        options = dict(self._options)
-        if self._protocol in _S3_PROTOCOLS:
-            client_kwargs = options.get("client_kwargs") or {}
-            if not options.get("endpoint_url") and not client_kwargs.get("endpoint_url"):
-                # Older s3fs/aiobotocore ignore AWS_ENDPOINT_URL; pass it on explicitly.
-                env = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-                if env:
-                    options["endpoint_url"] = env
-            # NOTE [ One retry layer ] in retry.py: we retry, botocore tries once.
-            config = dict(options.get("config_kwargs") or {})
-            config.setdefault("retries", {"total_max_attempts": 1})
-            options["config_kwargs"] = config
-        return options
+        # The endpoint from the environment, and one try in botocore: see s3_options.
+        return s3_options(self._options) if self._protocol in _S3_PROTOCOLS else dict(self._options)
 
     def close(self) -> None:
         """Release this process's connections; the Storage can still be used later."""
+        if self._s3 is not None:
+            self._s3.close()
         fs, self._fs = self._fs, None
         if fs is None:
             return
@@ -192,6 +187,9 @@ class Storage:
     def _read_once(self, path: str, fspath: str, rng: ByteRange | None) -> bytes:
         if self._is_local:
             data = local.read_all(fspath) if rng is None else local.read_range(fspath, rng.start, rng.length)
+        elif self._s3 is not None:
+            bucket, _, key = fspath.partition("/")
+            data = self._s3.read(bucket, key, rng)
         elif rng is None:
             data = self.fs.cat_file(fspath)
         else:

@@ -1,0 +1,267 @@
+"""S3 reads with a synchronous botocore client: the fast path of ``Storage.read`` on s3://.
+
+# NOTE [ S3 reads without s3fs ]
+# s3fs reads through aiobotocore and aiohttp on an event loop in another thread: a body
+# arrives in small chunks that are handed across threads and joined, and that reached
+# only ~0.7x the throughput of a plain botocore ``get_object(...)["Body"].read()`` on
+# loopback. So object reads (GetObject, whole or ranged) use a plain botocore client;
+# writes, listing and HEAD stay on s3fs. The rules:
+# - Same configuration as s3fs: the client is made from the same storage_options
+#   (``s3_options``: key/secret/token, anon, endpoint_url or AWS_ENDPOINT_URL,
+#   client_kwargs, config_kwargs, requester_pays, s3_additional_kwargs, profile) and the
+#   standard AWS environment and config-file chain of a botocore session. Options only
+#   s3fs can honour (an aiobotocore ``session``, aiohttp ``connector_args``,
+#   ``version_aware``, unknown keys) keep reads on s3fs: ``S3Reader.create`` gives None.
+# - One client per process, made on first use under a lock. A process with another pid
+#   (a fork child) makes its own and never uses or closes the parent's: its pooled
+#   sockets belong to the parent (see NOTE [ Storage across processes ] in core.py).
+#   The client is never pickled; a Storage pickles its options.
+# - botocore tries once (``retries={"total_max_attempts": 1}`` unless the user says
+#   otherwise), so Storage's RetryPolicy is the only retry layer (NOTE [ One retry
+#   layer ] in retry.py).
+# - A body shorter than its Content-Length is a transient error: urllib3 and botocore
+#   raise for it, and ``read`` checks the length again. 404 and 403 become
+#   FileNotFoundError and PermissionError (as s3fs translates them), so Storage reports
+#   them the same way on every path; 416 (range starts past the end) reads as no bytes,
+#   which Storage turns into its "past the end of the object" error.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import inspect
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from shardstream.errors import TransientStorageError
+from shardstream.types import ByteRange
+
+__all__ = ["S3Reader", "s3_options"]
+
+# s3fs options that do not change how one object is read: the fast path ignores them.
+_FS_ONLY = frozenset(
+    {
+        "default_block_size",
+        "default_fill_cache",
+        "default_cache_type",
+        "cache_regions",  # botocore follows region redirects itself
+        "max_concurrency",
+        "fixed_upload_size",
+        "local_expiry_check",
+        "use_listings_cache",
+        "listings_expiry_time",
+        "max_paths",
+        "skip_instance_cache",
+        "asynchronous",
+    }
+)
+_READ_OPTIONS = frozenset(
+    {
+        "anon",
+        "endpoint_url",
+        "key",
+        "secret",
+        "token",
+        "username",
+        "password",
+        "use_ssl",
+        "client_kwargs",
+        "config_kwargs",
+        "requester_pays",
+        "s3_additional_kwargs",
+        "profile",
+        "version_aware",  # only False is supported (checked in ``supported``)
+    }
+)
+# s3fs's own timeouts (class attributes of S3FileSystem), used unless config_kwargs say otherwise.
+_CONNECT_TIMEOUT = 5
+_READ_TIMEOUT = 15
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "NotFound", "404"})
+_DENIED_CODES = frozenset({"AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId", "403"})
+
+_lock = threading.Lock()  # guards client creation; replaced in a fork child (it may be held at fork)
+_ABANDONED: list[Any] = []  # clients made by a parent process: never used or closed in a child
+
+
+def _new_lock_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
+def s3_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` as both s3fs and the botocore client get them.
+
+    The endpoint comes from AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL when no option names
+    one (older s3fs/aiobotocore ignore those variables), and botocore tries each request
+    once unless ``config_kwargs["retries"]`` says otherwise.
+    """
+    result = dict(options)
+    client_kwargs = result.get("client_kwargs") or {}
+    if not result.get("endpoint_url") and not client_kwargs.get("endpoint_url"):
+        env = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        if env:
+            result["endpoint_url"] = env
+    config = dict(result.get("config_kwargs") or {})
+    config.setdefault("retries", {"total_max_attempts": 1})  # NOTE [ One retry layer ]
+    result["config_kwargs"] = config
+    return result
+
+
+def _supported(options: Mapping[str, Any]) -> bool:
+    """Whether a botocore client can honour every option (else reads stay on s3fs)."""
+    import botocore.config
+
+    if set(options) - _READ_OPTIONS - _FS_ONLY or options.get("version_aware"):
+        return False
+    if options.get("asynchronous") or (options.get("key") and options.get("username")):
+        return False
+    config_keys = set(options.get("config_kwargs") or {})
+    if config_keys - set(botocore.config.Config.OPTION_DEFAULTS):
+        return False  # aiohttp settings (connector_args, http_session_cls...)
+    return not set(options.get("client_kwargs") or {}) - _client_parameters()
+
+
+@functools.cache
+def _client_parameters() -> frozenset[str]:
+    import botocore.session
+
+    return frozenset(inspect.signature(botocore.session.Session.create_client).parameters) - {
+        "self",
+        "service_name",
+        "config",
+    }
+
+
+def _client_arguments(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(create_client keyword arguments, Config keyword arguments)``, as s3fs builds them."""
+    client_kwargs = dict(options.get("client_kwargs") or {})
+    credentials = {
+        "aws_access_key_id": options.get("key") or options.get("username"),
+        "aws_secret_access_key": options.get("secret") or options.get("password"),
+        "aws_session_token": options.get("token"),
+        "endpoint_url": options.get("endpoint_url"),
+    }
+    arguments = {k: v for k, v in credentials.items() if v is not None and k not in client_kwargs}
+    arguments.setdefault("use_ssl", options.get("use_ssl", True))
+    arguments.update(client_kwargs)
+    config = dict(options.get("config_kwargs") or {})
+    config.setdefault("connect_timeout", _CONNECT_TIMEOUT)
+    config.setdefault("read_timeout", _READ_TIMEOUT)
+    if options.get("anon"):
+        from botocore import UNSIGNED
+
+        for name in ("aws_access_key_id", "aws_secret_access_key", "aws_session_token"):
+            arguments.pop(name, None)
+        config["signature_version"] = UNSIGNED
+    return arguments, config
+
+
+def _request_extras(options: Mapping[str, Any], client: Any) -> dict[str, Any]:
+    """What s3fs adds to every GetObject: s3_additional_kwargs and RequestPayer, filtered."""
+    extras = dict(options.get("s3_additional_kwargs") or {})
+    if options.get("requester_pays"):
+        extras["RequestPayer"] = "requester"
+    members = client.meta.service_model.operation_model("GetObject").input_shape.members
+    return {k: v for k, v in extras.items() if k in members and k not in ("Bucket", "Key", "Range")}
+
+
+class S3Reader:
+    """GetObject for one Storage, with one botocore client per process (made on first use)."""
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        self._options = dict(options)
+        self._client: Any = None
+        self._pid = -1
+        self._extras: dict[str, Any] = {}
+
+    @classmethod
+    def create(cls, options: Mapping[str, Any]) -> S3Reader | None:
+        """A reader for these storage_options, or None where only s3fs can honour them."""
+        return cls(options) if _supported(options) else None
+
+    def __reduce__(self):  # configuration only, never the client
+        return (S3Reader, (self._options,))
+
+    @property
+    def client(self) -> Any:
+        """This process's botocore S3 client (made on first use, remade after fork)."""
+        client, pid = self._client, os.getpid()
+        if client is not None and self._pid == pid:
+            return client
+        with _lock:
+            if self._client is not None and self._pid == pid:  # another thread made it
+                return self._client
+            if self._client is not None:
+                _ABANDONED.append(self._client)
+            self._client, self._extras = self._make_client()
+            self._pid = pid
+            return self._client
+
+    def _make_client(self) -> tuple[Any, dict[str, Any]]:
+        import botocore.config
+        import botocore.session
+
+        options = s3_options(self._options)
+        arguments, config = _client_arguments(options)
+        session = botocore.session.Session(profile=options.get("profile"))
+        client = session.create_client("s3", config=botocore.config.Config(**config), **arguments)
+        return client, _request_extras(options, client)
+
+    def read(self, bucket: str, key: str, rng: ByteRange | None) -> bytes:
+        """The object, or the bytes of ``rng`` (fewer only where the object ends first)."""
+        from botocore.exceptions import ClientError
+
+        client = self.client
+        request = dict(self._extras, Bucket=bucket, Key=key)
+        if rng is not None:
+            request["Range"] = f"bytes={rng.start}-{rng.end - 1}"
+        try:
+            response = client.get_object(**request)
+        except ClientError as error:
+            if _status(error) == 416:  # the range starts at or past the end: no bytes
+                return b""
+            raise _translated(error) from error
+        body = response["Body"]
+        try:
+            data = body.read()
+        finally:
+            body.close()
+        declared = response.get("ContentLength")
+        if declared is not None and len(data) != declared:
+            raise TransientStorageError(f"truncated body: {len(data)} of {declared} bytes")
+        if rng is not None and response["ResponseMetadata"].get("HTTPStatusCode") == 200:
+            data = data[rng.start : rng.end]  # the server ignored Range and sent it all
+        return data
+
+    def close(self) -> None:
+        """Close this process's client (a parent's is left alone); it is remade on use."""
+        with _lock:
+            client, self._client = self._client, None
+            if client is None:
+                return
+            if self._pid != os.getpid():
+                _ABANDONED.append(client)
+                return
+        client.close()
+
+
+def _status(error: Any) -> int:
+    return int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+
+
+def _translated(error: Any) -> Exception:
+    """404 and 403 as the OSErrors s3fs raises for them; anything else unchanged."""
+    code = str(error.response.get("Error", {}).get("Code", ""))
+    message = f"{code}: {error.response.get('Error', {}).get('Message', '')}"
+    status = _status(error)
+    if status == 404 or code in _NOT_FOUND_CODES:
+        return FileNotFoundError(errno.ENOENT, message)
+    if status == 403 or code in _DENIED_CODES:
+        return PermissionError(errno.EACCES, message)
+    return error
