@@ -138,7 +138,7 @@ class EpochPlan:
 
     def worker_num_samples(self, rank: int, worker: int) -> int:
         self._check(rank, worker)
-        return self._left(worker)
+        return self._left(int(worker))
 
     def batches_per_rank(self) -> int:
         """Batches each rank yields from now on: per worker, partial last batch included."""
@@ -160,7 +160,7 @@ class EpochPlan:
     def worker_windows(self, rank: int, worker: int) -> Iterator[Window]:
         """The windows of one worker, in order; the first may be partly used already."""
         self._check(rank, worker)
-        return self._windows(rank, worker)
+        return self._windows(int(rank), int(worker))
 
     def _windows(self, rank: int, worker: int) -> Iterator[Window]:
         current = self._pass
@@ -181,7 +181,7 @@ class EpochPlan:
     def worker_samples(self, rank: int, worker: int) -> Iterator[tuple[int, int]]:
         """``(shard, index in shard)`` of every sample of one worker, in yield order."""
         self._check(rank, worker)
-        return self._samples(rank, worker)
+        return self._samples(int(rank), int(worker))
 
     def _samples(self, rank: int, worker: int) -> Iterator[tuple[int, int]]:
         for window in self._windows(rank, worker):
@@ -202,7 +202,7 @@ class EpochPlan:
         """What this rank's DataLoader yields, in order: each worker's batches taken
         round-robin from ``first_worker()``, an exhausted worker skipped."""
         self._check(rank, 0)
-        return self._rank_samples(rank)
+        return self._rank_samples(int(rank))
 
     def _rank_samples(self, rank: int) -> Iterator[tuple[int, int]]:
         count, size = self.num_workers, self.batch_size
@@ -236,9 +236,9 @@ class EpochPlan:
         return int(self._pass.lengths[worker]) - self._used[worker]
 
     def _check(self, rank: int, worker: int) -> None:
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:
+        if check_count(rank, "rank") >= self.world_size:
             raise PlanError(f"rank {rank!r} is not in a world of size {self.world_size}")
-        if isinstance(worker, bool) or not isinstance(worker, int) or not 0 <= worker < self.num_workers:
+        if check_count(worker, "worker") >= self.num_workers:
             raise PlanError(f"worker {worker!r} is not one of {self.num_workers} workers")
 
 
