@@ -84,6 +84,7 @@ _DENIED_CODES = frozenset({"AccessDenied", "AllAccessDisabled", "InvalidAccessKe
 
 _lock = threading.Lock()  # guards client creation; replaced in a fork child (it may be held at fork)
 _ABANDONED: list[Any] = []  # clients made by a parent process: never used or closed in a child
+_LOADERS: dict[Any, Any] = {}  # botocore model loaders by data path, see ``_loader``
 
 
 def _new_lock_in_child() -> None:
@@ -199,9 +200,11 @@ class S3Reader:
                 return self._client
             if self._client is not None:
                 _ABANDONED.append(self._client)
-            self._client, self._extras = self._make_client()
-            self._pid = pid
-            return self._client
+            client, extras = self._make_client()
+            # Threads read these without the lock: the client is published last, so one
+            # that sees it also sees its request extras and pid.
+            self._extras, self._pid, self._client = extras, pid, client
+            return client
 
     def _make_client(self) -> tuple[Any, dict[str, Any]]:
         import botocore.config
@@ -210,6 +213,7 @@ class S3Reader:
         options = s3_options(self._options)
         arguments, config = _client_arguments(options)
         session = botocore.session.Session(profile=options.get("profile"))
+        session.register_component("data_loader", _loader(session.get_config_variable("data_path")))
         client = session.create_client("s3", config=botocore.config.Config(**config), **arguments)
         return client, _request_extras(options, client)
 
@@ -249,6 +253,21 @@ class S3Reader:
                 _ABANDONED.append(client)
                 return
         client.close()
+
+
+def _loader(data_path: Any) -> Any:
+    """This process's botocore model loader for ``data_path`` (call with ``_lock`` held).
+
+    A fresh session parses the S3 model again (~100 ms a client); the parsed models are
+    plain data, so sessions share one loader, forked children included. Sessions stay
+    separate: each resolves its own credentials, as s3fs's do.
+    """
+    import botocore.loaders
+
+    loader = _LOADERS.get(data_path)
+    if loader is None:
+        loader = _LOADERS[data_path] = botocore.loaders.create_loader(data_path)
+    return loader
 
 
 def _status(error: Any) -> int:
