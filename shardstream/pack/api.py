@@ -70,7 +70,7 @@ def pack(
     storage = Storage(os.fspath(dest), storage_options)
     try:
         target = DatasetTarget(storage, options)
-        start, stop, total = _slice(src, options.part)
+        start, stop, total = _slice(src, options.part, want_total=_shows(progress))
         if progress is not None:
             progress.set_total(total)
         jobs = _jobs(cut_shards(src, options, start, stop), options, target)
@@ -97,10 +97,14 @@ def _open(
     return open_source(url, source_type=source_type, storage_options=source_options)
 
 
-def _slice(source: Source, part: Part | None) -> tuple[int, int | None, int | None]:
+def _shows(progress: PackProgress | None) -> bool:
+    return progress is not None and bool(getattr(progress, "enabled", True))
+
+
+def _slice(source: Source, part: Part | None, *, want_total: bool) -> tuple[int, int | None, int | None]:
     """(start, stop, sample count if known) of the samples to pack."""
     if part is None:
-        return 0, None, source.estimate()
+        return 0, None, source.estimate() if want_total else None
     total = source.count()
     if total == 0:
         raise PackError("the source holds no samples", url=source.url)

@@ -32,17 +32,19 @@ __all__ = ["HashingSink", "ShardOutput", "ShardResult", "sha256_of", "write_shar
 
 _CHUNK = 4 << 20  # bytes gathered before one hash update and one write
 _QUEUED_CHUNKS = 3  # chunks waiting for the hashing thread, at most
+_DIRECT = 256 << 10  # writes this large skip the buffer
 _READ_CHUNK = 8 << 20
 
 
 class HashingSink:
-    """A write-only file object that hashes what goes through it, off the encoding thread.
+    """A write-only file object that hashes what goes through it, on another thread.
 
-    Encoders write a sample at a time; the sink gathers those small writes into 4 MiB
-    chunks and hands each to a helper thread that hashes and writes it. ``hashlib``
-    and file writes release the GIL on large buffers, so hashing and I/O run on another
-    core while the encoder makes the next chunk. ``close`` (or ``hexdigest``) waits for
-    the helper; it is a daemon thread, so a sink never closed cannot hang the program.
+    Encoders write a sample at a time; the sink gathers small writes into 4 MiB chunks
+    (large ones go as they are), writes each chunk to the file and hands it to a helper
+    thread that hashes it. ``hashlib`` releases the GIL on large buffers, so hashing
+    runs on another core while this thread writes and encodes the next chunk. ``close``
+    (or ``hexdigest``) waits for the helper; it is a daemon thread, so a sink that is
+    never closed cannot hang the program.
     """
 
     def __init__(self, file: IO[bytes]) -> None:
@@ -59,18 +61,17 @@ class HashingSink:
         self.closed = False
 
     def _drain(self) -> None:
-        update, write = self._hash.update, self._file.write
+        update = self._hash.update
         while (chunk := self._queue.get()) is not None:
             if self._error is None:
                 try:
                     update(chunk)
-                    write(chunk)
                 except BaseException as error:  # reported to the writing thread at close
                     self._error = error
 
     def write(self, data: Any) -> int:
         n = len(data) if type(data) is bytes else memoryview(data).nbytes
-        if n >= _CHUNK:
+        if n >= _DIRECT:  # a large sample goes as it is, without a copy into the buffer
             self._flush()
             self._emit(data if type(data) is bytes else bytes(data))
             return n
@@ -83,6 +84,7 @@ class HashingSink:
     def _emit(self, chunk: bytes) -> None:
         if self._error is not None or self._thread is None:
             self._finish()
+        self._file.write(chunk)
         self._queue.put(chunk)
         self._written += len(chunk)
 

@@ -3,14 +3,17 @@
 ``dir/img001.jpg`` and ``dir/img001.seg.png`` make the sample with key ``dir/img001``
 and fields ``jpg`` and ``seg.png``: the key is the path relative to the folder up to
 the first dot of the file's base name. Files and folders whose name starts with a dot
-are skipped. Samples come in order of key, fields in order of name.
+are skipped.
 
-The folder is listed once, with sizes, in the parent process; the files are read by
-whichever process writes their shard.
+Samples come in walk order: in each folder its files, sorted by name, then each of its
+subfolders, sorted by name, in turn. That order is known while walking, so the pack
+cuts and writes the first shards while the rest of the folder is still being listed;
+the files themselves are read by whichever process writes their shard.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -36,11 +39,10 @@ class FolderSource(Source):
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         super().__init__(url, storage_options)
-        self._entries: list[Entry] | None = None
         self._sizer: Callable[[Sample], int] | None = None
         self._sizer_format = ""
 
-    def __getstate__(self) -> dict[str, Any]:  # workers need the configuration, not the listing
+    def __getstate__(self) -> dict[str, Any]:  # workers need the configuration only
         return {"url": self.url, "storage_options": self.storage_options}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -50,19 +52,18 @@ class FolderSource(Source):
     def detect(cls, url: str, storage_options: Mapping[str, Any], is_dir: bool) -> bool:
         return is_dir
 
-    def entries(self) -> list[Entry]:
-        if self._entries is None:
-            self._entries = _group(self.url, sorted(list_files(self.url, self.storage_options)))
-        return self._entries
-
     def scan(self, start: int = 0, stop: int | None = None) -> Iterator[Entry]:
-        return iter(self.entries()[start:stop])
-
-    def count(self) -> int:
-        return len(self.entries())
+        for index, entry in enumerate(_group(self.url, _walk(self.url, self.storage_options))):
+            if stop is not None and index >= stop:
+                return
+            if index >= start:
+                yield entry
 
     def estimate(self) -> int | None:
-        return len(self.entries())
+        """Samples in a local folder, counted from names alone (no file is opened or stat'ed)."""
+        if not is_local(self.url):
+            return None
+        return _count_keys(_local_root(self.url))
 
     def size(self, entry: Entry, fmt: ShardFormat) -> int:
         # The bytes of a file's member are its header (which depends on the name only,
@@ -88,9 +89,62 @@ class FolderSource(Source):
         return sample
 
 
-def _group(url: str, files: list[tuple[str, str, int]]) -> list[Entry]:
-    """Entries of files grouped by key, in key order; the input is sorted by relative path."""
-    by_key: dict[str, list[tuple[str, str, int]]] = {}
+def _local_root(url: str) -> str:
+    return os.path.abspath(os.path.expanduser(fsspec.core.strip_protocol(url)))
+
+
+def _walk(url: str, storage_options: Mapping[str, Any]) -> Iterator[tuple[str, str, int]]:
+    """(relative path, full path, size) of every file, in walk order (see the module doc)."""
+    if is_local(url):
+        return _walk_local(_local_root(url), "")
+    # A remote folder is listed whole, then put in the same order as a local walk.
+    found = sorted(
+        list_files(url, storage_options), key=lambda f: (tuple(f[0].split("/")[:-1]), f[0].rsplit("/", 1)[-1])
+    )
+    return iter(found)
+
+
+def _walk_local(directory: str, prefix: str) -> Iterator[tuple[str, str, int]]:
+    try:
+        with os.scandir(directory) as it:
+            found = sorted((item for item in it if not item.name.startswith(".")), key=lambda item: item.name)
+    except OSError as error:
+        raise PackError(f"cannot list folder: {error.strerror}", url=directory) from None
+    folders = []
+    for item in found:
+        try:
+            if item.is_dir(follow_symlinks=False):
+                folders.append(item)
+            elif item.is_file():
+                yield prefix + item.name, item.path, item.stat().st_size
+            elif item.is_symlink():
+                raise PackError("cannot read file: broken symbolic link", url=item.path)
+        except OSError as error:
+            raise PackError(f"cannot read file: {error.strerror}", url=item.path) from None
+    for item in folders:
+        yield from _walk_local(item.path, f"{prefix}{item.name}/")
+
+
+def _count_keys(directory: str) -> int:
+    count = 0
+    try:
+        with os.scandir(directory) as it:
+            items = [item for item in it if not item.name.startswith(".")]
+    except OSError:
+        return 0
+    keys = set()
+    for item in items:
+        if item.is_dir(follow_symlinks=False):
+            count += _count_keys(item.path)
+        else:
+            keys.add(item.name.split(".", 1)[0])
+    return count + len(keys)
+
+
+def _group(url: str, files: Iterator[tuple[str, str, int]]) -> Iterator[Entry]:
+    """Entries of consecutive files sharing a key (files of one key are adjacent in walk order)."""
+    key = ""
+    fields: list[tuple[str, str, int]] = []
     for rel, path, size in files:
         slash = rel.rfind("/") + 1
         dot = rel.find(".", slash)
@@ -98,15 +152,16 @@ def _group(url: str, files: list[tuple[str, str, int]]) -> list[Entry]:
             raise PackError("file name has no extension to name its field (expected KEY.EXT)", url=path)
         if size > _MAX_FILE:
             raise PackError(f"file of {size} bytes: files of 8 GiB or more are not supported", url=path)
-        by_key.setdefault(rel[:dot], []).append((rel[dot + 1 :], path, size))
-    entries = []
-    for key in sorted(by_key):
-        fields = sorted(by_key[key])
-        for (field, path, _), (other, _, _) in zip(fields[1:], fields[:-1], strict=True):
-            if field == other:
-                raise PackError(f"sample {key!r} has two files for field {field!r}", url=path)
-        entries.append(Entry(key, None, tuple(fields), url))
-    return entries
+        if rel[:dot] != key:
+            if fields:
+                yield Entry(key, None, tuple(fields), url)
+            key, fields = rel[:dot], []
+        field = rel[dot + 1 :]
+        if fields and fields[-1][0] == field:
+            raise PackError(f"sample {key!r} has two files for field {field!r}", url=path)
+        fields.append((field, path, size))
+    if fields:
+        yield Entry(key, None, tuple(fields), url)
 
 
 def _read_local(path: str) -> bytes:
