@@ -12,6 +12,7 @@ import fsspec
 import pytest
 
 import shardstream
+from shardstream.dataset.fetch import ByteFetcher
 from shardstream.dataset.reader import COALESCE_GAP, plan_reads
 from shardstream.errors import FormatError, StorageError, UsageError
 from shardstream.pack.writer import ShardWriter
@@ -154,15 +155,17 @@ def test_parquet_rows_with_and_without_key_column(tmp_path):
 
 
 class RecordingReads:
+    """Every read the dataset makes (shards mapped or read, sidecars)."""
+
     def __init__(self, monkeypatch):
         self.reads: list[tuple[str, ByteRange | None]] = []
-        original = Storage.read
+        original = ByteFetcher.read
 
-        def read(storage, path, rng=None):
+        def read(fetcher, path, rng=None):
             self.reads.append((path, rng))
-            return original(storage, path, rng)
+            return original(fetcher, path, rng)
 
-        monkeypatch.setattr(Storage, "read", read)
+        monkeypatch.setattr(ByteFetcher, "read", read)
 
     def shard_reads(self):
         return [(p, r) for p, r in self.reads if p.endswith(".tar")]
@@ -345,13 +348,13 @@ def test_storage_is_made_anew_after_fork(local):
 
 
 def test_large_local_samples_are_mapped_and_read_right(tmp_path, monkeypatch):
-    """Ranges of large samples on local disk are memory-mapped (NOTE [ Getting the bytes ])."""
+    """Ranges on local disk are memory-mapped (NOTE [ Getting the bytes ])."""
     import mmap
 
     from shardstream.dataset import fetch
 
     url = str(tmp_path / "big")
-    payloads = {f"b{i:02d}": os.urandom(fetch.MAP_MIN_SAMPLE_BYTES + 1000 * i) for i in range(12)}
+    payloads = {f"b{i:02d}": os.urandom(100_000 + 1000 * i) for i in range(12)}
     with ShardWriter(url, format="tar", samples_per_shard=5) as writer:
         for key, data in payloads.items():
             writer.write({"__key__": key, "bin": data, "cls": b"1"})

@@ -6,11 +6,11 @@
 #
 # Local files (and shards in the local cache): decoding copies every field out of the
 # read buffer into its own ``bytes``, so reading a range into a buffer first would copy
-# large samples twice. For ranges of large samples the file is memory-mapped instead and
-# the fields are copied once, straight from the page cache: as cheap as ``open().read()``
-# of the shard. Small samples are read into one buffer (a view per field would cost more
-# than the copy). A mapped file that shrinks while mapped would fault (SIGBUS), so the
-# size is checked first; shards of a dataset are never rewritten in place.
+# every byte twice (and tar pads a small field to 1 KiB with its header). The range is
+# memory-mapped instead and the fields are copied once, straight from the page cache: as
+# cheap as ``open().read()`` of the shard for large samples, and measured 20-40% faster
+# than a read for 300-byte samples. A mapped file that shrinks while mapped would fault
+# (SIGBUS), so the size is checked first; shards of a dataset are never rewritten.
 """
 
 from __future__ import annotations
@@ -26,16 +26,15 @@ from shardstream.errors import StorageError
 from shardstream.storage import Prefetcher, Storage
 from shardstream.types import ByteRange
 
-__all__ = ["MAP_MIN_SAMPLE_BYTES", "READ_THREADS", "ByteFetcher"]
+__all__ = ["READ_THREADS", "ByteFetcher"]
 
 READ_THREADS = 4  # concurrent ranged reads per DataLoader worker, on object storage
-MAP_MIN_SAMPLE_BYTES = 64 * 1024  # map local ranges whose samples average this or more
 
-Item = tuple[str, "ByteRange | None", int]  # (path, byte range or None for all, samples in it)
+Item = tuple[str, "ByteRange | None"]  # (path, byte range or None for the whole file)
 
 
 class ByteFetcher:
-    """Reads ``(path, range, samples)`` items of one dataset; see NOTE [ Getting the bytes ]."""
+    """Reads ``(path, range)`` items of one dataset; see NOTE [ Getting the bytes ]."""
 
     def __init__(self, storage: Storage, *, threads: int = READ_THREADS) -> None:
         self.storage = storage
@@ -65,8 +64,8 @@ class ByteFetcher:
             pool.submit(item)
         return [pool.next() for _ in items]
 
-    def read(self, path: str, rng: ByteRange | None, samples: int) -> bytes | memoryview:
-        if rng is not None and self.local and samples and rng.length // samples >= MAP_MIN_SAMPLE_BYTES:
+    def read(self, path: str, rng: ByteRange | None) -> bytes | memoryview:
+        if rng is not None and rng.length and self.local:
             return self._map(path, rng)
         return self.storage.read(path, rng)
 

@@ -63,8 +63,7 @@ class DataLoader(_TorchDataLoader):
         super().__init__(dataset, batch_size=batch_size, **kwargs)
         self._plan: Any = None  # the plan the current iterator's workers follow
         self._active: Any = None  # the current iterator
-        dataset._loader_batch_size = batch_size or 1
-        dataset._loader_num_workers = max(1, self.num_workers)
+        dataset.use_loader(batch_size=batch_size, num_workers=self.num_workers)
         if self.persistent_workers and self.num_workers > 0:
             ctx = self.multiprocessing_context or multiprocessing
             dataset.share_epoch(ctx.RawValue("q", dataset.epoch))
@@ -81,14 +80,13 @@ class DataLoader(_TorchDataLoader):
 
     def __iter__(self) -> Any:
         dataset = self.streaming_dataset
-        dataset._loader_batch_size = self.batch_size or 1
-        dataset._loader_num_workers = max(1, self.num_workers)
+        dataset.use_loader(batch_size=self.batch_size, num_workers=self.num_workers)
         dataset.rank_and_world()  # resolve before workers start
         # The main process's copy of the plan: the workers build the same one from the
         # same inputs, and state_dict() maps the batch count through it.
         self._plan = dataset.make_plan(consume=False)
         iterator = super().__iter__()
-        dataset._resume = None  # the workers (or the in-process iterator) have it now
+        dataset.drop_loaded_state()  # the workers (or the in-process iterator) have it now
         self._active = iterator
         return iterator
 
@@ -107,16 +105,14 @@ class DataLoader(_TorchDataLoader):
         dataset = self.streaming_dataset
         plan, iterator = self._plan, self._active
         if plan is not None and iterator is not None and plan.epoch == dataset.epoch:
-            return dataset._state(plan.state_dict(int(iterator._num_yielded)))
-        if dataset._resume is not None:
-            return dict(dataset._resume)
-        return dataset._state(dataset.make_plan(consume=False).state_dict(0))
+            return dataset.make_state(plan.state_dict(int(iterator._num_yielded)))
+        return dataset.start_state()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict` (also of a run with another topology): the next
         ``iter()`` of the state's epoch continues where that run stopped."""
         dataset = self.streaming_dataset
-        dataset._loader_batch_size = self.batch_size or 1
+        dataset.use_loader(batch_size=self.batch_size, num_workers=self.num_workers)
         dataset.load_state_dict(state, num_workers=max(1, self.num_workers))
         self._plan, self._active = None, None
         iterator: Any = self._iterator

@@ -127,7 +127,9 @@ class WindowReader:
     def _load_indexes(self, shards: Sequence[int]) -> None:
         """Load the sidecars of ``shards`` not in the LRU, all at once."""
         missing = [shard for shard in dict.fromkeys(shards) if self._cached_index(shard) is None]
-        items = [(self.manifest.shards[shard].index, None, 0) for shard in missing]
+        items: list[tuple[str, ByteRange | None]] = [
+            (self.manifest.shards[shard].index, None) for shard in missing
+        ]
         for shard, data in zip(missing, self.bytes.read_all(items, self._storage_error), strict=True):
             self._keep_index(shard, data)
 
@@ -142,9 +144,8 @@ class WindowReader:
         runs = window.runs
         self._load_indexes([run.shard for run in runs])
         reads = plan_reads(runs, self._byte_range, gap=COALESCE_GAP)
-        items = [
-            (self.manifest.shards[read.shard].path, read.rng, sum(len(runs[n]) for n in read.runs))
-            for read in reads
+        items: list[tuple[str, ByteRange | None]] = [
+            (self.manifest.shards[read.shard].path, read.rng) for read in reads
         ]
         return list(zip(reads, self.bytes.read_all(items, self._storage_error), strict=True))
 
@@ -174,8 +175,8 @@ class WindowReader:
     def _byte_range(self, shard: int, start: int, stop: int) -> ByteRange:
         return self.index(shard).byte_range(start, stop)
 
-    def _storage_error(self, error: StorageError, item: tuple[str, ByteRange | None, int]) -> StorageError:
-        path, rng, _ = item
+    def _storage_error(self, error: StorageError, item: tuple[str, ByteRange | None]) -> StorageError:
+        path, rng = item
         where = f" (bytes [{rng.start}, {rng.end}))" if rng is not None else ""
         shard = next((s.path for s in self.manifest.shards if path in (s.path, s.index)), path)
         return type(error)(

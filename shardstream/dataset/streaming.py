@@ -143,7 +143,14 @@ class StreamingDataset(IterableDataset):
         return self._rank_world
 
     def batch_size(self) -> int:
+        """The batch size the plan assumes: the DataLoader's, else the ``batch_size`` given."""
         return self._loader_batch_size or self.config.batch_size or 1
+
+    def use_loader(self, *, batch_size: int | None, num_workers: int) -> None:
+        """Told by ``shardstream.DataLoader``: its batch size and workers, so that ``len()``
+        and the plan in the main process agree with the workers' plans."""
+        self._loader_batch_size = batch_size or 1
+        self._loader_num_workers = max(1, num_workers)
 
     def __len__(self) -> int:
         """Samples this rank gets in one epoch (padding included)."""
@@ -178,13 +185,23 @@ class StreamingDataset(IterableDataset):
                     url=self.url,
                 )
             steps = -(-progress.count // progress.plan.batch_size)
-            return self._state(progress.plan.state_dict(steps))
+            return self.make_state(progress.plan.state_dict(steps))
+        return self.start_state()
+
+    def start_state(self) -> dict[str, Any]:
+        """The state before the next iteration: a loaded one not yet used, else the
+        start of the current epoch."""
         if self._resume is not None:
             return dict(self._resume)
-        return self._state(self.make_plan(consume=False).state_dict(0))
+        return self.make_state(self.make_plan(consume=False).state_dict(0))
 
-    def _state(self, plan_state: dict[str, Any]) -> dict[str, Any]:
+    def make_state(self, plan_state: dict[str, Any]) -> dict[str, Any]:
+        """A dataset (and DataLoader) state around the plan's state (JSON-able)."""
         return {"version": STATE_VERSION, "epoch": self.epoch, "url": self.url, "plan": plan_state}
+
+    def drop_loaded_state(self) -> None:
+        """Forget a loaded state: its iteration has started (the workers carry it)."""
+        self._resume = None
 
     def load_state_dict(self, state: Mapping[str, Any], *, num_workers: int | None = None) -> None:
         """Resume from ``state_dict()`` (of a dataset or a shardstream DataLoader), also
@@ -200,6 +217,10 @@ class StreamingDataset(IterableDataset):
             or not isinstance(plan, Mapping)
         ):
             raise StateError("state needs an integer 'epoch' and a 'plan' mapping", url=self.url)
+        if plan.get("epoch", epoch) != epoch:
+            raise StateError(
+                f"state of epoch {epoch} holds a plan of epoch {plan.get('epoch')!r}", url=self.url
+            )
         self.set_epoch(epoch)
         self._resume = {"version": STATE_VERSION, "epoch": epoch, "url": self.url, "plan": dict(plan)}
         self._progress = None
