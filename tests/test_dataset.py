@@ -121,6 +121,29 @@ def test_s3_with_options_and_with_environment(s3):
     assert_exactly_once(keys_of(shardstream.StreamingDataset(url)), keys)
 
 
+@pytest.mark.s3
+def test_s3_through_the_local_cache(s3, tmp_path):
+    base, options = s3
+    url = f"{base}/ds"
+    keys = write_dataset(url, [6, 9, 5], storage_options=options)
+    cache = tmp_path / "cache"
+    dataset = shardstream.StreamingDataset(
+        url, storage_options=options, cache_dir=str(cache), cache_limit=1 << 30
+    )
+    assert_exactly_once(keys_of(dataset), keys)
+    assert len([p for p in cache.iterdir() if p.name.startswith("sscache-")]) >= 3
+    # The shards are gone from S3: another epoch is read from the cache alone.
+    storage = Storage(url, options)
+    for info in dataset.manifest.shards:
+        storage.delete(info.path)
+    storage.close()
+    dataset.set_epoch(1)
+    assert_exactly_once(keys_of(dataset), keys)
+    uncached = shardstream.StreamingDataset(url, storage_options=options)
+    with pytest.raises(StorageError, match="not found"):
+        keys_of(uncached)
+
+
 def test_parquet_rows_with_and_without_key_column(tmp_path):
     url = str(tmp_path / "pq")
     with ShardWriter(url, format="parquet", samples_per_shard=7) as writer:
