@@ -2,10 +2,11 @@
 
 A window is a few runs of consecutive samples (``Run(shard, start, stop)``). For each run
 the reader asks the shard's sample index for the byte range of exactly those samples and
-reads it with one ranged read; neighbouring runs of one shard become one read. The sample
-indexes (sidecars) are loaded when first needed and kept in a small LRU. While the
-dataset yields one window, the next one is fetched in a background thread, so a worker
-holds at most its current window and what it prefetches, whatever the dataset's size.
+reads it with one ranged read; close runs of one shard share a read (``plan_reads``). The
+sample indexes (sidecars) are loaded when first needed and kept in a small LRU. While the
+dataset decodes and yields one window, the bytes of the next one are read in a background
+thread (see NOTE [ Getting the bytes ] in fetch.py), so a worker holds at most its current
+window and what it prefetches, whatever the dataset's size.
 """
 
 from __future__ import annotations
