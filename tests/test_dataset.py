@@ -15,7 +15,7 @@ import shardstream
 from shardstream.dataset.fetch import ByteFetcher
 from shardstream.dataset.reader import COALESCE_GAP, plan_reads
 from shardstream.errors import FormatError, StorageError, UsageError
-from shardstream.pack.writer import ShardWriter
+from shardstream.pack import ShardWriter
 from shardstream.plan import Run
 from shardstream.storage import Storage
 from shardstream.types import ByteRange
