@@ -18,8 +18,9 @@ from collections.abc import Callable
 from shardstream.formats import ShardFormat
 from shardstream.formats.base import Sample
 
-__all__ = ["sample_sizer"]
+__all__ = ["file_sample_sizer", "sample_sizer"]
 
+_BLOCK = 512
 _NAME_FIELD = 100  # bytes of the ustar name field
 _MAX_MEMBER = 8 * 2**30 - 1  # sizes fitting the ustar size field
 _KEY, _METADATA = -1, -2  # markers in the field cache
@@ -67,6 +68,40 @@ def _tar_sizer(exact: Callable[[Sample], int]) -> Callable[[Sample], int]:
         if type(key) is not str or not total or not key.isascii() or len(key) + 1 + longest > _NAME_FIELD:
             return exact(sample)  # also raises the format's error for a bad key
         return total
+
+    return size
+
+
+def file_sample_sizer(fmt: ShardFormat) -> Callable[[str, tuple[tuple[str, str, int], ...]], int]:
+    """``size(key, files)`` for a sample of files ``(field, path, size)`` not read yet.
+
+    A member's bytes depend on its name and its data size only, so the exact size of
+    the sample is that of the same sample with empty values plus the data, padded to
+    whole blocks for tar.
+    """
+    exact = sample_sizer(fmt)
+    tar = fmt.name == "tar"
+    known: dict[str, int] = {}
+
+    def size(key: str, files: tuple[tuple[str, str, int], ...]) -> int:
+        if tar and key.isascii():
+            total = longest = 0
+            for field, _, n in files:
+                length = known.get(field)
+                if length is None:
+                    length = _classify(field)
+                    if length is None or length < 0:
+                        break
+                    known[field] = length
+                if length > longest:
+                    longest = length
+                total += (n + 1023) & -512
+            else:
+                if len(key) + 1 + longest <= _NAME_FIELD and total:
+                    return total
+        overhead = exact({"__key__": key, **{field: b"" for field, _, _ in files}})
+        block = _BLOCK if tar else 1
+        return overhead + sum(-(-n // block) * block for _, _, n in files)
 
     return size
 

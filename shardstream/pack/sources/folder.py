@@ -21,7 +21,7 @@ import fsspec
 
 from shardstream.errors import PackError
 from shardstream.formats.base import Sample, ShardFormat
-from shardstream.pack.sizing import sample_sizer
+from shardstream.pack.sizing import file_sample_sizer
 from shardstream.pack.sources.base import Entry, Source, is_local, list_files
 
 __all__ = ["FolderSource"]
@@ -39,7 +39,7 @@ class FolderSource(Source):
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         super().__init__(url, storage_options)
-        self._sizer: Callable[[Sample], int] | None = None
+        self._sizer: Callable[[str, Any], int] | None = None
         self._sizer_format = ""
 
     def __getstate__(self) -> dict[str, Any]:  # workers need the configuration only
@@ -66,15 +66,11 @@ class FolderSource(Source):
         return _count_keys(_local_root(self.url))
 
     def size(self, entry: Entry, fmt: ShardFormat) -> int:
-        # The bytes of a file's member are its header (which depends on the name only,
-        # below 8 GiB) plus its data, padded to whole blocks for tar.
         sizer = self._sizer
         if sizer is None or self._sizer_format != fmt.name:
-            sizer = sample_sizer(fmt)
+            sizer = file_sample_sizer(fmt)
             self._sizer, self._sizer_format = sizer, fmt.name
-        overhead = sizer({"__key__": entry.key, **{field: b"" for field, _, _ in entry.where}})
-        block = 512 if fmt.name == "tar" else 1
-        return overhead + sum(-(-size // block) * block for _, _, size in entry.where)
+        return sizer(entry.key, entry.where)
 
     def load(self, entry: Entry) -> Sample:
         sample: Sample = {"__key__": entry.key}
@@ -157,6 +153,10 @@ def _group(url: str, files: Iterator[tuple[str, str, int]]) -> Iterator[Entry]:
                 yield Entry(key, None, tuple(fields), url)
             key, fields = rel[:dot], []
         field = rel[dot + 1 :]
+        if field[0] == "_":
+            raise PackError(
+                f"field name {field!r} starts with '_', which marks metadata such as __key__", url=path
+            )
         if fields and fields[-1][0] == field:
             raise PackError(f"sample {key!r} has two files for field {field!r}", url=path)
         fields.append((field, path, size))
