@@ -19,6 +19,20 @@ from tests.s3servers import MotoServer, SeaweedFS
 
 _SESSION_PIDS: set[int] = set()
 
+# Each test session gets a private temp dir, so the leak check below sees only what this
+# session made (other sessions on the machine make shardstream-* temp files too), and
+# subprocesses (the CLI, torchrun) inherit it through TMPDIR.
+os.environ.setdefault("SHARDSTREAM_MACHINE_TMP", tempfile.gettempdir())
+_SESSION_TMP = tempfile.mkdtemp(prefix="sstest-")
+os.environ["TMPDIR"] = _SESSION_TMP
+tempfile.tempdir = _SESSION_TMP
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    shutil.rmtree(_SESSION_TMP, ignore_errors=True)
+
 
 @pytest.fixture(scope="session")
 def moto_server():

@@ -149,7 +149,10 @@ class SeaweedFS:
         import fcntl
         import tempfile
 
-        self._lock_file = open(os.path.join(tempfile.gettempdir(), _SEAWEED_LOCK), "w")  # noqa: SIM115
+        # The machine-wide temp dir, not a test session's private one (tests/conftest.py):
+        # SeaweedFS's fixed admin ports are shared by every session on the machine.
+        lock_dir = os.environ.get("SHARDSTREAM_MACHINE_TMP") or tempfile.gettempdir()
+        self._lock_file = open(os.path.join(lock_dir, _SEAWEED_LOCK), "w")  # noqa: SIM115
         deadline = time.monotonic() + self._lock_timeout
         while True:
             try:
