@@ -31,16 +31,16 @@ def read_back(folder) -> list[dict]:
     return out
 
 
-def write_wds(folder, shards: int = 2, per_shard: int = 5) -> list[dict]:
+def write_wds(folder, splits: int = 2, per_split: int = 5) -> list[dict]:
     """Tars written by webdataset.ShardWriter (PAX headers), in nested folders."""
     expected = []
-    for shard in range(shards):
-        sub = folder / f"split{shard}"
+    for split in range(splits):
+        sub = folder / f"split{split}"
         sub.mkdir(parents=True)
-        with wds.TarWriter(str(sub / f"train-{shard:04d}.tar")) as sink:
-            for i in range(per_shard):
+        with wds.ShardWriter(str(sub / "train-%04d.tar"), maxcount=3, verbose=0) as sink:
+            for i in range(per_split):
                 sample = {
-                    "__key__": f"{shard}_{i:03d}",
+                    "__key__": f"{split}_{i:03d}",
                     "txt": f"caption {i}".encode(),
                     "jpg": bytes(range(i + 1)),
                 }
@@ -52,7 +52,12 @@ def write_wds(folder, shards: int = 2, per_shard: int = 5) -> list[dict]:
 def test_index_webdataset_tars_reads_each_once_and_decodes(tmp_path):
     expected = write_wds(tmp_path / "wds")
     manifest = index_dataset(str(tmp_path / "wds"))
-    assert [s.path for s in manifest.shards] == ["split0/train-0000.tar", "split1/train-0001.tar"]
+    assert [s.path for s in manifest.shards] == [
+        "split0/train-0000.tar",
+        "split0/train-0001.tar",
+        "split1/train-0000.tar",
+        "split1/train-0001.tar",
+    ]
     assert manifest.fields == ("jpg", "txt")
     assert (tmp_path / "wds" / "split0" / "train-0000.tar.idx").exists()
     assert read_back(tmp_path / "wds") == expected

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 
@@ -17,6 +18,7 @@ from shardstream.errors import PackError, UsageError
 from shardstream.formats import get_format
 from shardstream.pack import ShardWriter, pack
 from shardstream.pack.sizing import sample_sizer
+from shardstream.progress import Progress
 from shardstream.types import ByteRange
 
 
@@ -250,3 +252,23 @@ def test_fast_tar_sizes_are_the_format_sizes(key, fields):
     except PackError:
         return  # an invalid sample: the encoder rejects it when written
     assert sample_sizer(fmt)(sample) == expected
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_progress_counts_every_sample_and_byte(tmp_path, workers):
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"txt": f"t{i}" * 30}) + "\n" for i in range(3000)))
+    stream = io.StringIO()
+    progress = Progress("pack", stream=stream, enabled=True)
+    manifest = pack(
+        tmp_path / "c.jsonl", tmp_path / "ds", samples_per_shard=1200, workers=workers, progress=progress
+    )
+    assert (progress.samples, progress.nbytes) == (3000, manifest.num_bytes)
+    assert stream.getvalue().startswith("\rpack: ")  # drawn (at most every 0.2 s)
+
+
+def test_pack_to_memory_storage_stays_in_one_process(tmp_path):
+    make_folder(tmp_path / "src", 20)
+    url = f"memory://shardstream-test-{os.getpid()}/ds"
+    manifest = pack(tmp_path / "src", url, samples_per_shard=3, workers=2)
+    assert len(manifest.shards) == 7
+    assert verify_dataset(url).ok

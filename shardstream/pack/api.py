@@ -11,7 +11,6 @@ from shardstream.manifest import Manifest
 from shardstream.pack.dest import DatasetTarget
 from shardstream.pack.options import PackOptions, Part
 from shardstream.pack.parallel import JobContext, ShardJob, cut_shards, default_workers, run_jobs
-from shardstream.pack.shard import ShardResult
 from shardstream.pack.sources import Source, open_source
 from shardstream.pack.sources.base import Entry, is_local
 from shardstream.storage import Storage
@@ -75,8 +74,9 @@ def pack(
             progress.set_total(total)
         jobs = _jobs(cut_shards(src, options, start, stop), options, target)
         context = JobContext(storage, src, options.format, options.compression)
-        on_done = None if progress is None else _reporter(progress)
-        results = run_jobs(jobs, context, workers or default_workers(), on_done)
+        if storage.url.startswith("memory://"):
+            workers = 1  # a memory:// file system lives in one process: other processes cannot write it
+        results = run_jobs(jobs, context, workers or default_workers(), progress)
         if not results and options.part is None:
             raise PackError("the source holds no samples", url=src.url)
         target.prepare_once()
@@ -119,10 +119,3 @@ def _jobs(cuts: Iterator[list[Entry]], options: PackOptions, target: DatasetTarg
         target.prepare_once()
         name = options.shard_name(number)
         yield ShardJob(number, name, entries, target.expected(name))
-
-
-def _reporter(progress: PackProgress) -> Any:
-    def on_done(result: ShardResult) -> None:
-        progress.update(result.info.samples, result.info.bytes)
-
-    return on_done

@@ -16,12 +16,12 @@ from __future__ import annotations
 import multiprocessing
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any
+from typing import Any, Protocol
 
 from shardstream.errors import PackError, ShardstreamError
 from shardstream.formats import get_format
@@ -105,7 +105,14 @@ def _at_entry(error: ShardstreamError, entry: Entry) -> PackError:
     return PackError(message, url=error.url or url, shard=error.shard, offset=error.offset, line=entry.line)
 
 
-def write_job(job: ShardJob, context: JobContext) -> ShardResult:
+class Progress(Protocol):
+    def update(self, samples: int, nbytes: int) -> None: ...
+
+
+_TICK = 1024  # samples between progress updates while a shard is written in this process
+
+
+def write_job(job: ShardJob, context: JobContext, progress: Progress | None = None) -> ShardResult:
     """Write one shard, loading its entries (in a worker, or in the parent)."""
     fmt = get_format(context.format)
     source = context.source
@@ -114,16 +121,23 @@ def write_job(job: ShardJob, context: JobContext) -> ShardResult:
         context.storage, fmt, job.name, compression=context.compression, expected=job.expected
     )
     write = output.write
+    reported = (0, 0)
     try:
-        for entry in job.entries:
+        for done, entry in enumerate(job.entries, 1):
             try:
                 write(load(entry) if load is not None else entry.sample)  # type: ignore[arg-type]
             except ShardstreamError as error:
                 raise _at_entry(error, entry) from None
+            if progress is not None and done % _TICK == 0:
+                progress.update(done - reported[0], output.num_bytes - reported[1])
+                reported = (done, output.num_bytes)
     except BaseException:
         output.abort()
         raise
-    return output.finish()
+    result = output.finish()
+    if progress is not None:
+        progress.update(result.info.samples - reported[0], result.info.bytes - reported[1])
+    return result
 
 
 _WORKER: dict[str, JobContext] = {}
@@ -150,10 +164,7 @@ def _mp_context() -> Any:
 
 
 def run_jobs(
-    jobs: Iterator[ShardJob],
-    context: JobContext,
-    workers: int,
-    on_done: Callable[[ShardResult], None] | None = None,
+    jobs: Iterator[ShardJob], context: JobContext, workers: int, progress: Progress | None = None
 ) -> list[ShardResult]:
     """Write every job's shard; results in shard order. One worker or one shard: in this process."""
     first = next(jobs, None)
@@ -162,17 +173,12 @@ def run_jobs(
         return []
     ordered = chain([first], [second] if second is not None else [], jobs)
     if workers <= 1 or second is None:
-        results = []
-        for job in ordered:
-            results.append(write_job(job, context))
-            if on_done is not None:
-                on_done(results[-1])
-        return results
-    return _run_pool(ordered, context, workers, on_done)
+        return [write_job(job, context, progress) for job in ordered]
+    return _run_pool(ordered, context, workers, progress)
 
 
 def _run_pool(
-    jobs: Iterator[ShardJob], context: JobContext, workers: int, on_done: Callable[[ShardResult], None] | None
+    jobs: Iterator[ShardJob], context: JobContext, workers: int, progress: Progress | None
 ) -> list[ShardResult]:
     done: dict[int, ShardResult] = {}
     pending: dict[Future[ShardResult], int] = {}
@@ -185,8 +191,8 @@ def _run_pool(
         for future in sorted(finished, key=pending.__getitem__):
             number = pending.pop(future)
             done[number] = future.result()
-            if on_done is not None:
-                on_done(done[number])
+            if progress is not None:
+                progress.update(done[number].info.samples, done[number].info.bytes)
 
     try:
         for job in jobs:

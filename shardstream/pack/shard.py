@@ -183,6 +183,11 @@ class ShardOutput:
     def num_samples(self) -> int:
         return self._encoder.num_samples
 
+    @property
+    def num_bytes(self) -> int:
+        """Bytes of the shard so far."""
+        return self._sink.tell()
+
     def finish(self) -> ShardResult:
         """Close the shard; store it (or keep an identical one already there), then its sidecar."""
         try:
