@@ -100,6 +100,12 @@ def test_cli_to_s3_in_process_and_as_a_program(s3, tmp_path, capsys):
     assert "3 shards, 30 samples checked: OK" in run.stdout
     run = subprocess.run([script, "inspect", url, "--json"], capture_output=True, text=True, timeout=120)
     assert json.loads(run.stdout)["schema"] == {"__key__": "string", "txt": "string"}
+    # two worker processes (forked after the first S3 calls) write the same bytes
+    run = subprocess.run(
+        [script, *args[:2], f"{base}/cli2", *args[3:], "--workers", "2"], capture_output=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    assert stored(f"{base}/cli2", options) == stored(url, options)
 
 
 def test_index_webdataset_tars_on_s3(s3, tmp_path):
