@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
-from shardstream.errors import PackError
+from shardstream.errors import PackError, UsageError
 from shardstream.manifest import Manifest
 from shardstream.pack.dest import DatasetTarget
 from shardstream.pack.options import PackOptions, Part
@@ -52,6 +52,11 @@ def pack(
     go to fsspec for ``dest`` (and for a remote source, unless ``source_options``).
     With ``part="I/N"`` only the I-th of N slices is packed, into shards named for the
     part and a part record instead of the manifest (``shardstream index`` joins parts).
+
+    Workers are forked when this process runs no other thread (fsspec's aside), and
+    spawned otherwise; a script that packs with spawned workers needs the usual
+    ``if __name__ == "__main__":`` guard. A ``memory://`` destination is written by
+    this process alone.
     """
     options = PackOptions.create(
         format=format,
@@ -62,7 +67,7 @@ def pack(
         overwrite=overwrite,
     )
     if workers is not None and (isinstance(workers, bool) or int(workers) < 1):
-        raise PackError(f"workers must be a positive integer, not {workers!r}")
+        raise UsageError(f"workers must be a positive integer, not {workers!r}")
     src = (
         source if isinstance(source, Source) else _open(source, source_type, storage_options, source_options)
     )
