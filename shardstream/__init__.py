@@ -34,7 +34,23 @@ _EXPORTS = {
     "ShardstreamError": "shardstream.errors",
 }
 
-__all__ = ["__version__", *sorted(_EXPORTS)]
+__all__ = [
+    "DataLoader",
+    "EpochPlan",
+    "Manifest",
+    "PlanConfig",
+    "ShardInfo",
+    "ShardSampler",
+    "ShardWriter",
+    "ShardstreamError",
+    "Storage",
+    "StreamingDataset",
+    "__version__",
+    "index_dataset",
+    "inspect_dataset",
+    "pack",
+    "verify_dataset",
+]
 
 if TYPE_CHECKING:
     from shardstream.catalog import index_dataset, inspect_dataset, verify_dataset

@@ -143,7 +143,9 @@ class Manifest:
             if shard.samples < 0 or shard.bytes < 0:
                 raise ManifestError("negative sample count or size", url=url, shard=shard.path)
             if shard.path.startswith("/") or ".." in shard.path.split("/"):
-                raise ManifestError("shard path must be relative and inside the dataset", url=url, shard=shard.path)
+                raise ManifestError(
+                    "shard path must be relative and inside the dataset", url=url, shard=shard.path
+                )
         return manifest
 
 

@@ -13,8 +13,21 @@ import pytest
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "shardstream"
 
 FORBIDDEN = {
-    "formats": {"shardstream.storage", "shardstream.plan", "shardstream.dataset", "shardstream.pack", "fsspec", "torch"},
-    "storage": {"shardstream.formats", "shardstream.plan", "shardstream.dataset", "shardstream.pack", "torch"},
+    "formats": {
+        "shardstream.storage",
+        "shardstream.plan",
+        "shardstream.dataset",
+        "shardstream.pack",
+        "fsspec",
+        "torch",
+    },
+    "storage": {
+        "shardstream.formats",
+        "shardstream.plan",
+        "shardstream.dataset",
+        "shardstream.pack",
+        "torch",
+    },
     "plan": {
         "shardstream.formats",
         "shardstream.storage",

@@ -27,7 +27,7 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.s3servers import MotoServer  # noqa: E402  (the repository root is on the path only now)
+from tests.s3servers import MotoServer
 
 
 def write_corpus(path: pathlib.Path) -> int:
@@ -54,12 +54,16 @@ def run(command: list[str], env: dict[str, str]) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--write-corpus", metavar="PATH", help="only write the JSON Lines corpus to PATH and exit")
+    parser.add_argument(
+        "--write-corpus", metavar="PATH", help="only write the JSON Lines corpus to PATH and exit"
+    )
     args = parser.parse_args()
     if args.write_corpus:
         print(f"corpus: {write_corpus(pathlib.Path(args.write_corpus))} source files of the standard library")
@@ -81,10 +85,19 @@ def main() -> int:
             run([*cli, "verify", url], env)
             run(
                 [
-                    sys.executable, "-m", "torch.distributed.run", "--standalone",
-                    f"--nproc_per_node={args.ranks}", str(ROOT / "tools" / "demo_train.py"), url,
-                    "--workers", str(args.workers), "--epochs", str(args.epochs),
-                    "--batch-size", str(args.batch_size),
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    "--standalone",
+                    f"--nproc_per_node={args.ranks}",
+                    str(ROOT / "tools" / "demo_train.py"),
+                    url,
+                    "--workers",
+                    str(args.workers),
+                    "--epochs",
+                    str(args.epochs),
+                    "--batch-size",
+                    str(args.batch_size),
                 ],
                 env,
             )

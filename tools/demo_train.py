@@ -32,7 +32,9 @@ def main() -> int:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     dataset = shardstream.StreamingDataset(args.url, shuffle=True, seed=0)
-    loader = shardstream.DataLoader(dataset, batch_size=args.batch_size, num_workers=args.workers, collate_fn=collate)
+    loader = shardstream.DataLoader(
+        dataset, batch_size=args.batch_size, num_workers=args.workers, collate_fn=collate
+    )
     expected = dataset.manifest.num_samples
     orders = []
     for epoch in range(args.epochs):

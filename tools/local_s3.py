@@ -19,7 +19,9 @@ from tests.s3servers import MotoServer  # one implementation serves tests, tools
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: a free one)")
     parser.add_argument("--bucket", action="append", default=[], help="bucket to create (repeatable)")
     args = parser.parse_args()
