@@ -9,11 +9,11 @@ last path part, two consecutive samples with the same key, metadata-like names).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from itertools import repeat
 from typing import IO
 
 from shardstream.errors import FormatError, UsageError
 from shardstream.formats._tarindex import TarIndex
+from shardstream.formats._tarread import tar_samples
 from shardstream.formats._tarscan import scan_tar
 from shardstream.formats._tarwrite import TarEncoder, sample_size
 from shardstream.formats.base import Sample, SampleIndex, ShardFormat
@@ -63,32 +63,4 @@ class TarFormat(ShardFormat):
                 shard=name,
                 offset=need.start,
             )
-        return _samples(data, rng.start, index, start, stop)
-
-
-def _samples(data: bytes | memoryview, base: int, index: TarIndex, start: int, stop: int) -> Iterator[Sample]:
-    # NOTE [ Fast tar decode ]
-    # The read hot path never parses a header: member spans come from the index as two
-    # Python int lists (numpy does the arithmetic), every member's bytes are sliced by one
-    # C-level map, and in the usual case (every sample has the same fields) the dicts are
-    # built by map/zip as well, with no Python-level loop per sample or per member.
-    m0, m1 = index.members(start, stop)
-    starts, ends = index.member_spans(m0, m1, base)
-    if isinstance(data, bytes):
-        values = list(map(data.__getitem__, map(slice, starts, ends)))
-    else:
-        values = list(map(bytes, map(memoryview(data).cast("B").__getitem__, map(slice, starts, ends))))
-    keys = index.key_slice(start, stop)
-    uniform = index.uniform_fields()
-    if uniform is not None:
-        it = iter(values)
-        names = ("__key__", *uniform)
-        yield from map(dict, map(zip, repeat(names), zip(keys, *([it] * len(uniform)), strict=True)))
-        return
-    fields = index.member_fields(m0, m1)
-    pos = 0
-    for key, count in zip(keys, index.sample_counts(start, stop), strict=True):
-        sample: Sample = {"__key__": key}
-        sample.update(zip(fields[pos : pos + count], values[pos : pos + count], strict=True))
-        pos += count
-        yield sample
+        return tar_samples(data, rng.start, index, start, stop)
