@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import io
+import mmap
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -88,6 +90,15 @@ def bench(fmt_name: str, samples: list[dict], repeat: int, run: int) -> None:
             for _ in fmt.decode(chunk, rng, index, start, stop, name="bench"):
                 pass
 
+    with tempfile.TemporaryFile() as f:  # a mapped shard, as the dataset reads local files
+        f.write(data)
+        f.flush()
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            view = memoryview(mapped)
+            t_mapped = best(
+                repeat, lambda: sum(1 for _ in fmt.decode(view, whole, index, 0, n, name="bench"))
+            )
+            view.release()
     t_dec = best(repeat, decode_all)
     t_runs = best(repeat, decode_runs)
     t_index = best(repeat, lambda: fmt.build_index(io.BytesIO(data), name="bench"))
@@ -96,6 +107,7 @@ def bench(fmt_name: str, samples: list[dict], repeat: int, run: int) -> None:
     print(f"  encoder + sha256   {n / t_pack:>12,.0f} samples/s")
     print(f"  decode whole shard {n / t_dec:>12,.0f} samples/s")
     print(f"  decode runs of {run:<4}{n / t_runs:>12,.0f} samples/s")
+    print(f"  decode mapped file {n / t_mapped:>12,.0f} samples/s")
     print(f"  build_index        {n / t_index:>12,.0f} samples/s")
 
 

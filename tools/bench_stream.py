@@ -1,6 +1,6 @@
 """Streaming throughput: shardstream against the alternatives, measured in the same run.
 
-    python tools/bench_stream.py [--quick] [--only small,large,s3,loader] [--repeat 3]
+    python tools/bench_stream.py [--quick] [--only small,large,s3,loader] [--repeat 5]
 
 - small: 100k samples of three fields (~300 B): shardstream vs ``webdataset.WebDataset``
   on the same tar shards and ``litdata.StreamingDataset`` on the same samples in its own
@@ -323,7 +323,7 @@ def main() -> int:
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run: small sizes, one repeat")
     parser.add_argument("--only", default="small,large,s3,loader")
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5, help="timed rounds after the warm-up")
     args = parser.parse_args()
     only = set(args.only.split(","))
     repeat = 1 if args.quick else args.repeat
