@@ -20,6 +20,7 @@ __all__ = [
     "END_OF_ARCHIVE",
     "HEAD_CONST",
     "MAX_USTAR_SIZE",
+    "NAME_FIELD",
     "PADDING",
     "checksum_field",
     "member_header",
@@ -27,6 +28,7 @@ __all__ = [
 ]
 
 BLOCK = 512
+NAME_FIELD = 100  # bytes of the ustar name field
 MAX_USTAR_SIZE = 0o77777777777  # 11 octal digits: 8 GiB - 1
 END_OF_ARCHIVE = bytes(2 * BLOCK)
 # PADDING[n % 512] is what follows n bytes of member data to reach the next block.

@@ -20,29 +20,36 @@ from shardstream.formats._tarheader import (
     END_OF_ARCHIVE,
     HEAD_CONST,
     MAX_USTAR_SIZE,
+    NAME_FIELD,
     PADDING,
+    checksum_field,
     member_header,
     size_field,
 )
 from shardstream.formats._tarindex import TarIndex
 from shardstream.formats.base import Sample, ShardEncoder
 
-__all__ = ["TarEncoder", "encode_value", "sample_members"]
+__all__ = ["TarEncoder", "encode_value", "sample_members", "sample_size"]
 
 # How webdataset splits a member name into key and field, and the names it skips as metadata.
 KEY_FIELD_RE = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 WDS_SKIPPED_RE = re.compile(r"__[^/]*__($|/)")
-_SIZE_CACHE_MAX = 1 << 16  # distinct sizes whose header pieces are kept
-_PLANS_MAX = 1024  # distinct field sets with a fast-path plan
+_FLUSH = 1 << 20  # bytes the encoder gathers before one write to its file object
+_DIRECT = 256 << 10  # a sample this large goes to the file object without a copy
+_NO_LIMIT = 1 << 62
+_CACHE_MAX = 4096  # entries of each per-field header cache, and of the size plans
+_PLANS_MAX = 1024  # distinct field sets with a fast-path plan (per encoder)
+
+# checksum -> the header from the checksum field on (regular member, empty prefix); bounded
+_TAILS: dict[int, bytes] = {}
+_TAILS_MAX = 1 << 14
 
 
-# checksum -> its header field; at most 512 * 255 entries, in practice a few thousand
-_CHECKSUMS: dict[int, bytes] = {}
-
-
-def _checksum(value: int) -> bytes:
-    field = _CHECKSUMS[value] = b"%06o\0 " % value
-    return field
+def _tail(checksum: int) -> bytes:
+    piece = checksum_field(checksum) + HEAD_CONST
+    if len(_TAILS) < _TAILS_MAX:
+        _TAILS[checksum] = piece
+    return piece
 
 
 def webdataset_skips(name: str) -> bool:
@@ -144,13 +151,74 @@ def _sorted_fields(sample: Sample, key: Any, shard: str | None) -> list:
         raise PackError(f"sample {key!r}: field names must be str", shard=shard) from None
 
 
+# NOTE [ Fast tar sample sizes ]
+# Cutting shards by size asks for every sample's size before it is written (``pack``
+# cuts in one process and writes in others), so ``sample_size`` must be fast and exact.
+# A member takes one 512-byte ustar header while its name fits the 100-byte name field
+# and its size 11 octal digits, plus its data padded to whole blocks. A sample with a
+# plain key (ASCII; no dot, NUL, leading "_" or trailing "/"), a field set already seen
+# (so its names were validated), names that fit and bytes, str or int values is sized
+# by that rule alone, in well under a microsecond. Such a sample is valid by
+# construction: its member names split back into its key and fields in every reader
+# (see ``sample_members``). Anything else takes the general path, which validates the
+# sample and builds every header (PAX ones too). A property test checks the two agree.
+# The encoder's fast path applies the same rule while it writes (``write_within``).
+
+# field names in dict order -> (the data fields, the longest b"." + field); bounded
+_SIZE_PLANS: dict[tuple[Any, ...], tuple[tuple[str, ...], int]] = {}
+
+
 def sample_size(sample: Sample, shard: str | None) -> int:
+    """Bytes ``sample`` adds to a tar shard, exactly; ``PackError`` (naming ``shard``) if invalid."""
+    try:
+        fields, longest = _SIZE_PLANS[tuple(sample)]
+        key = sample["__key__"]
+    except (KeyError, TypeError):
+        return _size_and_plan(sample, shard)
+    if (
+        type(sample) is not dict
+        or type(key) is not str
+        or not key
+        or "." in key
+        or "\0" in key
+        or key[0] == "_"
+        or key[-1] == "/"
+        or not key.isascii()
+        or len(key) + longest > NAME_FIELD
+    ):
+        return exact_sample_size(sample, shard)
     total = 0
+    for field in fields:
+        value = sample[field]
+        kind = type(value)
+        if kind is bytes or (kind is str and value.isascii()):
+            n = len(value)
+        elif kind is int:
+            n = len(str(value))
+        else:
+            return exact_sample_size(sample, shard)
+        if n > MAX_USTAR_SIZE:
+            return exact_sample_size(sample, shard)
+        total += (n + 1023) & -512  # a header block, then the data padded to whole blocks
+    return total
+
+
+def _size_and_plan(sample: Sample, shard: str | None) -> int:
+    """The general path; a valid sample of plain ASCII field names leaves a plan for the next."""
+    size = exact_sample_size(sample, shard)
+    if type(sample) is dict and len(_SIZE_PLANS) < _CACHE_MAX:
+        fields = tuple(field for field in sample if not field.startswith("_"))
+        if all(field.isascii() for field in fields):
+            _SIZE_PLANS[tuple(sample)] = (fields, 1 + max(map(len, fields)))
+    return size
+
+
+def exact_sample_size(sample: Sample, shard: str | None) -> int:
+    """``sample_size`` the slow way: validate the sample and build its headers."""
     _key, key_b, members = sample_members(sample, shard)
+    total = 0
     for _field, dot_field, data in members:
-        total += (
-            len(member_header(key_b + dot_field, len(data))) + len(data) + len(PADDING[len(data) % BLOCK])
-        )
+        total += len(member_header(key_b + dot_field, len(data))) + ((len(data) + BLOCK - 1) & -BLOCK)
     return total
 
 
@@ -158,25 +226,48 @@ class _SlowPath(Exception):
     """Raised inside the fast path for what only the slow path writes (PAX sizes)."""
 
 
-class _Plan(NamedTuple):
-    """How to write a sample with a given field set: per member (field, name pads by key length, sum)."""
+# A plan's members for one key length: (field, its name field after the key, header cache
+# by data size: the name remainder and size fields, their byte sum, the data's padding and
+# the member's bytes).
+_Head = tuple[bytes, int, bytes, int]
+_Heads = dict[int, _Head]
+_Members = tuple[tuple[str, bytes, _Heads], ...]
 
-    members: tuple[tuple[str, list[bytes], int], ...]
+
+class _Plan(NamedTuple):
+    """How the fast path writes samples with one field set (see NOTE [ Tar encoder fast path ])."""
+
+    dot_fields: tuple[tuple[str, bytes], ...]  # sorted data fields and their b"." + field
     field_ids: tuple[int, ...]
-    header_sizes: tuple[int, ...]
+    by_key_length: dict[int, _Members]
+
+
+def _head(heads: _Heads, pad: bytes, size: int) -> _Head:
+    if size > MAX_USTAR_SIZE:
+        raise _SlowPath
+    piece = pad + size_field(size)
+    head = (piece, sum(piece), PADDING[size % BLOCK], BLOCK + ((size + BLOCK - 1) & -BLOCK))
+    if len(heads) < _CACHE_MAX:
+        heads[size] = head
+    return head
 
 
 # NOTE [ Tar encoder fast path ]
-# write() is the pack hot path. A sample whose field names were seen before (so they are
-# validated and have a plan), whose key is plain (ASCII, no dot, no leading "_") and whose
-# values are bytes/str/int of less than 8 GiB is written with locals bound once, header
-# pieces cached per field name, per size and per checksum, and one write call. Anything
-# else goes to _write_slow, which validates everything and writes PAX headers as needed;
-# a successful slow write leaves a plan, so the next sample of that shape is fast.
+# write_within() is the pack hot path. A sample whose field set was seen before (so its
+# names are validated and have a plan), whose key is plain (as in NOTE [ Fast tar sample
+# sizes ]) and of a length the plan knows, and whose values are bytes/str/int of less than
+# 8 GiB is written from cached header pieces: per member the key, its name remainder and
+# size fields (cached by size), its checksum field and the constant rest of the header
+# (cached by checksum, which is a constant plus the byte sums of the other pieces), the
+# data and its padding. The pieces of many samples are joined into one write of about
+# 1 MiB; a sample of 256 KiB or more goes out at once, its values without a copy.
+# Anything else goes to _write_slow, which validates everything and writes PAX headers
+# as needed; a successful slow write leaves a plan, so the next sample of that shape is
+# fast. Headers other than one block (PAX) are rare, so only those are recorded.
 
 
 class TarEncoder(ShardEncoder):
-    """Writes WebDataset-style samples to ``fileobj``; one ``write`` call per sample."""
+    """Writes WebDataset-style samples to ``fileobj``, in writes of about 1 MiB; ``close`` flushes."""
 
     def __init__(self, fileobj: IO[bytes], *, name: str) -> None:
         self._file = fileobj
@@ -184,15 +275,16 @@ class TarEncoder(ShardEncoder):
         self._pos = 0
         self._closed = False
         self._prev_key: str | None = None
+        self._pieces: list[bytes] = []  # written to the file object by _flush
+        self._buffered = 0
         self._keys: list[str] = []
         self._member_first: list[int] = [0]
         self._member_field: list[int] = []
-        self._member_header: list[int] = []  # header bytes before each member's data
         self._member_size: list[int] = []
+        self._long_headers: dict[int, int] = {}  # member -> header bytes, where not one block
         self._fields: list[str] = []
         self._field_ids: dict[str, int] = {}
         self._plans: dict[tuple[str, ...], _Plan] = {}  # by the sample's field names in dict order
-        self._size_info: dict[int, tuple[bytes, int]] = {}
 
     @property
     def num_samples(self) -> int:
@@ -203,14 +295,24 @@ class TarEncoder(ShardEncoder):
         return self._pos + (len(END_OF_ARCHIVE) if self._closed else 0)
 
     def write(self, sample: Sample) -> None:
+        self.write_within(sample, _NO_LIMIT)
+
+    def write_within(self, sample: Sample, room: int) -> int:
+        """Write ``sample`` if it adds at most ``room`` bytes; return the bytes it adds.
+
+        A result over ``room`` means the sample was valid but not written (the shard is
+        full for it); an invalid sample raises ``PackError`` and is not written either.
+        """
         # See NOTE [ Tar encoder fast path ].
         try:
             key = sample["__key__"]
             plan = self._plans[tuple(sample)]
+            members = plan.by_key_length[len(key)]
         except (KeyError, TypeError):
-            return self._write_slow(sample)
+            return self._write_slow(sample, room)
         if (
-            type(key) is not str
+            type(sample) is not dict
+            or type(key) is not str
             or not key
             or "." in key
             or "\0" in key
@@ -220,101 +322,147 @@ class TarEncoder(ShardEncoder):
             or self._closed
             or not key.isascii()  # non-ASCII keys take the slow path, which checks their encoding
         ):
-            return self._write_slow(sample)
+            return self._write_slow(sample, room)
         key_b = key.encode()
-        klen = len(key_b)
         base = CHECKSUM_BASE + sum(key_b)
-        size_info = self._size_info
-        checksums = _CHECKSUMS
-        chunks: list = []
-        sizes = []
-        pos = self._pos
+        tails = _TAILS
+        pieces = self._pieces  # this sample's pieces are appended, and taken back if it is not written
+        sizes = self._member_size
+        mark, count = len(pieces), len(sizes)
+        total = 0
         try:
-            for field, pads, fsum in plan.members:
+            for field, pad, heads in members:
                 value = sample[field]
                 if type(value) is not bytes:
                     value = encode_value(value, key, field, self._name)
                 size = len(value)
-                si = size_info.get(size) or self._size_piece(size)
-                chk = base + fsum + si[1]
-                chunks += (key_b, pads[klen], si[0], checksums.get(chk) or _checksum(chk), HEAD_CONST)
-                chunks += (value, PADDING[size & 511])
+                head = heads.get(size) or _head(heads, pad, size)
+                checksum = base + head[1]
+                pieces += (key_b, head[0], tails.get(checksum) or _tail(checksum), value, head[2])
                 sizes.append(size)
-                pos += (size + 1023) & ~511  # header block + data rounded up to blocks
-        except (IndexError, _SlowPath):  # a key too long for ustar, or a size of 8 GiB or more
-            return self._write_slow(sample)
-        self._file.write(b"".join(chunks))
+                total += head[3]
+        except BaseException as error:
+            del pieces[mark:], sizes[count:]
+            if isinstance(error, _SlowPath):  # a size of 8 GiB or more
+                return self._write_slow(sample, room)
+            raise
+        if total > room:
+            del pieces[mark:], sizes[count:]
+            return total
         self._prev_key = key
         self._keys.append(key)
         self._member_field += plan.field_ids
-        self._member_header += plan.header_sizes
-        self._member_size += sizes
-        self._member_first.append(len(self._member_size))
-        self._pos = pos
+        self._member_first.append(len(sizes))
+        self._pos += total
+        if total >= _DIRECT:
+            self._write_direct(pieces, mark)
+        else:
+            self._buffered += total
+            if self._buffered >= _FLUSH:
+                self._flush()
+        return total
 
-    def _commit(
-        self, key: str, fids: tuple[int, ...], headers: tuple[int, ...], sizes: list[int], end: int
-    ) -> None:
-        self._prev_key = key
-        self._keys.append(key)
-        self._member_field += fids
-        self._member_header += headers
-        self._member_size += sizes
-        self._member_first.append(len(self._member_size))
-        self._pos = end
+    def _output(self, chunks: list[bytes], total: int) -> None:
+        """Write or buffer ``chunks``, the pieces of one sample of ``total`` bytes."""
+        mark = len(self._pieces)
+        self._pieces += chunks
+        if total >= _DIRECT:
+            self._write_direct(self._pieces, mark)
+            return
+        self._buffered += total
+        if self._buffered >= _FLUSH:
+            self._flush()
 
-    def _size_piece(self, size: int) -> tuple[bytes, int]:
-        if size > MAX_USTAR_SIZE:
-            raise _SlowPath
-        piece = size_field(size)
-        si = (piece, sum(piece))
-        if len(self._size_info) < _SIZE_CACHE_MAX:
-            self._size_info[size] = si
-        return si
+    def _flush(self) -> None:
+        if self._pieces:
+            self._file.write(b"".join(self._pieces))
+            self._pieces.clear()
+            self._buffered = 0
 
-    def _write_slow(self, sample: Sample) -> None:
+    def _write_direct(self, pieces: list[bytes], mark: int) -> None:
+        """Write a large sample (``pieces[mark:]``) at once, its large values without a copy."""
+        chunks = pieces[mark:]
+        del pieces[mark:]
+        self._flush()
+        small: list[bytes] = []
+        for chunk in chunks:
+            if len(chunk) < _DIRECT:
+                small.append(chunk)
+                continue
+            if small:
+                self._file.write(b"".join(small))
+                small = []
+            self._file.write(chunk)
+        self._pieces += small
+        self._buffered += sum(map(len, small))
+
+    def _write_slow(self, sample: Sample, room: int) -> int:
         """Any valid sample: validates everything, converts values, uses PAX headers as needed."""
         if self._closed:
             raise PackError("write after close", shard=self._name, offset=self._pos)
         key, key_b, members = sample_members(sample, self._name)
         if key == self._prev_key:
             raise PackError(f"sample key {key!r} repeats the previous sample's key", shard=self._name)
-        chunks: list = []
-        headers, sizes = [], []
-        pos = self._pos
+        chunks: list[bytes] = []
+        sizes: list[int] = []
+        long_headers = {}
+        total = 0
         for _field, dot_field, data in members:
             header = member_header(key_b + dot_field, len(data))
+            if len(header) != BLOCK:
+                long_headers[len(self._member_size) + len(sizes)] = len(header)
             chunks += (header, data, PADDING[len(data) % BLOCK])
-            headers.append(len(header))
             sizes.append(len(data))
-            pos += len(header) + len(data) + len(PADDING[len(data) % BLOCK])
-        self._file.write(b"".join(chunks))
-        fids = tuple(self._field_id(field) for field, _, _ in members)
-        self._commit(key, fids, tuple(headers), sizes, pos)
-        if len(self._plans) < _PLANS_MAX:
-            self._plans[tuple(sample)] = self._plan(members)
+            total += len(header) + ((len(data) + BLOCK - 1) & -BLOCK)
+        if total > room:
+            return total
+        self._long_headers.update(long_headers)
+        plan = self._plan(sample, members, len(key_b))
+        self._prev_key = key
+        self._keys.append(key)
+        self._member_field += plan.field_ids if plan is not None else self._ids(members)
+        self._member_size += sizes
+        self._member_first.append(len(self._member_size))
+        self._pos += total
+        self._output(chunks, total)
+        return total
 
-    def _field_id(self, field: str) -> int:
-        fid = self._field_ids.get(field)
-        if fid is None:
-            fid = self._field_ids[field] = len(self._fields)
-            self._fields.append(field)
-        return fid
+    def _ids(self, members: list[tuple[str, bytes, bytes]]) -> tuple[int, ...]:
+        ids = []
+        for field, _, _ in members:
+            fid = self._field_ids.get(field)
+            if fid is None:
+                fid = self._field_ids[field] = len(self._fields)
+                self._fields.append(field)
+            ids.append(fid)
+        return tuple(ids)
 
-    def _plan(self, members: list[tuple[str, bytes, bytes]]) -> _Plan:
-        entries = []
-        for field, dot_field, _ in members:
-            pads = [dot_field.ljust(100 - klen, b"\0") for klen in range(101 - len(dot_field))]
-            entries.append((field, pads, sum(dot_field)))
-        fids = tuple(self._field_ids[field] for field, _, _ in members)
-        return _Plan(tuple(entries), fids, (BLOCK,) * len(members))
+    def _plan(self, sample: Sample, members: list[tuple[str, bytes, bytes]], key_length: int) -> _Plan | None:
+        """The plan for this sample's field set (made if there is room), knowing this key length."""
+        shape = tuple(sample)
+        plan = self._plans.get(shape)
+        if plan is None:
+            if len(self._plans) >= _PLANS_MAX:
+                return None
+            dot_fields = tuple((field, dot_field) for field, dot_field, _ in members)
+            plan = self._plans[shape] = _Plan(dot_fields, self._ids(members), {})
+        longest = max(len(dot_field) for _, dot_field in plan.dot_fields)
+        if key_length not in plan.by_key_length and key_length + longest <= NAME_FIELD:
+            plan.by_key_length[key_length] = tuple(
+                (field, dot_field.ljust(NAME_FIELD - key_length, b"\0"), {})
+                for field, dot_field in plan.dot_fields
+            )
+        return plan
 
     def close(self) -> TarIndex:
         if not self._closed:
-            self._file.write(END_OF_ARCHIVE)
+            self._pieces.append(END_OF_ARCHIVE)
+            self._flush()
             self._closed = True
-        headers = np.asarray(self._member_header, dtype=np.int64)
         sizes = np.asarray(self._member_size, dtype=np.int64)
+        headers = np.full(len(sizes), BLOCK, dtype=np.int64)
+        if self._long_headers:
+            headers[np.fromiter(self._long_headers, np.int64)] = list(self._long_headers.values())
         ends = np.cumsum(headers + sizes + (-sizes % BLOCK))
         header_starts = ends - (headers + sizes + (-sizes % BLOCK))
         first = np.asarray(self._member_first, dtype=np.int64)

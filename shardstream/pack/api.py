@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from shardstream.errors import PackError, UsageError
 from shardstream.manifest import Manifest
 from shardstream.pack.dest import DatasetTarget
+from shardstream.pack.durable import ShardSync
 from shardstream.pack.options import PackOptions, Part
 from shardstream.pack.parallel import JobContext, ShardJob, cut_shards, default_workers, run_jobs
 from shardstream.pack.sources import Source, open_source
@@ -72,6 +73,7 @@ def pack(
         source if isinstance(source, Source) else _open(source, source_type, storage_options, source_options)
     )
     storage = Storage(os.fspath(dest), storage_options)
+    sync = ShardSync(storage.url)
     try:
         target = DatasetTarget(storage, options)
         start, stop, total = _slice(src, options.part, want_total=_shows(progress))
@@ -81,12 +83,13 @@ def pack(
         context = JobContext(storage, src, options.format, options.compression)
         if storage.url.startswith("memory://"):
             workers = 1  # a memory:// file system lives in one process: other processes cannot write it
-        results = run_jobs(jobs, context, workers or default_workers(), progress)
+        results = run_jobs(jobs, context, workers or default_workers(), sync, progress)
         if not results and options.part is None:
             raise PackError("the source holds no samples", url=src.url)
         target.prepare_once()
-        return target.finish(results)
+        return target.finish(results, sync)
     finally:
+        sync.close()
         storage.close()
 
 

@@ -24,6 +24,7 @@ import fsspec
 from shardstream import __version__
 from shardstream.errors import ManifestError, UsageError
 from shardstream.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from shardstream.pack.durable import ShardSync
 from shardstream.pack.options import PackOptions
 from shardstream.pack.shard import ShardResult
 from shardstream.pack.sources.base import is_local
@@ -141,8 +142,8 @@ class DatasetTarget:
             raise self._refusal(f"it has no shard {name}")
         return info
 
-    def finish(self, results: list[ShardResult]) -> Manifest:
-        """Remove what is stale, then write the manifest (or this part's record)."""
+    def finish(self, results: list[ShardResult], sync: ShardSync) -> Manifest:
+        """Remove what is stale, make the shards durable, then write the manifest (or the part's record)."""
         manifest = build_manifest(self.options.format, results)
         names = {path for s in manifest.shards for path in (s.path, s.index)}
         prefix = self.options.prefix
@@ -157,6 +158,7 @@ class DatasetTarget:
             record = self.options.part is None and bool(self._old) and PART_RECORD_RE.match(path)
             if (stale and path not in names) or record:
                 self.storage.delete(path)
+        sync.finish(names)  # NOTE [ Durable before the manifest ] in ``durable``
         part = self.options.part
         if part is None:
             self.storage.write_manifest(manifest)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from shardstream.errors import PackError, ShardstreamError
 from shardstream.formats import get_format
 from shardstream.manifest import ShardInfo
+from shardstream.pack.durable import ShardSync
 from shardstream.pack.options import PackOptions
 from shardstream.pack.shard import ShardOutput, ShardResult
 from shardstream.pack.sizing import sample_sizer
@@ -112,13 +113,23 @@ class Progress(Protocol):
 _TICK = 1024  # samples between progress updates while a shard is written in this process
 
 
-def write_job(job: ShardJob, context: JobContext, progress: Progress | None = None) -> ShardResult:
-    """Write one shard, loading its entries (in a worker, or in the parent)."""
+def write_job(
+    job: ShardJob,
+    context: JobContext,
+    progress: Progress | None = None,
+    on_stored: Callable[[str], None] | None = None,
+) -> ShardResult:
+    """Write one shard, loading its entries (in a worker, or in the parent); ``on_stored`` as in ShardOutput."""
     fmt = get_format(context.format)
     source = context.source
     load = source.load if source.lazy else None
     output = ShardOutput(
-        context.storage, fmt, job.name, compression=context.compression, expected=job.expected
+        context.storage,
+        fmt,
+        job.name,
+        compression=context.compression,
+        expected=job.expected,
+        on_stored=on_stored,
     )
     write = output.write
     reported = (0, 0)
@@ -148,7 +159,11 @@ def _init_worker(context: JobContext) -> None:
 
 
 def _work(job: ShardJob) -> ShardResult:
-    return write_job(job, _WORKER["context"])
+    return write_job(job, _WORKER["context"], on_stored=_synced_by_parent)
+
+
+def _synced_by_parent(path: str) -> None:
+    """A worker leaves fsync to the parent, which syncs each shard as its result arrives."""
 
 
 def _mp_context() -> Any:
@@ -164,21 +179,28 @@ def _mp_context() -> Any:
 
 
 def run_jobs(
-    jobs: Iterator[ShardJob], context: JobContext, workers: int, progress: Progress | None = None
+    jobs: Iterator[ShardJob],
+    context: JobContext,
+    workers: int,
+    sync: ShardSync,
+    progress: Progress | None = None,
 ) -> list[ShardResult]:
-    """Write every job's shard; results in shard order. One worker or one shard: in this process."""
+    """Write every job's shard; results in shard order. One worker or one shard: in this process.
+
+    Local shards are fsynced by ``sync`` as they are done (NOTE [ Durable before the manifest ]).
+    """
     first = next(jobs, None)
     second = next(jobs, None) if first is not None else None
     if first is None:
         return []
     ordered = chain([first], [second] if second is not None else [], jobs)
     if workers <= 1 or second is None:
-        return [write_job(job, context, progress) for job in ordered]
-    return _run_pool(ordered, context, workers, progress)
+        return [write_job(job, context, progress, on_stored=sync.add) for job in ordered]
+    return _run_pool(ordered, context, workers, sync, progress)
 
 
 def _run_pool(
-    jobs: Iterator[ShardJob], context: JobContext, workers: int, progress: Progress | None
+    jobs: Iterator[ShardJob], context: JobContext, workers: int, sync: ShardSync, progress: Progress | None
 ) -> list[ShardResult]:
     done: dict[int, ShardResult] = {}
     pending: dict[Future[ShardResult], int] = {}
@@ -191,6 +213,8 @@ def _run_pool(
         for future in sorted(finished, key=pending.__getitem__):
             number = pending.pop(future)
             done[number] = future.result()
+            sync.add(done[number].info.path)
+            sync.add(done[number].info.index)
             if progress is not None:
                 progress.update(done[number].info.samples, done[number].info.bytes)
 

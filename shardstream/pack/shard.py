@@ -17,7 +17,7 @@ import contextlib
 import hashlib
 import queue
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import IO, Any, cast
@@ -27,6 +27,7 @@ from shardstream.formats import SampleIndex, ShardFormat
 from shardstream.formats.base import Sample
 from shardstream.manifest import ShardInfo
 from shardstream.storage import Storage
+from shardstream.storage.local import deferred_fsync
 
 __all__ = ["HashingSink", "ShardOutput", "ShardResult", "sha256_of", "write_shard"]
 
@@ -155,7 +156,10 @@ class ShardOutput:
     """A shard being written: ``write`` samples, then ``finish`` (or ``abort``).
 
     ``expected`` is the manifest entry the shard must match when the destination
-    already holds a dataset that may not be replaced (no ``overwrite``).
+    already holds a dataset that may not be replaced (no ``overwrite``). With
+    ``on_stored``, local files (the shard, its sidecar) are renamed into place without
+    an fsync and their paths go to ``on_stored``, which must make them durable before
+    the manifest (NOTE [ Durable before the manifest ] in ``durable``).
     """
 
     def __init__(
@@ -166,18 +170,29 @@ class ShardOutput:
         *,
         compression: str | None = None,
         expected: ShardInfo | None = None,
+        on_stored: Callable[[str], None] | None = None,
     ) -> None:
         self.name = name
         self._storage = storage
         self._expected = expected
+        self._on_stored = on_stored
         self._context: AbstractContextManager[IO[bytes]] | None = storage.writer(name)
-        self._sink = HashingSink(self._context.__enter__())
+        with self._durability():
+            self._sink = HashingSink(self._context.__enter__())
         try:
             self._encoder = fmt.encoder(cast(IO[bytes], self._sink), name=name, compression=compression)
         except BaseException:
             self.abort()
             raise
-        self.write = self._encoder.write  # the hot path: no wrapper call per sample
+        # the hot path: no wrapper call per sample
+        self.write = self._encoder.write
+        self.write_within: Callable[[Sample, int], int] | None = getattr(self._encoder, "write_within", None)
+
+    def _durability(self) -> AbstractContextManager[None]:
+        """Where the storage's local writer is entered: with ``on_stored``, fsync deferred to it."""
+        if self._on_stored is None:
+            return contextlib.nullcontext()
+        return deferred_fsync(self._on_stored)
 
     @property
     def num_samples(self) -> int:
@@ -207,10 +222,11 @@ class ShardOutput:
             index=self.name + ".idx",
             index_bytes=len(sidecar),
         )
-        if reused:
-            _write_if_changed(self._storage, info.index, sidecar)
-        else:  # a new shard: whatever sidecar was there belonged to other bytes
-            self._storage.write(info.index, sidecar)
+        with self._durability():
+            if reused:
+                _write_if_changed(self._storage, info.index, sidecar)
+            else:  # a new shard: whatever sidecar was there belonged to other bytes
+                self._storage.write(info.index, sidecar)
         return ShardResult(info, *fields_and_schema(index), reused=reused)
 
     def abort(self) -> None:

@@ -20,6 +20,7 @@ with ``ShardOutput``.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -27,6 +28,7 @@ from shardstream.errors import PackError
 from shardstream.formats.base import Sample
 from shardstream.manifest import Manifest
 from shardstream.pack.dest import DatasetTarget
+from shardstream.pack.durable import ShardSync
 from shardstream.pack.options import PackOptions, Part
 from shardstream.pack.shard import ShardOutput, ShardResult
 from shardstream.pack.sizing import sample_sizer
@@ -81,10 +83,11 @@ class ShardWriter:
         self._size = sample_sizer(self._fmt) if self.options.shard_size is not None else None
         self._results: list[ShardResult] = []
         self._output: ShardOutput | None = None
-        self._encode = self._closed_write
+        self._sync = ShardSync(self._storage.url)
+        self._put: Callable[[Sample, int], int] = self._closed_put
         # The first write starts shard 0: it finds the (empty) current shard full.
         self._count = self._max_samples
-        self._bytes = 0
+        self._room = 0  # bytes of samples the current shard can still take
         self._done = 0
         self._closed = False
         self.manifest: Manifest | None = None
@@ -105,40 +108,59 @@ class ShardWriter:
 
     def write(self, sample: Sample) -> None:
         """Add one sample (see NOTE [ Shard boundaries ])."""
-        size = self._size(sample) if self._size is not None else 0
-        if self._count >= self._max_samples or self._bytes + size > self._budget:
-            self._next_shard(sample, size)
-        self._encode(sample)
-        self._count += 1
-        self._bytes += size
+        if self._count < self._max_samples:
+            room = self._room
+            size = self._put(sample, room)  # writes the sample only if it fits
+            if size <= room:
+                self._room = room - size
+                self._count += 1
+                return
+            if size > self._budget:
+                raise oversize_error(sample.get("__key__"), size, self.options, self._budget)
+        self._next_shard(sample)
 
-    def _next_shard(self, sample: Sample, size: int) -> None:
+    def _next_shard(self, sample: Sample) -> None:
         if self._closed:
             self._closed_write(sample)
-        if size > self._budget:
-            raise oversize_error(sample.get("__key__"), size, self.options, self._budget)
+        if self._size is not None:  # the sample has not been sized yet: refuse it before the cut
+            size = self._size(sample)
+            if size > self._budget:
+                raise oversize_error(sample.get("__key__"), size, self.options, self._budget)
         self._finish_shard()
         name = self.options.shard_name(len(self._results))
-        self._output = ShardOutput(
+        output = self._output = ShardOutput(
             self._storage,
             self._fmt,
             name,
             compression=self.options.compression,
             expected=self._target.expected(name),
+            on_stored=self._sync.add,
         )
-        self._encode = self._output.write
+        self._put = output.write_within if output.write_within is not None else self._sized_put
         self._count = 0
-        self._bytes = 0
+        self._room = self._budget
+        self.write(sample)
+
+    def _sized_put(self, sample: Sample, room: int) -> int:
+        """``write_within`` for a format whose encoder has none: size by the format, then write."""
+        size = self._size(sample) if self._size is not None else 0
+        if size <= room and self._output is not None:
+            self._output.write(sample)
+        return size
 
     def _finish_shard(self) -> None:
         output, self._output = self._output, None
         if output is not None:
-            self._encode = self._closed_write
+            self._put = self._closed_put
             self._results.append(output.finish())
             self._done += self._count
 
     def _closed_write(self, sample: Sample) -> None:
         raise PackError("write to a ShardWriter that is closed", url=self._storage.url)
+
+    def _closed_put(self, sample: Sample, room: int) -> int:
+        self._closed_write(sample)
+        return 0
 
     def close(self) -> Manifest:
         """Finish the last shard, write the manifest (or the part's record) and return it."""
@@ -153,11 +175,12 @@ class ShardWriter:
                 raise PackError(
                     "no samples were written: a dataset needs at least one", url=self._storage.url
                 )
-            self.manifest = self._target.finish(self._results)
+            self.manifest = self._target.finish(self._results, self._sync)
         except BaseException:
             self.abort()
             raise
         finally:
+            self._sync.close()
             if self._own_storage:
                 self._storage.close()
         return self.manifest
@@ -165,10 +188,11 @@ class ShardWriter:
     def abort(self) -> None:
         """Stop without a manifest: drop the open shard (whole shards already stored stay)."""
         output, self._output = self._output, None
-        self._encode = self._closed_write
+        self._put = self._closed_put
         self._closed = True
         if output is not None:
             output.abort()
+        self._sync.close()
 
     def __enter__(self) -> ShardWriter:
         return self

@@ -3,16 +3,30 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO
 
-__all__ = ["TEMP_PREFIX", "atomic_writer", "list_files", "read_all", "read_range"]
+__all__ = [
+    "TEMP_PREFIX",
+    "atomic_writer",
+    "deferred_fsync",
+    "fsync_path",
+    "list_files",
+    "read_all",
+    "read_range",
+]
 
 # In-flight files of ``atomic_writer`` start with this; ``list_files`` hides them.
 TEMP_PREFIX = ".shardstream-tmp-"
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+# Set by ``deferred_fsync``: who makes the files renamed into place durable instead.
+_DEFERRED: contextvars.ContextVar[Callable[[str], None] | None] = contextvars.ContextVar(
+    "shardstream_deferred_fsync", default=None
+)
 
 
 def read_range(path: str, start: int, length: int) -> bytes:
@@ -52,8 +66,10 @@ def atomic_writer(path: str) -> Iterator[IO[bytes]]:
     Bytes go to a temp file in the same directory (same file system, so the final
     ``os.replace`` is atomic); on an exception the temp file is removed and ``path`` is
     untouched. The file is fsynced before the rename so a crash cannot leave an empty
-    file under the final name.
+    file under the final name, unless the writer was entered inside ``deferred_fsync``:
+    then the rename comes first and the path goes to that context's callback.
     """
+    on_replace = _DEFERRED.get()
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
     base = os.path.basename(path)[:100]
@@ -64,12 +80,43 @@ def atomic_writer(path: str) -> Iterator[IO[bytes]]:
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
-            os.fsync(f.fileno())
+            if on_replace is None:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    if on_replace is not None:
+        on_replace(path)
+
+
+@contextlib.contextmanager
+def deferred_fsync(on_replace: Callable[[str], None]) -> Iterator[None]:
+    """``atomic_writer`` entered inside this block renames without an fsync of its own.
+
+    Each such file is still written whole and renamed atomically, so readers see the
+    same thing; only its durability is left to the caller, who gets every final path
+    through ``on_replace(path)`` (right after the rename) and must ``fsync_path`` it (and
+    its directory) before anything that relies on it surviving a crash is written. The
+    pack does so before the manifest: see NOTE [ Durable before the manifest ] in
+    ``shardstream.pack.durable``.
+    """
+    token = _DEFERRED.set(on_replace)
+    try:
+        yield
+    finally:
+        _DEFERRED.reset(token)
+
+
+def fsync_path(path: str) -> None:
+    """Flush a file's data (or a directory's entries: renames) to stable storage."""
+    flags = os.O_RDONLY | _O_CLOEXEC | (_O_DIRECTORY if os.path.isdir(path) else 0)
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def list_files(root: str) -> list[str]:
