@@ -45,16 +45,25 @@ MB = 1 << 20
 
 @dataclass(frozen=True)
 class Rates:
-    """Items/s of each contender in each timed round (see the module docstring)."""
+    """Items/s and CPU seconds of each contender in each timed round (see the docstring)."""
 
     rounds: list[dict[str, float]]
+    cpu: list[dict[str, float]]
 
     def rate(self, name: str) -> float:
         return statistics.median(r[name] for r in self.rounds)
 
-    def ratio(self, others: list[str]) -> float:
-        """Median over rounds of shardstream / the best of ``others`` in that round."""
-        return statistics.median(r["shardstream"] / max(r[o] for o in others) for r in self.rounds)
+    def cpu_time(self, name: str) -> float:
+        return statistics.median(r[name] for r in self.cpu)
+
+    def ratios(self, others: list[str]) -> list[float]:
+        """Per round: shardstream / the best of ``others`` in that round."""
+        return [r["shardstream"] / max(r[o] for o in others) for r in self.rounds]
+
+    def ratio(self, others: list[str]) -> str:
+        """The median paired ratio, and the spread over rounds (how noisy the machine was)."""
+        ratios = self.ratios(others)
+        return f"{statistics.median(ratios):.2f}x (rounds {min(ratios):.2f}-{max(ratios):.2f})"
 
     @property
     def names(self) -> list[str]:
@@ -67,21 +76,27 @@ def measure(contenders: dict[str, Callable[[], int]], repeat: int) -> Rates:
         run()
     names = list(contenders)
     rounds: list[dict[str, float]] = []
+    cpu: list[dict[str, float]] = []
     for number in range(max(1, repeat)):
-        rates = dict.fromkeys(names, 0.0)
+        rates, seconds = dict.fromkeys(names, 0.0), dict.fromkeys(names, 0.0)
         for name in names[number % len(names) :] + names[: number % len(names)]:
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             count = contenders[name]()
             rates[name] = count / (time.perf_counter() - started)
+            seconds[name] = time.process_time() - cpu_started
         rounds.append(rates)
-    return Rates(rounds)
+        cpu.append(seconds)
+    return Rates(rounds, cpu)
 
 
 def report(title: str, measured: Rates, unit: str = "samples/s") -> None:
+    """Median rates, paired ratios, and this process's CPU time per run (all threads, user
+    + sys; a server process is not counted): less load-dependent than the rates."""
     print(f"\n{title}; median of {len(measured.rounds)} rounds")
     for name in measured.names:
-        ratio = "" if name == "shardstream" else f"   shardstream / {name} = {measured.ratio([name]):.2f}x"
-        print(f"  {name:<12} {measured.rate(name):>14,.0f} {unit}{ratio}")
+        ratio = "" if name == "shardstream" else f"   shardstream / {name} = {measured.ratio([name])}"
+        cpu = f"   (CPU {measured.cpu_time(name):.2f} s/run)"
+        print(f"  {name:<12} {measured.rate(name):>14,.0f} {unit}{cpu}{ratio}")
 
 
 def count_samples(iterable) -> int:  # type: ignore[no-untyped-def]
@@ -151,7 +166,7 @@ def bench_small(work: str, count: int, repeat: int) -> None:
     rates = measure(contenders, repeat)
     report(f"small samples: {count:,} x ~300 B, 3 fields, local, no decode, no shuffle, one process", rates)
     others = [name for name in rates.names if name != "shardstream"]
-    print(f"  shardstream / best other = {rates.ratio(others):.2f}x (target >= 1.5x)")
+    print(f"  shardstream / best other = {rates.ratio(others)}; target >= 1.5x")
 
 
 def large_sample(i: int) -> dict:
@@ -269,7 +284,12 @@ def bench_s3(count: int, repeat: int) -> None:
             print(
                 f"  time to first batch (8 x 1 MB, shuffled, {workers} workers): {time.perf_counter() - started:.2f} s"
             )
-            del iterator
+            # Stop the workers now: left to the garbage collector, the iterator may be
+            # collected in a process forked later (the loader benchmark's workers).
+            shutdown = getattr(iterator, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+            del iterator, loader
     finally:
         server.stop()
 
