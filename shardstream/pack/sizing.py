@@ -10,6 +10,7 @@ its name and its data size only.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from shardstream.formats import ShardFormat
 from shardstream.formats.base import Sample
@@ -25,8 +26,8 @@ def sample_sizer(fmt: ShardFormat) -> Callable[[Sample], int]:
     return fmt.sample_size
 
 
-def file_sample_sizer(fmt: ShardFormat) -> Callable[[str, tuple[tuple[str, str, int], ...]], int]:
-    """``size(key, files)`` for a sample of files ``(field, path, size)`` not read yet.
+def file_sample_sizer(fmt: ShardFormat) -> Callable[[str, tuple[Any, ...]], int]:
+    """``size(key, (fields, sizes))`` for a sample of files not read yet.
 
     The exact size is that of the same sample with empty values plus the data, padded
     to whole blocks for tar; plain ASCII names that fit the ustar name field (one
@@ -34,26 +35,22 @@ def file_sample_sizer(fmt: ShardFormat) -> Callable[[str, tuple[tuple[str, str, 
     """
     exact = fmt.sample_size
     tar = fmt.name == "tar"
-    known: dict[str, int] = {}  # field name -> its length, for plain ASCII names
+    longest: dict[tuple[str, ...], int] = {}  # field set -> longest name, or -1 if not all plain
 
-    def size(key: str, files: tuple[tuple[str, str, int], ...]) -> int:
-        if tar and key.isascii():
-            total = longest = 0
-            for field, _, n in files:
-                length = known.get(field)
-                if length is None:
-                    if not _plain(field):
-                        break
-                    length = known[field] = len(field)
-                if length > longest:
-                    longest = length
-                total += (n + 1023) & -512  # a header block, then the data padded to whole blocks
-            else:
-                if len(key) + 1 + longest <= _NAME_FIELD and total:
-                    return total
-        overhead = exact({"__key__": key, **{field: b"" for field, _, _ in files}})
+    def size(key: str, where: tuple[Any, ...]) -> int:
+        fields, sizes = where
+        if tar:
+            name = longest.get(fields)
+            if name is None:
+                name = longest[fields] = max(map(len, fields)) if all(map(_plain, fields)) else -1
+            if name >= 0 and len(key) + 1 + name <= _NAME_FIELD and key.isascii():
+                total = 0
+                for n in sizes:
+                    total += (n + 1023) & -512  # a header block, then the data in whole blocks
+                return total
+        overhead = exact({"__key__": key, **dict.fromkeys(fields, b"")})
         block = _BLOCK if tar else 1
-        return overhead + sum(-(-n // block) * block for _, _, n in files)
+        return overhead + sum(-(-n // block) * block for n in sizes)
 
     return size
 

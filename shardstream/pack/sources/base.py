@@ -98,6 +98,10 @@ class Source(ABC):
             raise PackError(f"source {self.name!r} gave no sample for {entry.key!r}", url=entry.url)
         return fmt.sample_size(entry.sample)
 
+    def entry_url(self, entry: Entry) -> str:
+        """Where an error about ``entry`` points: its file (a folder source: its first file)."""
+        return entry.url
+
     def load(self, entry: Entry) -> Sample:
         """The sample of ``entry`` (in a worker process, for lazy sources)."""
         if entry.sample is None:

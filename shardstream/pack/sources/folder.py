@@ -14,7 +14,9 @@ the files themselves are read by whichever process writes their shard.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from itertools import islice
+from operator import attrgetter
 from typing import Any
 
 import fsspec
@@ -28,10 +30,17 @@ __all__ = ["FolderSource"]
 
 # Tar members of 8 GiB and more need an extra header whose size the folder plan does not compute.
 _MAX_FILE = 8 * 2**30 - 1
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_by_name = attrgetter("name")
 
 
 class FolderSource(Source):
-    """Every file under a folder (recursive), grouped into samples by key."""
+    """Every file under a folder (recursive), grouped into samples by key.
+
+    An entry's ``where`` is ``(fields, sizes)``: a file's path is the folder, the key and
+    the field (``<folder>/<key>.<field>``), so a shard's entries stay small when they are
+    sent to a worker process.
+    """
 
     name = "folder"
     lazy = True
@@ -41,29 +50,33 @@ class FolderSource(Source):
         super().__init__(url, storage_options)
         self._sizer: Callable[[str, Any], int] | None = None
         self._sizer_format = ""
+        self._local = is_local(url)
+        self._base = _local_root(url) if self._local else ""  # remote: set by the listing
 
     def __getstate__(self) -> dict[str, Any]:  # workers need the configuration only
-        return {"url": self.url, "storage_options": self.storage_options}
+        return {"url": self.url, "storage_options": self.storage_options, "base": self._base}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["url"], state["storage_options"])  # type: ignore[misc]
+        self._base = state["base"]
 
     @classmethod
     def detect(cls, url: str, storage_options: Mapping[str, Any], is_dir: bool) -> bool:
         return is_dir
 
     def scan(self, start: int = 0, stop: int | None = None) -> Iterator[Entry]:
-        for index, entry in enumerate(_group(self.url, _walk(self.url, self.storage_options))):
-            if stop is not None and index >= stop:
-                return
-            if index >= start:
-                yield entry
+        if self._local:
+            entries = _local_entries(self._base, self._base, "", self.url)
+        else:
+            self._base, files = _remote_files(self.url, self.storage_options)
+            entries = _group(self.url, self._base + "/", files)
+        return islice(entries, start, stop)
 
     def estimate(self) -> int | None:
         """Samples in a local folder, counted from names alone (no file is opened or stat'ed)."""
-        if not is_local(self.url):
+        if not self._local:
             return None
-        return _count_keys(_local_root(self.url))
+        return _count_keys(self._base)
 
     def size(self, entry: Entry, fmt: ShardFormat) -> int:
         sizer = self._sizer
@@ -72,53 +85,66 @@ class FolderSource(Source):
             self._sizer, self._sizer_format = sizer, fmt.name
         return sizer(entry.key, entry.where)
 
+    def entry_url(self, entry: Entry) -> str:
+        return f"{self._base}/{entry.key}.{entry.where[0][0]}"
+
     def load(self, entry: Entry) -> Sample:
-        sample: Sample = {"__key__": entry.key}
-        local = is_local(self.url)
-        for field, path, size in entry.where:
-            data = _read_local(path) if local else _read_remote(path, self.storage_options)
-            if len(data) != size:
-                raise PackError(
-                    f"file changed while packing: {size} bytes when listed, {len(data)} now", url=path
-                )
-            sample[field] = data
+        key = entry.key
+        sample: Sample = {"__key__": key}
+        read = _read_local if self._local else self._read_remote
+        for field, size in zip(*entry.where, strict=True):
+            sample[field] = read(f"{self._base}/{key}.{field}", size)
         return sample
+
+    def _read_remote(self, path: str, size: int) -> bytes:
+        try:
+            fs, fspath = fsspec.core.url_to_fs(path, **self.storage_options)
+            data = fs.cat_file(fspath)
+        except (OSError, ValueError) as error:
+            raise PackError(f"cannot read file: {error}", url=path) from None
+        if len(data) != size:
+            raise _changed(path, size, len(data))
+        return data
 
 
 def _local_root(url: str) -> str:
     return os.path.abspath(os.path.expanduser(fsspec.core.strip_protocol(url)))
 
 
-def _walk(url: str, storage_options: Mapping[str, Any]) -> Iterator[tuple[str, str, int]]:
-    """(relative path, full path, size) of every file, in walk order (see the module doc)."""
-    if is_local(url):
-        return _walk_local(_local_root(url), "")
+def _remote_files(url: str, storage_options: Mapping[str, Any]) -> tuple[str, list[tuple[str, int]]]:
+    """The folder's URL as the listing spells it, and (relative path, size) in walk order."""
+    found = list(list_files(url, storage_options))
+    base = url.rstrip("/")
+    if found:
+        rel, path, _ = found[0]
+        base = path[: -len(rel) - 1]
     # A remote folder is listed whole, then put in the same order as a local walk.
-    found = sorted(
-        list_files(url, storage_options), key=lambda f: (tuple(f[0].split("/")[:-1]), f[0].rsplit("/", 1)[-1])
-    )
-    return iter(found)
+    found.sort(key=lambda f: (tuple(f[0].split("/")[:-1]), f[0].rsplit("/", 1)[-1]))
+    return base, [(rel, size) for rel, _, size in found]
 
 
-def _walk_local(directory: str, prefix: str) -> Iterator[tuple[str, str, int]]:
+def _local_entries(root: str, directory: str, prefix: str, url: str) -> Iterator[Entry]:
+    """The entries of a local folder's files, in name order, then those of each subfolder."""
     try:
         with os.scandir(directory) as it:
-            found = sorted((item for item in it if not item.name.startswith(".")), key=lambda item: item.name)
+            found = sorted([item for item in it if item.name[0] != "."], key=_by_name)
     except OSError as error:
         raise PackError(f"cannot list folder: {error.strerror}", url=directory) from None
     folders = []
+    files = []
     for item in found:
         try:
-            if item.is_dir(follow_symlinks=False):
+            if item.is_file():  # a regular file is known from the listing: no stat call
+                files.append((item.name, item.stat().st_size))
+            elif item.is_dir(follow_symlinks=False):
                 folders.append(item)
-            elif item.is_file():
-                yield prefix + item.name, item.path, item.stat().st_size
             elif item.is_symlink():
                 raise PackError("cannot read file: broken symbolic link", url=item.path)
         except OSError as error:
             raise PackError(f"cannot read file: {error.strerror}", url=item.path) from None
+    yield from _group(url, f"{root}/{prefix}", files, prefix)
     for item in folders:
-        yield from _walk_local(item.path, f"{prefix}{item.name}/")
+        yield from _local_entries(root, item.path, f"{prefix}{item.name}/", url)
 
 
 def _count_keys(directory: str) -> int:
@@ -137,44 +163,67 @@ def _count_keys(directory: str) -> int:
     return count + len(keys)
 
 
-def _group(url: str, files: Iterator[tuple[str, str, int]]) -> Iterator[Entry]:
-    """Entries of consecutive files sharing a key (files of one key are adjacent in walk order)."""
-    key = ""
-    fields: list[tuple[str, str, int]] = []
-    for rel, path, size in files:
-        slash = rel.rfind("/") + 1
-        dot = rel.find(".", slash)
-        if dot <= slash or dot == len(rel) - 1:
-            raise PackError("file name has no extension to name its field (expected KEY.EXT)", url=path)
+def _group(url: str, base: str, files: Iterable[tuple[str, int]], prefix: str = "") -> Iterator[Entry]:
+    """Entries of consecutive files sharing a key (files of one key are adjacent in walk order).
+
+    ``files`` are (path relative to ``base``, size); keys are ``prefix`` + the path up to
+    the first dot of its last part. An entry's ``where`` is ``(fields, sizes)``, with one
+    tuple object per field set (smaller pickles, and one size plan per field set).
+    """
+    stem = ""
+    fields: list[str] = []
+    sizes: list[int] = []
+    shapes: dict[tuple[str, ...], tuple[str, ...]] = {}
+    for rel, size in files:
+        dot = rel.find(".", rel.rfind("/") + 1)
+        if dot <= rel.rfind("/") + 1 or dot == len(rel) - 1:
+            raise PackError("file name has no extension to name its field (expected KEY.EXT)", url=base + rel)
         if size > _MAX_FILE:
-            raise PackError(f"file of {size} bytes: files of 8 GiB or more are not supported", url=path)
-        if rel[:dot] != key:
-            if fields:
-                yield Entry(key, None, tuple(fields), url)
-            key, fields = rel[:dot], []
+            raise PackError(f"file of {size} bytes: files of 8 GiB or more are not supported", url=base + rel)
         field = rel[dot + 1 :]
+        if rel[:dot] != stem:
+            if fields:
+                yield Entry(prefix + stem, None, (_shape(shapes, fields), tuple(sizes)), url)
+            stem, fields, sizes = rel[:dot], [], []
+        elif fields[-1] == field:
+            raise PackError(f"sample {prefix + stem!r} has two files for field {field!r}", url=base + rel)
         if field[0] == "_":
             raise PackError(
-                f"field name {field!r} starts with '_', which marks metadata such as __key__", url=path
+                f"field name {field!r} starts with '_', which marks metadata such as __key__", url=base + rel
             )
-        if fields and fields[-1][0] == field:
-            raise PackError(f"sample {key!r} has two files for field {field!r}", url=path)
-        fields.append((field, path, size))
+        fields.append(field)
+        sizes.append(size)
     if fields:
-        yield Entry(key, None, tuple(fields), url)
+        yield Entry(prefix + stem, None, (_shape(shapes, fields), tuple(sizes)), url)
 
 
-def _read_local(path: str) -> bytes:
+def _shape(shapes: dict[tuple[str, ...], tuple[str, ...]], fields: list[str]) -> tuple[str, ...]:
+    shape = tuple(fields)
+    return shapes.setdefault(shape, shape)
+
+
+def _read_local(path: str, size: int) -> bytes:
+    """The file's bytes: one open, one read (its size is known from the listing), one close."""
     try:
-        with open(path, "rb", buffering=0) as f:
-            return f.readall()
+        fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+        try:
+            data = os.read(fd, size + 1)  # one byte more than listed shows a file that grew
+            while len(data) < size:  # a short read (or a file that shrank: then read returns b"")
+                more = os.read(fd, size + 1 - len(data))
+                if not more:
+                    break
+                data += more
+        finally:
+            os.close(fd)
     except OSError as error:
         raise PackError(f"cannot read file: {error.strerror}", url=path) from None
+    if len(data) != size:
+        raise _changed(path, size, len(data))
+    return data
 
 
-def _read_remote(path: str, storage_options: Mapping[str, Any]) -> bytes:
-    try:
-        fs, fspath = fsspec.core.url_to_fs(path, **storage_options)
-        return fs.cat_file(fspath)
-    except (OSError, ValueError) as error:
-        raise PackError(f"cannot read file: {error}", url=path) from None
+def _changed(path: str, listed: int, now: int) -> PackError:
+    return PackError(
+        f"file changed while packing: {listed} bytes when listed, {now if now <= listed else 'more'} now",
+        url=path,
+    )
