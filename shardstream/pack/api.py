@@ -11,7 +11,7 @@ from shardstream.manifest import Manifest
 from shardstream.pack.dest import DatasetTarget
 from shardstream.pack.durable import ShardSync
 from shardstream.pack.options import PackOptions, Part
-from shardstream.pack.parallel import JobContext, ShardJob, cut_shards, default_workers, run_jobs
+from shardstream.pack.parallel import JobContext, ShardJob, Ticker, cut_shards, default_workers, run_jobs
 from shardstream.pack.sources import Source, open_source
 from shardstream.pack.sources.base import Entry, is_local
 from shardstream.storage import Storage
@@ -79,11 +79,12 @@ def pack(
         start, stop, total = _slice(src, options.part, want_total=_shows(progress))
         if progress is not None:
             progress.set_total(total)
-        jobs = _jobs(cut_shards(src, options, start, stop), options, target)
+        ticker = Ticker()
+        jobs = _jobs(cut_shards(src, options, start, stop, tick=ticker), options, target)
         context = JobContext(storage, src, options.format, options.compression)
         if storage.url.startswith("memory://"):
             workers = 1  # a memory:// file system lives in one process: other processes cannot write it
-        results = run_jobs(jobs, context, workers or default_workers(), sync, progress)
+        results = run_jobs(jobs, context, workers or default_workers(), sync, progress, ticker)
         if not results and options.part is None:
             raise PackError("the source holds no samples", url=src.url)
         target.prepare_once()

@@ -44,7 +44,7 @@ from shardstream.pack.sources.base import Entry, Source, tar_ready
 from shardstream.pack.writer import oversize_error
 from shardstream.storage import Storage
 
-__all__ = ["JobContext", "ShardJob", "cut_shards", "default_workers", "run_jobs"]
+__all__ = ["JobContext", "ShardJob", "Ticker", "cut_shards", "default_workers", "run_jobs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +85,28 @@ def default_workers() -> int:
         return os.cpu_count() or 1
 
 
+class Ticker:
+    """A hook that planning calls every few hundred samples (``hook`` is set by the writers)."""
+
+    __slots__ = ("hook",)
+
+    def __init__(self) -> None:
+        self.hook: Callable[[], None] | None = None
+
+    def __call__(self) -> None:
+        if self.hook is not None:
+            self.hook()
+
+
+_PLAN_TICK = 256  # samples planned between ticks
+
+
 def cut_shards(
-    source: Source, options: PackOptions, start: int = 0, stop: int | None = None
+    source: Source,
+    options: PackOptions,
+    start: int = 0,
+    stop: int | None = None,
+    tick: Callable[[], None] | None = None,
 ) -> Iterator[list[Entry]]:
     """The entries of each shard, in order (NOTE [ Shard boundaries ] in ``writer``)."""
     fmt = options.fmt
@@ -112,6 +132,8 @@ def cut_shards(
             entries, nbytes = [], 0
         entries.append(entry)
         nbytes += size
+        if tick is not None and len(entries) % _PLAN_TICK == 0:
+            tick()
     if entries:
         yield entries
 
@@ -215,10 +237,13 @@ def run_jobs(
     workers: int,
     sync: ShardSync,
     progress: Progress | None = None,
+    ticker: Ticker | None = None,
 ) -> list[ShardResult]:
     """Write every job's shard; results in shard order. One worker or one shard: in this process.
 
     Local shards are fsynced by ``sync`` as they are done (NOTE [ Durable before the manifest ]).
+    ``ticker`` is the one planning calls (``cut_shards(tick=...)``): free workers get the
+    shards already planned while the next one is.
     """
     first = next(jobs, None)
     second = next(jobs, None) if first is not None else None
@@ -230,12 +255,16 @@ def run_jobs(
     pool = _Pool(context, workers if not context.source.lazy else workers - 1, sync, progress)
     try:
         if context.source.lazy:
+            if ticker is not None:
+                ticker.hook = pool.hand_ready
             pool.share(ordered)
         else:
             pool.hand_out(ordered)
     except BrokenProcessPool:
         raise PackError("a pack worker process died (out of memory, or killed)") from None
     finally:
+        if ticker is not None:
+            ticker.hook = None
         pool.close()
     return [pool.done[number] for number in sorted(pool.done)]
 
@@ -256,6 +285,7 @@ class _Pool:
         self.pool = ProcessPoolExecutor(
             children, mp_context=_mp_context(), initializer=_init_worker, initargs=(context,)
         )
+        self.pool.submit(os.getpid)  # start the workers now, while the first shard is planned
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -310,4 +340,12 @@ class _Pool:
             job = ready.popleft() if ready else next(jobs, None)
             if job is None:
                 return
+            self.busy[self.pool.submit(_work, job)] = job.number
+
+    def hand_ready(self) -> None:
+        """Give each free worker a shard already planned (called while the next one is planned)."""
+        if self.ready and len(self.busy) >= self.children:
+            self.collect()
+        while self.ready and len(self.busy) < self.children:
+            job = self.ready.popleft()
             self.busy[self.pool.submit(_work, job)] = job.number
