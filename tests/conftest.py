@@ -7,6 +7,7 @@ S3 server in Go for end-to-end checks.
 
 from __future__ import annotations
 
+import multiprocessing.util
 import os
 import tempfile
 import threading
@@ -23,6 +24,9 @@ _SESSION_PIDS: set[int] = set()
 # session made (other sessions on the machine make shardstream-* temp files too), and
 # subprocesses (the CLI, torchrun) inherit it through TMPDIR.
 os.environ.setdefault("SHARDSTREAM_MACHINE_TMP", tempfile.gettempdir())
+# multiprocessing removes its own temp dir at exit, after pytest_unconfigure: make it now,
+# outside the session dir, so that removing the session dir does not pull it away.
+multiprocessing.util.get_temp_dir()
 _SESSION_TMP = tempfile.mkdtemp(prefix="sstest-")
 os.environ["TMPDIR"] = _SESSION_TMP
 tempfile.tempdir = _SESSION_TMP
