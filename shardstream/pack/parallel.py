@@ -8,16 +8,20 @@
 # in ``writer``. Each cut becomes a ``ShardJob`` (its number and entries), and a worker
 # writes the whole shard, loading lazy entries itself, so file contents never cross a
 # pipe. Results come back in any order and are put back in shard order for the
-# manifest. With one worker (or one shard) the same jobs run in this process.
+# manifest. With one worker the same jobs run in this process.
 
 # NOTE [ This process writes shards too ]
 # ``workers=N`` is N processes writing shards: N - 1 worker processes and this one,
-# which also plans them. A worker gets one shard at a time. This process keeps the next
-# shard planned, hands it to the first worker that is free and otherwise writes it
-# itself, looking for a free worker every few dozen samples while it writes. So the
-# planner never competes with N busy workers for N cores, a worker never waits for a
-# plan, and at the end nobody waits on a queue of shards that another process could
-# have taken: the last shards end within about one shard's time of each other.
+# which also plans them. A worker gets one shard at a time. This process keeps one shard
+# planned ahead for each worker and hands it over as soon as the worker is free (it
+# looks every few dozen samples, while it plans and while it writes); with one more
+# planned than that, it writes the largest planned shard itself. So the planner never
+# competes with N busy workers for N cores, a worker rarely waits for a plan, and at
+# the end no process waits on a queue of shards another one could have taken: the last
+# shards end within about one shard's time of each other. An inline source (JSON
+# Lines, CSV, ...) is read and parsed here, which is work enough: its shards all go to
+# N worker processes, and a planned shard is handed out before the next one is read
+# (the source may be a pipe that waits for its writer).
 """
 
 from __future__ import annotations
@@ -239,19 +243,20 @@ def run_jobs(
     progress: Progress | None = None,
     ticker: Ticker | None = None,
 ) -> list[ShardResult]:
-    """Write every job's shard; results in shard order. One worker or one shard: in this process.
+    """Write every job's shard; results in shard order. One worker: all in this process.
 
     Local shards are fsynced by ``sync`` as they are done (NOTE [ Durable before the manifest ]).
     ``ticker`` is the one planning calls (``cut_shards(tick=...)``): free workers get the
     shards already planned while the next one is.
     """
     first = next(jobs, None)
-    second = next(jobs, None) if first is not None else None
     if first is None:
         return []
-    ordered = chain([first], [second] if second is not None else [], jobs)
-    if workers <= 1 or second is None:
+    ordered = chain([first], jobs)
+    if workers <= 1:
         return [write_job(job, context, progress, on_stored=sync.add) for job in ordered]
+    # The workers start as soon as the first shard is planned (not after the second: a
+    # planned shard waiting for them is a core idle).
     pool = _Pool(context, workers if not context.source.lazy else workers - 1, sync, progress)
     try:
         if context.source.lazy:
@@ -282,10 +287,11 @@ class _Pool:
         self.done: dict[int, ShardResult] = {}
         self.busy: dict[Future[ShardResult], int] = {}
         self.ready: deque[ShardJob] = deque()  # planned shards no process has taken yet
+        self.jobs: Iterator[ShardJob] = iter(())
+        self.exhausted = False
         self.pool = ProcessPoolExecutor(
             children, mp_context=_mp_context(), initializer=_init_worker, initargs=(context,)
         )
-        self.pool.submit(os.getpid)  # start the workers now, while the first shard is planned
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -313,39 +319,42 @@ class _Pool:
 
     def share(self, jobs: Iterator[ShardJob]) -> None:
         """Worker processes and this one write the shards (NOTE [ This process writes shards too ])."""
+        self.jobs = jobs
         ready = self.ready
-        exhausted = False
-        while not exhausted or ready:
-            if not exhausted and len(ready) <= self.children:
-                job = next(jobs, None)
-                exhausted = job is None
-                if job is not None:
-                    ready.append(job)
-            self.feed(jobs)
-            # Every worker busy and a shard ready for each, or nothing left to plan: this
-            # process writes the newest planned shard.
-            if ready and (len(ready) > self.children or exhausted):
-                job = ready.pop()
-                self.done[job.number] = write_job(
-                    job, self.context, self.progress, on_stored=self.sync.add, feed=lambda: self.feed(jobs)
-                )
+        while True:
+            self.feed()
+            if len(ready) <= self.children and not self.exhausted:
+                self.plan()
+                continue
+            if not ready:
+                break
+            # Every worker busy and a shard planned for each, or nothing left to plan: this
+            # process writes the largest planned shard (the last one is often a small one).
+            job = max(reversed(ready), key=lambda job: len(job.entries))
+            ready.remove(job)
+            self.done[job.number] = write_job(
+                job, self.context, self.progress, on_stored=self.sync.add, feed=self.feed
+            )
         while self.busy:
             self.collect(block=True)
 
-    def feed(self, jobs: Iterator[ShardJob]) -> None:
-        """Give each free worker a planned shard (planning one if none is ready)."""
-        self.collect()
-        ready = self.ready
-        while len(self.busy) < self.children:
-            job = ready.popleft() if ready else next(jobs, None)
-            if job is None:
-                return
-            self.busy[self.pool.submit(_work, job)] = job.number
+    def plan(self) -> None:
+        job = next(self.jobs, None)
+        if job is None:
+            self.exhausted = True
+        else:
+            self.ready.append(job)
+
+    def feed(self) -> None:
+        """Give each free worker a planned shard; keep one planned ahead for each worker."""
+        self.hand_ready()
+        while len(self.ready) < self.children and not self.exhausted:
+            self.plan()
+            self.hand_ready()
 
     def hand_ready(self) -> None:
-        """Give each free worker a shard already planned (called while the next one is planned)."""
-        if self.ready and len(self.busy) >= self.children:
-            self.collect()
+        """Give each free worker a shard already planned (called while the next one is planned too)."""
+        self.collect()
         while self.ready and len(self.busy) < self.children:
             job = self.ready.popleft()
             self.busy[self.pool.submit(_work, job)] = job.number
