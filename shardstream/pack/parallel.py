@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pickle
 import threading
+import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -62,12 +64,19 @@ class ShardJob:
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Sent to a worker as columns (keys, samples, ...), not one Entry object each:
-        # pickling a shard's entries takes ~10x less time (about 0.05 s per 100k).
-        columns = tuple(zip(*self.entries, strict=True))
+        # pickling a shard's entries takes ~10x less time (about 0.05 s per 100k). Entries
+        # that only say where a sample is (lazy sources) are also compressed, ~10x (about
+        # 1 ms per 15k): the bytes go through a pipe 64 KiB at a time, each write waiting
+        # for this process's busy thread to let the pool's feeder thread run.
+        columns: Any = tuple(zip(*self.entries, strict=True))
+        if columns and all(sample is None for sample in columns[1]):
+            columns = zlib.compress(pickle.dumps(columns, protocol=pickle.HIGHEST_PROTOCOL), 1)
         return (_rebuild_job, (self.number, self.name, columns, self.expected))
 
 
-def _rebuild_job(number: int, name: str, columns: tuple[Any, ...], expected: ShardInfo | None) -> ShardJob:
+def _rebuild_job(number: int, name: str, columns: Any, expected: ShardInfo | None) -> ShardJob:
+    if isinstance(columns, bytes):
+        columns = pickle.loads(zlib.decompress(columns))
     return ShardJob(number, name, list(map(Entry._make, zip(*columns, strict=True))), expected)
 
 
