@@ -36,7 +36,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from itertools import chain
 from typing import Any, Protocol
 
 from shardstream.errors import PackError, ShardstreamError
@@ -258,22 +257,18 @@ def run_jobs(
     ``ticker`` is the one planning calls (``cut_shards(tick=...)``): free workers get the
     shards already planned while the next one is.
     """
-    first = next(jobs, None)
-    if first is None:
-        return []
-    ordered = chain([first], jobs)
     if workers <= 1:
-        return [write_job(job, context, progress, on_stored=sync.add) for job in ordered]
-    # The workers start as soon as the first shard is planned (not after the second: a
-    # planned shard waiting for them is a core idle).
+        return [write_job(job, context, progress, on_stored=sync.add) for job in jobs]
+    # The workers start (fork) while the first shard is planned, not after it: a
+    # planned shard waiting for a worker is a core idle.
     pool = _Pool(context, workers if not context.source.lazy else workers - 1, sync, progress)
     try:
         if context.source.lazy:
             if ticker is not None:
                 ticker.hook = pool.hand_ready
-            pool.share(ordered)
+            pool.share(jobs)
         else:
-            pool.hand_out(ordered)
+            pool.hand_out(jobs)
     except BrokenProcessPool:
         raise PackError("a pack worker process died (out of memory, or killed)") from None
     finally:
@@ -301,6 +296,7 @@ class _Pool:
         self.pool = ProcessPoolExecutor(
             children, mp_context=_mp_context(), initializer=_init_worker, initargs=(context,)
         )
+        self.pool.submit(os.getpid)  # with fork, every worker starts at the first submit
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
