@@ -1,6 +1,6 @@
 """Pack throughput, side by side with the alternatives on the same samples, in one run.
 
-    python tools/bench_pack.py            # full sizes (a few minutes, ~5 GB of temp files)
+    python tools/bench_pack.py            # full sizes (~5 minutes, ~5 GB of temp files)
     python tools/bench_pack.py --quick    # small sizes: a smoke run
 
 1. From memory, one process: N samples of 3 small fields (~300 B) through
@@ -21,7 +21,8 @@ return). ``tar -cf, then sync`` adds a machine-wide ``sync`` to tar, the closest
 shardstream guarantees.
 
 Generated data lives in a temp dir that is removed at the end. Timings are wall-clock,
-best of ``--repeat`` runs (folder runs: one), on whatever else the machine is doing.
+best of ``--repeat`` runs (folder commands: interleaved, each after a ``sync``), on
+whatever else the machine is doing.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 
 import webdataset as wds
 
@@ -191,10 +193,13 @@ def make_folder(root: str, n: int, size: int, fields: tuple[str, ...]) -> int:
     return total
 
 
-def timed(command: list[str]) -> float:
+def timed(command: list[str], *, then_sync: bool = False) -> float:
+    """Seconds ``command`` takes (and a ``sync`` after it), starting with no dirty page."""
     subprocess.run(["sync"], check=True)
     start = time.perf_counter()
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    if then_sync:
+        subprocess.run(["sync"], check=True)
     return time.perf_counter() - start
 
 
@@ -211,25 +216,33 @@ def pack_command(src: str, dest: str, workers: int) -> list[str]:
     return [*cli, "--workers", str(workers), "--quiet"]
 
 
-def bench_folder(label: str, n: int, size: int, fields: tuple[str, ...], workdir: str, workers: bool) -> None:
+def bench_folder(
+    label: str, n: int, size: int, fields: tuple[str, ...], workdir: str, *, workers: bool, repeat: int
+) -> None:
     src = os.path.join(workdir, f"src-{label}")
     total = make_folder(src, n, size, fields)
     files = n * len(fields)
     print(f"\n== from a folder: {label}: {n:,} samples, {files:,} files, {total / 1e6:,.1f} MB")
     warm(src)
-    results = {}
     tar_out = os.path.join(workdir, "out.tar")
-    results["tar -cf"] = timed(["tar", "-cf", tar_out, "-C", src, "."])
-    os.remove(tar_out)
-    start = time.perf_counter()
-    subprocess.run(["tar", "-cf", tar_out, "-C", src, "."], check=True)
-    subprocess.run(["sync"], check=True)
-    results["tar -cf, then sync"] = time.perf_counter() - start
-    os.remove(tar_out)
+    tar = ["tar", "-cf", tar_out, "-C", src, "."]
+    runs: dict[str, Callable[[], float]] = {
+        "tar -cf": lambda: timed(tar),
+        "tar -cf, then sync": lambda: timed(tar, then_sync=True),
+    }
     for count in (1, 2) if workers else (1,):
         dest = os.path.join(workdir, f"ds-{label}-{count}")
-        results[f"shardstream pack --workers {count}"] = timed(pack_command(src, dest, count))
-        shutil.rmtree(dest)
+        runs[f"shardstream pack --workers {count}"] = partial(timed, pack_command(src, dest, count))
+    results = dict.fromkeys(runs, float("inf"))
+    for _ in range(repeat):  # interleaved, so every tool meets the same moments of machine load
+        for name, run in runs.items():
+            results[name] = min(results[name], run())
+            for path in (tar_out, *(os.path.join(workdir, f"ds-{label}-{c}") for c in (1, 2))):
+                if os.path.isdir(path):
+                    shutil.rmtree(path)
+                elif os.path.exists(path):
+                    os.remove(path)
+    print(f"best of {repeat} interleaved runs each")
     for name, seconds in results.items():
         print(
             f"{name:<30} {seconds:>7.2f} s  {total / seconds / 1e6:>8.1f} MB/s  {n / seconds:>10,.0f} samples/s"
@@ -259,7 +272,7 @@ def main() -> int:
     )
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     parser.add_argument(
-        "--repeat", type=int, default=3, help="runs of each in-memory writer; the best counts"
+        "--repeat", type=int, default=3, help="runs of each writer and command; the best counts"
     )
     parser.add_argument("--no-litdata", action="store_true", help="skip litdata.optimize (it starts torch)")
     parser.add_argument("--only", choices=["memory", "folder"], help="run one of the two parts")
@@ -273,8 +286,9 @@ def main() -> int:
         if args.only in (None, "memory"):
             bench_memory(memory_n, 1 if args.quick else args.repeat, workdir, not args.no_litdata)
         if args.only in (None, "folder"):
-            bench_folder("small", small_n, 250, ("txt", "cls"), workdir, workers=True)
-            bench_folder("1 MB", large_n, 2**20, ("bin",), workdir, workers=False)
+            repeat = 1 if args.quick else args.repeat
+            bench_folder("small", small_n, 250, ("txt", "cls"), workdir, workers=True, repeat=repeat)
+            bench_folder("1 MB", large_n, 2**20, ("bin",), workdir, workers=False, repeat=repeat)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0
