@@ -49,7 +49,8 @@ def pack(
     files or tar shards (``source_type`` names one; by default it is detected).
     ``shard_size`` (bytes or ``"256MB"``) and/or ``samples_per_shard`` cut shards;
     with neither, shards are of 256MB. ``workers`` processes write shards (default:
-    the core count); the result is byte-identical for any number. ``storage_options``
+    the core count; for a folder this process is one of them, see NOTE [ This process
+    writes shards too ]); the result is byte-identical for any number. ``storage_options``
     go to fsspec for ``dest`` (and for a remote source, unless ``source_options``).
     With ``part="I/N"`` only the I-th of N slices is packed, into shards named for the
     part and a part record instead of the manifest (``shardstream index`` joins parts).
@@ -57,7 +58,8 @@ def pack(
     Workers are forked when this process runs no other thread (fsspec's aside), and
     spawned otherwise; a script that packs with spawned workers needs the usual
     ``if __name__ == "__main__":`` guard. A ``memory://`` destination is written by
-    this process alone.
+    this process alone. Local shards are made durable (fsync) before the manifest is
+    written (NOTE [ Durable before the manifest ]).
     """
     options = PackOptions.create(
         format=format,
