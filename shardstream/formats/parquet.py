@@ -11,22 +11,22 @@ import io
 import struct
 from collections.abc import Iterator
 from itertools import repeat
-from typing import IO, Any
-
-import pyarrow as pa
-import pyarrow.parquet as pq
+from typing import IO, TYPE_CHECKING, Any
 
 from shardstream.errors import FormatError, UsageError
-from shardstream.formats._parquetindex import KEY_COLUMN, MAGIC, ParquetIndex, parse_footer, row_group_spans
-from shardstream.formats._parquetwrite import (
-    COMPRESSIONS,
-    ROW_GROUP_MAX_BYTES,
-    ROW_GROUP_MAX_ROWS,
-    ParquetEncoder,
-    estimate_size,
-)
 from shardstream.formats.base import Sample, SampleIndex, ShardFormat
 from shardstream.types import ByteRange
+
+if TYPE_CHECKING:
+    import pyarrow.parquet as pq
+
+    from shardstream.formats._parquetindex import ParquetIndex
+    from shardstream.formats._parquetwrite import (
+        COMPRESSIONS,
+        ROW_GROUP_MAX_BYTES,
+        ROW_GROUP_MAX_ROWS,
+        ParquetEncoder,
+    )
 
 __all__ = [
     "COMPRESSIONS",
@@ -38,7 +38,36 @@ __all__ = [
 ]
 
 _MAX_FOOTER = 256 << 20  # a footer length beyond this is corruption, not metadata
-_ARROW_ERRORS = (pa.ArrowException, OSError, ValueError, TypeError, KeyError, IndexError)
+_LAZY = {  # NOTE [ pyarrow on demand ]: these names import pyarrow, so only on first use
+    "COMPRESSIONS": "shardstream.formats._parquetwrite",
+    "ROW_GROUP_MAX_BYTES": "shardstream.formats._parquetwrite",
+    "ROW_GROUP_MAX_ROWS": "shardstream.formats._parquetwrite",
+    "ParquetEncoder": "shardstream.formats._parquetwrite",
+    "ParquetIndex": "shardstream.formats._parquetindex",
+}
+
+# NOTE [ pyarrow on demand ]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Importing pyarrow (and numpy with it) costs ~0.15 s, paid by every ``shardstream``
+# command and every pack worker process, though most write tar. The registry in
+# ``shardstream.formats`` holds a ParquetFormat instance, so this module must import
+# cheaply: pyarrow and the modules built on it are imported inside the functions that
+# write or read a Parquet shard, and the re-exported names resolve on first access.
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
+def _arrow_errors() -> tuple[type[BaseException], ...]:
+    import pyarrow as pa
+
+    return (pa.ArrowException, OSError, ValueError, TypeError, KeyError, IndexError)
 
 
 class ParquetFormat(ShardFormat):
@@ -48,12 +77,18 @@ class ParquetFormat(ShardFormat):
     suffix = ".parquet"
 
     def encoder(self, fileobj: IO[bytes], *, name: str, compression: str | None = None) -> ParquetEncoder:
+        from shardstream.formats._parquetwrite import ParquetEncoder
+
         return ParquetEncoder(fileobj, name=name, compression=compression)
 
     def sample_size(self, sample: Sample) -> int:
+        from shardstream.formats._parquetwrite import estimate_size
+
         return estimate_size(sample)
 
     def build_index(self, fileobj: IO[bytes], *, name: str) -> tuple[ParquetIndex, tuple[str, ...]]:
+        from shardstream.formats._parquetindex import MAGIC, ParquetIndex, parse_footer, row_group_spans
+
         try:
             size = fileobj.seek(0, io.SEEK_END)
             if size < 12:
@@ -77,11 +112,13 @@ class ParquetFormat(ShardFormat):
             index = ParquetIndex(
                 name=name, file_size=size, footer=footer, spans=row_group_spans(metadata), keys=keys
             )
-        except _ARROW_ERRORS as error:
+        except _arrow_errors() as error:
             raise FormatError(f"corrupt Parquet metadata: {error}", shard=name) from None
         return index, index.fields
 
     def load_index(self, data: bytes, *, name: str) -> ParquetIndex:
+        from shardstream.formats._parquetindex import ParquetIndex
+
         return ParquetIndex.from_bytes(data, name=name)
 
     def decode(
@@ -94,6 +131,8 @@ class ParquetFormat(ShardFormat):
         *,
         name: str,
     ) -> Iterator[Sample]:
+        from shardstream.formats._parquetindex import ParquetIndex
+
         if not isinstance(index, ParquetIndex):
             raise UsageError(f"a Parquet shard needs a ParquetIndex, not {type(index).__name__}", shard=name)
         need = index.byte_range(start, stop)
@@ -112,6 +151,10 @@ class ParquetFormat(ShardFormat):
 
 
 def _has_key_column(metadata: pq.FileMetaData) -> bool:
+    import pyarrow as pa
+
+    from shardstream.formats._parquetindex import KEY_COLUMN
+
     try:
         field = metadata.schema.to_arrow_schema().field(KEY_COLUMN)
     except (KeyError, pa.ArrowException, ValueError):
@@ -121,13 +164,17 @@ def _has_key_column(metadata: pq.FileMetaData) -> bool:
 
 def _read_keys(fileobj: IO[bytes], metadata: pq.FileMetaData, name: str) -> list[str]:
     """The ``__key__`` column: the only data an index of our own shards reads."""
+    import pyarrow.parquet as pq
+
+    from shardstream.formats._parquetindex import KEY_COLUMN
+
     try:
         fileobj.seek(0)
         table = pq.ParquetFile(fileobj, metadata=metadata, pre_buffer=False).read(
             columns=[KEY_COLUMN], use_threads=False
         )
         keys = table.column(0).to_pylist()
-    except _ARROW_ERRORS as error:
+    except _arrow_errors() as error:
         raise FormatError(f"cannot read the Parquet {KEY_COLUMN} column: {error}", shard=name) from None
     return [f"{name}:{row}" if key is None else key for row, key in enumerate(keys)]
 
@@ -179,6 +226,10 @@ class _SparseFile(io.RawIOBase):
 def _rows(
     data: bytes | memoryview, base: int, index: ParquetIndex, start: int, stop: int, name: str
 ) -> Iterator:
+    import pyarrow.parquet as pq
+
+    from shardstream.formats._parquetindex import KEY_COLUMN, MAGIC
+
     lo, hi = index.row_groups(start, stop)
     footer = index.footer
     tail = footer + struct.pack("<I", len(footer)) + MAGIC
@@ -189,7 +240,7 @@ def _rows(
         table = table.slice(start - index.first_row(lo), stop - start)
         names = [n for n in table.column_names if n != KEY_COLUMN]  # a non-str __key__ is no sample data
         columns = [table.column(n).to_pylist() for n in names]
-    except _ARROW_ERRORS as error:
+    except _arrow_errors() as error:
         raise FormatError(f"cannot decode rows [{start}, {stop}): {error}", shard=name) from None
     keys = index.key_slice(start, stop)
     return map(dict, map(zip, repeat(("__key__", *names)), zip(keys, *columns, strict=True)))

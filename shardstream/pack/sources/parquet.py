@@ -8,10 +8,7 @@ time; Spark's ``_SUCCESS`` markers are ignored.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
-
-import pyarrow as pa
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING, Any
 
 from shardstream.errors import PackError
 from shardstream.pack.sources.base import (
@@ -23,6 +20,9 @@ from shardstream.pack.sources.base import (
     sample_key,
     source_files,
 )
+
+if TYPE_CHECKING:
+    import pyarrow.parquet as pq
 
 __all__ = ["ParquetSource"]
 
@@ -71,6 +71,8 @@ class ParquetSource(Source):
         self, pf: pq.ParquetFile, path: str, index: int, start: int, stop: int | None
     ) -> Iterator[Entry]:
         """Entries of one file whose first row has number ``index``."""
+        import pyarrow as pa  # on demand: NOTE [ pyarrow on demand ] in shardstream.formats.parquet
+
         groups = []
         for group in range(pf.metadata.num_row_groups):
             rows = pf.metadata.row_group(group).num_rows
@@ -94,6 +96,9 @@ class ParquetSource(Source):
 
 
 def _parquet(f: Any, path: str) -> pq.ParquetFile:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     try:
         return pq.ParquetFile(f)
     except (OSError, pa.ArrowException) as error:
