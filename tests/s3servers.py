@@ -17,7 +17,39 @@ ACCESS_KEY = "shardstream-test"
 SECRET_KEY = "shardstream-test-secret"
 
 
-class MotoServer:
+class _LoopbackS3:
+    """What every S3 server here offers once started: its endpoint and how to reach it."""
+
+    endpoint = ""
+
+    def env(self) -> dict[str, str]:
+        """Variables that point boto3/s3fs (also in subprocesses) at this server."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+
+    def storage_options(self) -> dict:
+        return {"endpoint_url": self.endpoint, "key": ACCESS_KEY, "secret": SECRET_KEY}
+
+    def create_bucket(self, bucket: str) -> None:
+        self._client().create_bucket(Bucket=bucket)
+
+    def _client(self):
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+            region_name="us-east-1",
+        )
+
+
+class MotoServer(_LoopbackS3):
     """moto's S3 server, in a thread of this process, on 127.0.0.1 and a free port."""
 
     def __init__(self, port: int = 0) -> None:
@@ -36,30 +68,6 @@ class MotoServer:
 
     def stop(self) -> None:
         self._server.stop()
-
-    def env(self) -> dict[str, str]:
-        """Variables that point boto3/s3fs (also in subprocesses) at this server."""
-        return {
-            "AWS_ENDPOINT_URL": self.endpoint,
-            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-            "AWS_DEFAULT_REGION": "us-east-1",
-        }
-
-    def storage_options(self) -> dict:
-        return {"endpoint_url": self.endpoint, "key": ACCESS_KEY, "secret": SECRET_KEY}
-
-    def create_bucket(self, bucket: str) -> None:
-        import boto3
-
-        client = boto3.client(
-            "s3",
-            endpoint_url=self.endpoint,
-            aws_access_key_id=ACCESS_KEY,
-            aws_secret_access_key=SECRET_KEY,
-            region_name="us-east-1",
-        )
-        client.create_bucket(Bucket=bucket)
 
 
 # NOTE [ SeaweedFS in tests ]
@@ -92,7 +100,7 @@ def _free_ports(count: int) -> list[int]:
     return found
 
 
-class SeaweedFS:
+class SeaweedFS(_LoopbackS3):
     """SeaweedFS (``weed mini``) serving S3 on 127.0.0.1 and a free port, data in a temp dir."""
 
     def __init__(self, *, startup_timeout: float = 90.0, lock_timeout: float = 600.0) -> None:
@@ -211,29 +219,3 @@ class SeaweedFS:
         if self._lock_file is not None:
             self._lock_file.close()  # releases the flock
             self._lock_file = None
-
-    def env(self) -> dict[str, str]:
-        """Variables that point boto3/s3fs (also in subprocesses) at this server."""
-        return {
-            "AWS_ENDPOINT_URL": self.endpoint,
-            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-            "AWS_DEFAULT_REGION": "us-east-1",
-        }
-
-    def storage_options(self) -> dict:
-        return {"endpoint_url": self.endpoint, "key": ACCESS_KEY, "secret": SECRET_KEY}
-
-    def create_bucket(self, bucket: str) -> None:
-        self._client().create_bucket(Bucket=bucket)
-
-    def _client(self):
-        import boto3
-
-        return boto3.client(
-            "s3",
-            endpoint_url=self.endpoint,
-            aws_access_key_id=ACCESS_KEY,
-            aws_secret_access_key=SECRET_KEY,
-            region_name="us-east-1",
-        )
