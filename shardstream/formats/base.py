@@ -16,9 +16,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import IO, Any, ClassVar
 
+from shardstream.errors import FormatError
 from shardstream.types import ByteRange
 
-__all__ = ["Sample", "SampleIndex", "ShardEncoder", "ShardFormat"]
+__all__ = ["Sample", "SampleIndex", "ShardEncoder", "ShardFormat", "check_covers"]
 
 Sample = dict[str, Any]
 
@@ -105,3 +106,17 @@ class ShardFormat(ABC):
         ``rng`` must contain ``index.byte_range(start, stop)``; the whole shard
         (``ByteRange(0, size)``) always does.
         """
+
+
+def check_covers(
+    data: bytes | memoryview, rng: ByteRange, need: ByteRange, start: int, stop: int, name: str
+) -> None:
+    """Raise ``FormatError`` unless ``data`` (the bytes of ``rng``) holds ``need``, the bytes
+    of samples ``[start, stop)``: what every format's ``decode`` checks first."""
+    if need.start < rng.start or need.end > rng.end or need.end - rng.start > len(data):
+        raise FormatError(
+            f"samples [{start}, {stop}) need bytes [{need.start}, {need.end}) but got "
+            f"[{rng.start}, {rng.start + len(data)}) of range [{rng.start}, {rng.end})",
+            shard=name,
+            offset=need.start,
+        )

@@ -14,7 +14,7 @@ from itertools import repeat
 from typing import IO, TYPE_CHECKING, Any
 
 from shardstream.errors import FormatError, UsageError
-from shardstream.formats.base import Sample, SampleIndex, ShardFormat
+from shardstream.formats.base import Sample, SampleIndex, ShardFormat, check_covers
 from shardstream.types import ByteRange
 
 if TYPE_CHECKING:
@@ -136,15 +136,8 @@ class ParquetFormat(ShardFormat):
         if not isinstance(index, ParquetIndex):
             raise UsageError(f"a Parquet shard needs a ParquetIndex, not {type(index).__name__}", shard=name)
         need = index.byte_range(start, stop)
-        if start < stop and (
-            need.start < rng.start or need.end > rng.end or need.end - rng.start > len(data)
-        ):
-            raise FormatError(
-                f"samples [{start}, {stop}) need bytes [{need.start}, {need.end}) but got "
-                f"[{rng.start}, {rng.start + len(data)}) of range [{rng.start}, {rng.end})",
-                shard=name,
-                offset=need.start,
-            )
+        if start < stop:
+            check_covers(data, rng, need, start, stop, name)
         if start == stop:
             return iter(())
         return iter(_rows(data, rng.start, index, start, stop, name))

@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import IO
 
-from shardstream.errors import FormatError, UsageError
+from shardstream.errors import UsageError
 from shardstream.formats._tarindex import TarIndex
 from shardstream.formats._tarread import tar_samples
 from shardstream.formats._tarscan import scan_tar
 from shardstream.formats._tarwrite import TarEncoder, sample_size
-from shardstream.formats.base import Sample, SampleIndex, ShardFormat
+from shardstream.formats.base import Sample, SampleIndex, ShardFormat, check_covers
 from shardstream.types import ByteRange
 
 __all__ = ["TarEncoder", "TarFormat", "TarIndex"]
@@ -56,11 +56,5 @@ class TarFormat(ShardFormat):
         if not isinstance(index, TarIndex):
             raise UsageError(f"a tar shard needs a TarIndex, not {type(index).__name__}", shard=name)
         need = index.byte_range(start, stop)
-        if need.start < rng.start or need.end > rng.end or need.end - rng.start > len(data):
-            raise FormatError(
-                f"samples [{start}, {stop}) need bytes [{need.start}, {need.end}) but got "
-                f"[{rng.start}, {rng.start + len(data)}) of range [{rng.start}, {rng.end})",
-                shard=name,
-                offset=need.start,
-            )
+        check_covers(data, rng, need, start, stop, name)
         return tar_samples(data, rng.start, index, start, stop)
