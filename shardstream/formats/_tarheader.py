@@ -25,6 +25,7 @@ __all__ = [
     "BLOCK",
     "CHECKSUM_BASE",
     "END_OF_ARCHIVE",
+    "plain_key",
     "HEAD_CONST",
     "KEY_FIELD_RE",
     "MAX_USTAR_SIZE",
@@ -235,6 +236,21 @@ def _sorted_fields(sample: Sample, key: Any, shard: str | None) -> list:
 _SIZE_PLANS: dict[tuple[Any, ...], tuple[tuple[str, ...], int]] = {}
 
 
+def plain_key(key: object) -> bool:
+    """A key the fast paths (sizing, encoding) take as it is: a non-empty ASCII str with no
+    dot, NUL, leading ``_`` or trailing ``/``. Any other key takes the slow path, which
+    validates it and names what is wrong."""
+    return (
+        type(key) is str
+        and bool(key)
+        and "." not in key
+        and "\0" not in key
+        and key[0] != "_"
+        and key[-1] != "/"
+        and key.isascii()
+    )
+
+
 def sample_size(sample: Sample, shard: str | None) -> int:
     """Bytes ``sample`` adds to a tar shard, exactly; ``PackError`` (naming ``shard``) if invalid."""
     try:
@@ -242,17 +258,7 @@ def sample_size(sample: Sample, shard: str | None) -> int:
         key = sample["__key__"]
     except (KeyError, TypeError):
         return _size_and_plan(sample, shard)
-    if (
-        type(sample) is not dict
-        or type(key) is not str
-        or not key
-        or "." in key
-        or "\0" in key
-        or key[0] == "_"
-        or key[-1] == "/"
-        or not key.isascii()
-        or len(key) + longest > NAME_FIELD
-    ):
+    if type(sample) is not dict or not plain_key(key) or len(key) + longest > NAME_FIELD:
         return exact_sample_size(sample, shard)
     total = 0
     for field in fields:

@@ -27,6 +27,7 @@ from shardstream.formats._tarheader import (
     encode_value,
     exact_sample_size,
     member_header,
+    plain_key,
     sample_members,
     sample_size,
     size_field,
@@ -152,18 +153,7 @@ class TarEncoder(ShardEncoder):
             members = plan.by_key_length[len(key)]
         except (KeyError, TypeError):
             return self._write_slow(sample, room)
-        if (
-            type(sample) is not dict
-            or type(key) is not str
-            or not key
-            or "." in key
-            or "\0" in key
-            or key[0] == "_"
-            or key[-1] == "/"
-            or key == self._prev_key
-            or self._closed
-            or not key.isascii()  # non-ASCII keys take the slow path, which checks their encoding
-        ):
+        if type(sample) is not dict or not plain_key(key) or key == self._prev_key or self._closed:
             return self._write_slow(sample, room)
         key_b = key.encode()
         base = CHECKSUM_BASE + sum(key_b)
