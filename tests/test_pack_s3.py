@@ -59,6 +59,22 @@ def test_pack_to_s3_with_workers_is_the_local_pack(s3, tmp_path):
     assert (summary.num_samples, summary.fields) == (60, ("cls", "txt"))
 
 
+def test_pack_from_an_s3_folder_with_workers_is_the_local_pack(s3, tmp_path):
+    base, options = s3
+    make_folder(tmp_path / "src", 50)
+    (tmp_path / "src" / "part1" / "deeper").mkdir()
+    (tmp_path / "src" / "part1" / "deeper" / "last.txt").write_bytes(b"in a subfolder")
+    storage = Storage(f"{base}/source-folder", options)
+    for path in sorted(tmp_path.glob("src/**/*.*")):
+        storage.write(path.relative_to(tmp_path / "src").as_posix(), path.read_bytes())
+    storage.close()
+    pack(tmp_path / "src", tmp_path / "local", shard_size="8KB", workers=1)
+    for workers in (1, 2):  # the worker processes read the files from S3 themselves
+        dest = tmp_path / f"from-s3-{workers}"
+        pack(f"{base}/source-folder/", dest, shard_size="8KB", workers=workers, storage_options=options)
+        assert local(dest) == local(tmp_path / "local")
+
+
 def test_interrupted_writer_on_s3_then_rerun(s3):
     base, options = s3
     url = f"{base}/generated"

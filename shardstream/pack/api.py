@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
+from functools import partial
 from typing import Any, Protocol
 
 from shardstream.errors import PackError, UsageError
@@ -11,7 +12,7 @@ from shardstream.manifest import Manifest
 from shardstream.pack.dest import DatasetTarget
 from shardstream.pack.durable import ShardSync
 from shardstream.pack.options import PackOptions, Part
-from shardstream.pack.parallel import JobContext, ShardJob, Ticker, cut_shards, default_workers, run_jobs
+from shardstream.pack.parallel import JobContext, ShardJob, ShardPlan, default_workers, run_jobs
 from shardstream.pack.sources import Source, open_source
 from shardstream.pack.sources.base import Entry, is_local
 from shardstream.storage import Storage
@@ -81,12 +82,11 @@ def pack(
         start, stop, total = _slice(src, options.part, want_total=_shows(progress))
         if progress is not None:
             progress.set_total(total)
-        ticker = Ticker()
-        jobs = _jobs(cut_shards(src, options, start, stop, tick=ticker), options, target)
-        context = JobContext(storage, src, options.format, options.compression)
+        plan = ShardPlan(src, options, partial(_job, options, target), start, stop)
+        context = JobContext(storage, src, options)
         if storage.url.startswith("memory://"):
             workers = 1  # a memory:// file system lives in one process: other processes cannot write it
-        results = run_jobs(jobs, context, workers or default_workers(), sync, progress, ticker)
+        results = run_jobs(plan, context, workers or default_workers(), sync, progress)
         if not results and options.part is None:
             raise PackError("the source holds no samples", url=src.url)
         target.prepare_once()
@@ -123,10 +123,9 @@ def _slice(source: Source, part: Part | None, *, want_total: bool) -> tuple[int,
     return start, stop, stop - start
 
 
-def _jobs(cuts: Iterator[list[Entry]], options: PackOptions, target: DatasetTarget) -> Iterator[ShardJob]:
+def _job(options: PackOptions, target: DatasetTarget, number: int, entries: list[Entry]) -> ShardJob:
     # The destination is touched (an old manifest deleted with overwrite) only once the
     # first shard is cut: an empty or unreadable source changes nothing.
-    for number, entries in enumerate(cuts):
-        target.prepare_once()
-        name = options.shard_name(number)
-        yield ShardJob(number, name, entries, target.expected(name))
+    target.prepare_once()
+    name = options.shard_name(number)
+    return ShardJob(number, name, entries, target.expected(name))

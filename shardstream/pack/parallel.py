@@ -1,31 +1,45 @@
-"""Cut a source into shards in the parent process; write the shards there and in worker processes.
+"""Cut a source into shards in the parent process; size and write them in any process.
 
 # NOTE [ Deterministic parallel pack ]
 # The bytes of a dataset must not depend on ``workers``. They depend only on the sample
-# order and on where shards are cut, so the parent process does both: it scans the
-# source in order, sizes every sample (``Source.size``: the folder source sizes files
-# from the listing without reading them) and cuts shards by NOTE [ Shard boundaries ]
-# in ``writer``. Each cut becomes a ``ShardJob`` (its number and entries), and a worker
-# writes the whole shard, loading lazy entries itself, so file contents never cross a
+# order and on where shards are cut, so the parent process cuts every shard: it takes
+# the samples in source order with their sizes (``Source.size``: the folder source sizes
+# files from their ``stat`` without reading them) and cuts by NOTE [ Shard boundaries ]
+# in ``writer``. Each cut becomes a ``ShardJob`` (its number and entries), and the
+# process that writes it loads lazy entries itself, so file contents never cross a
 # pipe. Results come back in any order and are put back in shard order for the
-# manifest. With one worker the same jobs run in this process.
+# manifest. With one worker every step runs in this process, in the same order.
 
-# NOTE [ This process writes shards too ]
-# ``workers=N`` is N processes writing shards: N - 1 worker processes and this one,
-# which also plans them. A worker gets one shard at a time. This process keeps one shard
-# planned ahead for each worker and hands it over as soon as the worker is free (it
-# looks every few dozen samples, while it plans and while it writes); with one more
-# planned than that, it writes the largest planned shard itself. So the planner never
-# competes with N busy workers for N cores, a worker rarely waits for a plan, and at
-# the end no process waits on a queue of shards another one could have taken: the last
-# shards end within about one shard's time of each other. An inline source (JSON
-# Lines, CSV, ...) is read and parsed here, which is work enough: its shards all go to
-# N worker processes, and a planned shard is handed out before the next one is read
-# (the source may be a pipe that waits for its writer).
+# NOTE [ Every process plans and writes ]
+# ``workers=N`` is N processes: N - 1 worker processes and this one. An inline source
+# (JSON Lines, CSV, ...) is read and parsed here, which is work enough: its shards all
+# go to the N - 1 workers, and a planned shard is handed out before the next one is
+# read (the source may be a pipe that waits for its writer). A lazy source (a folder of
+# files) lists its samples in chunks without sizing them (``Source.chunks``, names
+# only), and sizing a chunk (``Source.expand``: a ``stat`` per file) is most of the
+# time a plan takes, so it is a task any process does, like writing a shard. Every
+# process, this one included, takes a planned shard to write if there is one and
+# otherwise sizes the next chunk; this process puts the sized chunks back in order and
+# cuts them (its chunks and shards are its own work, the workers' are handed out
+# whenever they are free). So no process waits on a serial planner: while one writes a
+# shard, another sizes the next, and at the end the last shards end within about one
+# shard's time of each other. Sized chunks are cut in walk order, and an error found
+# while sizing is raised only when the cut reaches it, so the same input fails with the
+# same error however many workers there are.
+
+# NOTE [ Garbage collection during a pack ]
+# A pack makes millions of small objects (entries: tuples and strings) that live until
+# their shard is written. CPython's cyclic collector runs every 700 allocations, and its
+# full collections rescan every object still alive: about 5% of the time of a pack of
+# small files. None of these objects is part of a cycle, so every process of a pack
+# turns automatic collection off while it runs and collects the young generations after
+# each shard instead: the rare cycles (an exception's frames, the asyncio objects of an
+# S3 upload) are still freed, and the planned entries are not rescanned.
 """
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import pickle
@@ -35,11 +49,11 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from shardstream.errors import PackError, ShardstreamError
-from shardstream.formats import get_format
 from shardstream.manifest import ShardInfo
 from shardstream.pack.durable import ShardSync
 from shardstream.pack.options import PackOptions
@@ -49,7 +63,7 @@ from shardstream.pack.sources.base import Entry, Source, tar_ready
 from shardstream.pack.writer import oversize_error
 from shardstream.storage import Storage
 
-__all__ = ["JobContext", "ShardJob", "Ticker", "cut_shards", "default_workers", "run_jobs"]
+__all__ = ["JobContext", "ShardJob", "ShardPlan", "default_workers", "run_jobs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,31 +76,40 @@ class ShardJob:
     expected: ShardInfo | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # Sent to a worker as columns (keys, samples, ...), not one Entry object each:
-        # pickling a shard's entries takes ~10x less time (about 0.05 s per 100k). Entries
-        # that only say where a sample is (lazy sources) are also compressed, ~10x (about
-        # 1 ms per 15k): the bytes go through a pipe 64 KiB at a time, each write waiting
-        # for this process's busy thread to let the pool's feeder thread run.
-        columns: Any = tuple(zip(*self.entries, strict=True))
-        if columns and all(sample is None for sample in columns[1]):
-            columns = zlib.compress(pickle.dumps(columns, protocol=pickle.HIGHEST_PROTOCOL), 1)
-        return (_rebuild_job, (self.number, self.name, columns, self.expected))
+        return (_rebuild_job, (self.number, self.name, _pack_entries(self.entries), self.expected))
 
 
 def _rebuild_job(number: int, name: str, columns: Any, expected: ShardInfo | None) -> ShardJob:
+    return ShardJob(number, name, _unpack_entries(columns), expected)
+
+
+def _pack_entries(entries: list[Entry]) -> Any:
+    """``entries`` as columns (keys, samples, ...), not one Entry object each.
+
+    Pickling a shard's entries this way takes ~10x less time (about 0.05 s per 100k).
+    Entries that only say where a sample is (lazy sources) are also compressed, ~10x
+    (about 1 ms per 15k): the bytes go through a pipe 64 KiB at a time, each write
+    waiting for this process's busy thread to let the pool's feeder thread run.
+    """
+    columns: Any = tuple(zip(*entries, strict=True))
+    if columns and all(sample is None for sample in columns[1]):
+        columns = zlib.compress(pickle.dumps(columns, protocol=pickle.HIGHEST_PROTOCOL), 1)
+    return columns
+
+
+def _unpack_entries(columns: Any) -> list[Entry]:
     if isinstance(columns, bytes):
         columns = pickle.loads(zlib.decompress(columns))
-    return ShardJob(number, name, list(map(Entry._make, zip(*columns, strict=True))), expected)
+    return list(map(Entry._make, zip(*columns, strict=True)))
 
 
 @dataclass(frozen=True, slots=True)
 class JobContext:
-    """What every shard job needs besides its entries (pickled once per worker)."""
+    """What every task needs besides its entries or chunk (pickled once per worker)."""
 
     storage: Storage
     source: Source
-    format: str
-    compression: str | None
+    options: PackOptions
 
 
 def default_workers() -> int:
@@ -97,57 +120,127 @@ def default_workers() -> int:
         return os.cpu_count() or 1
 
 
-class Ticker:
-    """A hook that planning calls every few hundred samples (``hook`` is set by the writers)."""
+class EntrySizer:
+    """The bytes each entry adds to a shard (0 if only ``samples_per_shard`` cuts)."""
 
-    __slots__ = ("hook",)
+    def __init__(self, source: Source, options: PackOptions) -> None:
+        self.source = source
+        self.fmt = options.fmt
+        self.sized = options.shard_size is not None
+        self.measure = sample_sizer(self.fmt)
+        self.adapt = self.fmt.name == "tar" and not source.lazy
 
-    def __init__(self) -> None:
-        self.hook: Callable[[], None] | None = None
-
-    def __call__(self) -> None:
-        if self.hook is not None:
-            self.hook()
-
-
-_PLAN_TICK = 256  # samples planned between ticks
-
-
-def cut_shards(
-    source: Source,
-    options: PackOptions,
-    start: int = 0,
-    stop: int | None = None,
-    tick: Callable[[], None] | None = None,
-) -> Iterator[list[Entry]]:
-    """The entries of each shard, in order (NOTE [ Shard boundaries ] in ``writer``)."""
-    fmt = options.fmt
-    budget, max_samples = options.limits()
-    sized = options.shard_size is not None
-    adapt = fmt.name == "tar" and not source.lazy
-    measure = sample_sizer(fmt)
-    entries: list[Entry] = []
-    nbytes = 0
-    for entry in source.scan(start, stop):
-        if adapt and entry.sample is not None:
+    def __call__(self, entry: Entry) -> tuple[Entry, int]:
+        """``entry`` (an inline sample made ready for tar) and its size; errors name its file."""
+        if self.adapt and entry.sample is not None:
             entry = entry._replace(sample=tar_ready(entry.sample, entry.url, entry.line))
-        size = 0
-        if sized:
-            try:
-                size = measure(entry.sample) if entry.sample is not None else source.size(entry, fmt)
-            except ShardstreamError as error:
-                raise _at_entry(error, entry, source) from None
+        if not self.sized:
+            return entry, 0
+        try:
+            sample = entry.sample
+            return entry, self.measure(sample) if sample is not None else self.source.size(entry, self.fmt)
+        except ShardstreamError as error:
+            raise _at_entry(error, entry, self.source) from None
+
+
+class ShardPlan:
+    """Where the shards of a pack are cut (NOTE [ Shard boundaries ] in ``writer``).
+
+    Takes the samples ``[start, stop)`` of the source, in order and sized, and gives the
+    job of each shard they complete (``make_job(number, entries)`` names it).
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        options: PackOptions,
+        make_job: Callable[[int, list[Entry]], ShardJob],
+        start: int = 0,
+        stop: int | None = None,
+    ) -> None:
+        self.source = source
+        self.options = options
+        self.make_job = make_job
+        self.start = start
+        self.stop = stop
+        self.budget, self.max_samples = options.limits()
+        self.seen = 0  # samples of the source taken so far, in or before the slice
+        self.shards = 0
+        self.entries: list[Entry] = []
+        self.nbytes = 0
+
+    @property
+    def full(self) -> bool:
+        """Whether every sample of the slice has been taken."""
+        return self.stop is not None and self.seen >= self.stop
+
+    def scan(self) -> Iterator[ShardJob]:
+        """Every shard's job, the samples read and sized here (an inline source)."""
+        size = EntrySizer(self.source, self.options)
+        self.seen = self.start
+        for entry in self.source.scan(self.start, self.stop):
+            entry, nbytes = size(entry)
+            yield from self.take([entry], [nbytes])
+        yield from self.finish()
+
+    def take(self, entries: list[Entry], sizes: list[int | ShardstreamError]) -> list[ShardJob]:
+        """The jobs of the shards completed by the next ``entries`` of the source, sized."""
+        first = self.seen
+        self.seen += len(entries)
+        lo = max(self.start - first, 0)
+        hi = len(entries) if self.stop is None else max(min(self.stop - first, len(entries)), 0)
+        budget, most = self.budget, self.max_samples
+        shard, nbytes = self.entries, self.nbytes
+        jobs = []
+        for i in range(lo, hi):
+            size = sizes[i]
+            if isinstance(size, ShardstreamError):
+                raise size  # found while sizing (it names the sample's file)
             if size > budget:
-                raise _at_entry(oversize_error(entry.key, size, options, budget), entry, source)
-        if entries and (len(entries) >= max_samples or nbytes + size > budget):
-            yield entries
-            entries, nbytes = [], 0
-        entries.append(entry)
-        nbytes += size
-        if tick is not None and len(entries) % _PLAN_TICK == 0:
-            tick()
-    if entries:
-        yield entries
+                raise _at_entry(
+                    oversize_error(entries[i].key, size, self.options, budget), entries[i], self.source
+                )
+            if shard and (len(shard) >= most or nbytes + size > budget):
+                jobs.append(self._job(shard))
+                shard, nbytes = [], 0
+            shard.append(entries[i])
+            nbytes += size
+        self.entries, self.nbytes = shard, nbytes
+        return jobs
+
+    def finish(self) -> list[ShardJob]:
+        """The job of the last shard, once every sample has been taken."""
+        entries, self.entries = self.entries, []
+        return [self._job(entries)] if entries else []
+
+    def _job(self, entries: list[Entry]) -> ShardJob:
+        self.shards += 1
+        return self.make_job(self.shards - 1, entries)
+
+
+class Sized(NamedTuple):
+    """Entries of a lazy source, and their sizes (or the errors sizing them gave)."""
+
+    entries: Any  # list[Entry]; packed (``_pack_entries``) on the way back from a worker
+    sizes: list[int | ShardstreamError]
+
+
+def size_chunk(chunk: tuple[Any, ...], size: EntrySizer) -> list[Sized | tuple[Any, ...]]:
+    """A lazy source's chunk expanded: its entries sized (an error in place of a size, raised
+    if the sample is packed: ``ShardPlan.take``), and the chunks found in it. Any process."""
+    parts: list[Sized | tuple[Any, ...]] = []
+    for part in size.source.expand(chunk):
+        if not isinstance(part, list):
+            parts.append(part)
+            continue
+        sizes: list[int | ShardstreamError] = []
+        for entry in part:
+            try:
+                sizes.append(size(entry)[1])
+            except ShardstreamError as error:
+                sizes.append(error)
+        parts.append(Sized(part, sizes))
+    return parts
 
 
 def _at_entry(error: ShardstreamError, entry: Entry, source: Source) -> PackError:
@@ -180,16 +273,16 @@ def write_job(
     """Write one shard, loading its entries (in a worker, or in the parent).
 
     ``on_stored`` is as in ``ShardOutput``; ``feed`` is called every few dozen samples
-    (NOTE [ This process writes shards too ]).
+    (NOTE [ Every process plans and writes ]).
     """
-    fmt = get_format(context.format)
+    options = context.options
     source = context.source
     load = source.load if source.lazy else None
     output = ShardOutput(
         context.storage,
-        fmt,
+        options.fmt,
         job.name,
-        compression=context.compression,
+        compression=options.compression,
         expected=job.expected,
         on_stored=on_stored,
     )
@@ -216,15 +309,37 @@ def write_job(
     return result
 
 
-_WORKER: dict[str, JobContext] = {}
+_WORKER: dict[str, Any] = {}
 
 
 def _init_worker(context: JobContext) -> None:
+    gc.disable()  # NOTE [ Garbage collection during a pack ]
     _WORKER["context"] = context
+    _WORKER["size"] = EntrySizer(context.source, context.options)
 
 
 def _work(job: ShardJob) -> ShardResult:
-    return write_job(job, _WORKER["context"], on_stored=_synced_by_parent)
+    try:
+        return write_job(job, _WORKER["context"], on_stored=_synced_by_parent)
+    finally:
+        gc.collect(1)
+
+
+@contextmanager
+def _collect_per_shard() -> Iterator[None]:
+    """No automatic garbage collection in this process while the block runs (see the NOTE)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _size(chunk: tuple[Any, ...]) -> list[Sized | tuple[Any, ...]]:
+    parts = size_chunk(chunk, _WORKER["size"])
+    return [Sized(_pack_entries(p.entries), p.sizes) if isinstance(p, Sized) else p for p in parts]
 
 
 def _synced_by_parent(path: str) -> None:
@@ -244,42 +359,65 @@ def _mp_context() -> Any:
 
 
 def run_jobs(
-    jobs: Iterator[ShardJob],
+    plan: ShardPlan,
     context: JobContext,
     workers: int,
     sync: ShardSync,
     progress: Progress | None = None,
-    ticker: Ticker | None = None,
 ) -> list[ShardResult]:
-    """Write every job's shard; results in shard order. One worker: all in this process.
+    """Write every shard of ``plan``; results in shard order. One worker: all in this process.
 
     Local shards are fsynced by ``sync`` as they are done (NOTE [ Durable before the manifest ]).
-    ``ticker`` is the one planning calls (``cut_shards(tick=...)``): free workers get the
-    shards already planned while the next one is.
     """
-    if workers <= 1:
-        return [write_job(job, context, progress, on_stored=sync.add) for job in jobs]
+    with _collect_per_shard():
+        return _run_jobs(plan, context, workers, sync, progress)
+
+
+def _run_jobs(
+    plan: ShardPlan, context: JobContext, workers: int, sync: ShardSync, progress: Progress | None
+) -> list[ShardResult]:
+    lazy = context.source.lazy
+    if workers <= 1 and not lazy:
+        results = []
+        for job in plan.scan():
+            results.append(write_job(job, context, progress, on_stored=sync.add))
+            gc.collect(1)
+        return results
     # The workers start (fork) while the first shard is planned, not after it: a
     # planned shard waiting for a worker is a core idle.
-    pool = _Pool(context, workers if not context.source.lazy else workers - 1, sync, progress)
+    pool = _Pool(context, workers - 1 if lazy else workers, sync, progress)
     try:
-        if context.source.lazy:
-            if ticker is not None:
-                ticker.hook = pool.hand_ready
-            pool.share(jobs)
+        if lazy:
+            pool.share(plan)
         else:
-            pool.hand_out(jobs)
+            pool.hand_out(plan.scan())
     except BrokenProcessPool:
         raise PackError("a pack worker process died (out of memory, or killed)") from None
     finally:
-        if ticker is not None:
-            ticker.hook = None
         pool.close()
     return [pool.done[number] for number in sorted(pool.done)]
 
 
+class _Chunk:
+    """A chunk of a lazy source, in walk order: being sized by a worker (``future``), or
+    sized and waiting for the cut (``sized``: its entries, or the error sizing gave)."""
+
+    __slots__ = ("chunk", "future", "sized")
+
+    def __init__(self, chunk: tuple[Any, ...], sized: Sized | BaseException | None = None) -> None:
+        self.chunk = chunk
+        self.future: Future[list[Sized | tuple[Any, ...]]] | None = None
+        self.sized = sized
+
+
+_AHEAD = 2  # chunks waiting in a worker's queue, so it never waits for this process to look
+
+
 class _Pool:
-    """Worker processes writing shards, and the results they gave, by shard number."""
+    """Worker processes writing shards and sizing chunks, and the shards written, by number.
+
+    With no worker process (``children=0``) every task runs here, in order.
+    """
 
     def __init__(
         self, context: JobContext, children: int, sync: ShardSync, progress: Progress | None
@@ -289,23 +427,41 @@ class _Pool:
         self.sync = sync
         self.progress = progress
         self.done: dict[int, ShardResult] = {}
-        self.busy: dict[Future[ShardResult], int] = {}
+        self.writing: dict[Future[ShardResult], int] = {}  # shard number, by future
+        self.sizing: dict[Future[Any], _Chunk] = {}
         self.ready: deque[ShardJob] = deque()  # planned shards no process has taken yet
-        self.jobs: Iterator[ShardJob] = iter(())
-        self.exhausted = False
-        self.pool = ProcessPoolExecutor(
-            children, mp_context=_mp_context(), initializer=_init_worker, initargs=(context,)
-        )
-        self.pool.submit(os.getpid)  # with fork, every worker starts at the first submit
+        self.chunks: list[_Chunk] = []  # the walk from the next sample to cut on, in order
+        self.walk: Iterator[Any] = iter(())
+        self.walked = False  # every chunk taken from the source (or the slice is full)
+        self.cut_all = False  # and every shard planned
+        self.plan: ShardPlan | None = None
+        self.size = EntrySizer(context.source, context.options)
+        self.pool: ProcessPoolExecutor | None = None
+        if children:
+            self.pool = ProcessPoolExecutor(
+                children, mp_context=_mp_context(), initializer=_init_worker, initargs=(context,)
+            )
+            self.pool.submit(os.getpid)  # with fork, every worker starts at the first submit
 
     def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
 
     def collect(self, block: bool = False) -> None:
-        busy = self.busy
+        """Take the results of finished tasks (waiting for one if ``block``)."""
+        busy = [*self.writing, *self.sizing]
         finished = wait(busy, return_when=FIRST_COMPLETED)[0] if block else [f for f in busy if f.done()]
-        for future in sorted(finished, key=busy.__getitem__):
-            result = self.done[busy.pop(future)] = future.result()
+        for future in sorted(finished, key=lambda f: self.writing.get(f, -1)):
+            if future in self.sizing:
+                chunk = self.sizing.pop(future)
+                error = future.exception()
+                if error is None:
+                    self.expanded(chunk, future.result(), packed=True)
+                else:
+                    chunk.sized = error  # raised when the cut reaches it, as in one process
+                continue
+            result = self.done[self.writing.pop(future)] = future.result()
+            gc.collect(1)
             self.sync.add(result.info.path)
             self.sync.add(result.info.index)
             if self.progress is not None:
@@ -313,53 +469,94 @@ class _Pool:
 
     def hand_out(self, jobs: Iterator[ShardJob]) -> None:
         """Worker processes write every shard; this one only plans (an inline source reads here)."""
+        assert self.pool is not None
         for job in jobs:
             # Bounded: at most two shards per worker planned ahead of the writers.
-            while len(self.busy) >= 2 * self.children:
+            while len(self.writing) >= 2 * self.children:
                 self.collect(block=True)
-            self.busy[self.pool.submit(_work, job)] = job.number
+            self.writing[self.pool.submit(_work, job)] = job.number
             self.collect()
-        while self.busy:
+        while self.writing:
             self.collect(block=True)
 
-    def share(self, jobs: Iterator[ShardJob]) -> None:
-        """Worker processes and this one write the shards (NOTE [ This process writes shards too ])."""
-        self.jobs = jobs
-        ready = self.ready
+    def share(self, plan: ShardPlan) -> None:
+        """Every process sizes chunks and writes shards (NOTE [ Every process plans and writes ])."""
+        self.plan = plan
+        self.walk = plan.source.chunks()
         while True:
             self.feed()
-            if len(ready) <= self.children and not self.exhausted:
-                self.plan()
-                continue
-            if not ready:
+            if self.ready:  # the largest planned shard (the last one is often a small one)
+                job = max(reversed(self.ready), key=lambda job: len(job.entries))
+                self.ready.remove(job)
+                self.done[job.number] = write_job(
+                    job, self.context, self.progress, on_stored=self.sync.add, feed=self.feed
+                )
+                gc.collect(1)
+            elif (chunk := self.unsized()) is not None:
+                self.expanded(chunk, size_chunk(chunk.chunk, self.size))
+            elif self.writing or self.sizing:
+                self.collect(block=True)
+            elif self.cut_all:
                 break
-            # Every worker busy and a shard planned for each, or nothing left to plan: this
-            # process writes the largest planned shard (the last one is often a small one).
-            job = max(reversed(ready), key=lambda job: len(job.entries))
-            ready.remove(job)
-            self.done[job.number] = write_job(
-                job, self.context, self.progress, on_stored=self.sync.add, feed=self.feed
-            )
-        while self.busy:
-            self.collect(block=True)
-
-    def plan(self) -> None:
-        job = next(self.jobs, None)
-        if job is None:
-            self.exhausted = True
-        else:
-            self.ready.append(job)
 
     def feed(self) -> None:
-        """Give each free worker a planned shard; keep one planned ahead for each worker."""
-        self.hand_ready()
-        while len(self.ready) < self.children and not self.exhausted:
-            self.plan()
-            self.hand_ready()
-
-    def hand_ready(self) -> None:
-        """Give each free worker a shard already planned (called while the next one is planned too)."""
+        """Collect results, cut what is sized in order, and give free workers a task."""
         self.collect()
-        while self.ready and len(self.busy) < self.children:
+        self.cut()
+        if self.pool is None:
+            return
+        while self.ready and len(self.writing) < self.children:
             job = self.ready.popleft()
-            self.busy[self.pool.submit(_work, job)] = job.number
+            self.writing[self.pool.submit(_work, job)] = job.number
+        free = self.children - len(self.writing)
+        while len(self.sizing) < _AHEAD * free and (chunk := self.unsized()) is not None:
+            chunk.future = self.pool.submit(_size, chunk.chunk)
+            self.sizing[chunk.future] = chunk
+
+    def expanded(self, chunk: _Chunk, parts: list[Sized | tuple[Any, ...]], packed: bool = False) -> None:
+        """Put what ``chunk`` held in its place in the walk: sized entries, and chunks found in it."""
+        found = []
+        for part in parts:
+            if not isinstance(part, Sized):
+                found.append(_Chunk(part))
+            else:
+                found.append(_Chunk((), Sized(_unpack_entries(part.entries), part.sizes) if packed else part))
+        for i, other in enumerate(self.chunks):
+            if other is chunk:
+                self.chunks[i : i + 1] = found
+                return
+
+    def cut(self) -> None:
+        """Cut the entries sized so far, in walk order, into planned shards."""
+        plan = self.plan
+        assert plan is not None
+        chunks = self.chunks
+        taken = 0
+        while taken < len(chunks) and (sized := chunks[taken].sized) is not None:
+            taken += 1
+            if isinstance(sized, BaseException):
+                raise sized
+            self.ready += plan.take(sized.entries, sized.sizes)
+            if plan.full:
+                self.walked = True
+                taken = len(chunks)
+        del chunks[:taken]
+        if not chunks and self.walked and not self.cut_all:
+            self.ready += plan.finish()
+            self.cut_all = True
+
+    def unsized(self) -> _Chunk | None:
+        """The first chunk no process is sizing, near the cut, taken from the source if need be."""
+        near = _AHEAD * (self.children + 1) + 2
+        for chunk in self.chunks[:near]:
+            if chunk.future is None and chunk.sized is None:
+                return chunk
+        if self.walked or len(self.chunks) >= near:
+            return None
+        data = next(self.walk, None)
+        if data is None:
+            self.walked = True  # the next cut() gives the last shard
+            return None
+        chunk = _Chunk(data)
+        self.chunks.append(chunk)
+        return chunk

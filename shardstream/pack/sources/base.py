@@ -6,7 +6,8 @@ of :class:`Entry` in a deterministic order. An entry carries its sample itself
 to load it later (``lazy`` sources: the folder source plans shards from file sizes and
 lets workers read the files). Either way the parent process knows every sample's size
 in the shard before any shard is written; see NOTE [ Deterministic parallel pack ] in
-``shardstream.pack.parallel``.
+``shardstream.pack.parallel``. A lazy source is listed in chunks that any process
+expands into entries (NOTE [ Every process plans and writes ] there).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ __all__ = [
     "sample_key",
     "source_files",
     "tar_ready",
+    "walk",
 ]
 
 # What fsspec decompresses on the fly (``compression="infer"``).
@@ -59,8 +61,8 @@ class Source(ABC):
     """A registered kind of input to ``shardstream pack``.
 
     Subclasses set ``name`` and implement ``detect`` and ``scan``; lazy ones also
-    ``size`` and ``load``. A source pickles as its configuration: worker processes
-    rebuild their own file handles.
+    ``chunks``, ``expand``, ``size`` and ``load``. A source pickles as its
+    configuration: worker processes rebuild their own file handles.
     """
 
     name: ClassVar[str]
@@ -83,6 +85,15 @@ class Source(ABC):
     @abstractmethod
     def scan(self, start: int = 0, stop: int | None = None) -> Iterator[Entry]:
         """Entries ``[start, stop)`` in source order; ``PackError`` names file and line."""
+
+    def chunks(self) -> Iterator[tuple[Any, ...]]:
+        """A lazy source in order, as picklable chunks (tuples) for ``expand``; cheap to list."""
+        raise NotImplementedError(f"source {self.name!r} is lazy: it needs chunks() and expand()")
+
+    def expand(self, chunk: tuple[Any, ...]) -> list[list[Entry] | tuple[Any, ...]]:
+        """What ``chunk`` holds, in order: lists of entries, and chunks found in it (a
+        folder's subfolders) that are expanded in turn, in place. Runs in any process."""
+        raise NotImplementedError(f"source {self.name!r} is lazy: it needs chunks() and expand()")
 
     def count(self) -> int:
         """The exact number of samples (``--part`` needs it); may read the whole source."""
@@ -107,6 +118,19 @@ class Source(ABC):
         if entry.sample is None:
             raise PackError(f"source {self.name!r} gave no sample for {entry.key!r}", url=entry.url)
         return entry.sample
+
+
+def walk(source: Source) -> Iterator[Entry]:
+    """Every entry of a lazy source, in order: its chunks expanded here, one after another."""
+    stack: list[Iterator[list[Entry] | tuple[Any, ...]]] = [iter(source.chunks())]
+    while stack:
+        part = next(stack[-1], None)
+        if part is None:
+            stack.pop()
+        elif isinstance(part, list):
+            yield from part
+        else:
+            stack.append(iter(source.expand(part)))
 
 
 def is_local(url: str) -> bool:

@@ -6,17 +6,19 @@ the first dot of the file's base name. Files and folders whose name starts with 
 are skipped.
 
 Samples come in walk order: in each folder its files, sorted by name, then each of its
-subfolders, sorted by name, in turn. That order is known while walking, so the pack
-cuts and writes the first shards while the rest of the folder is still being listed;
-the files themselves are read by whichever process writes their shard.
+subfolders, sorted by name, in turn. The walk is done in chunks that any process of a
+pack expands (NOTE [ Every process plans and writes ] in ``shardstream.pack.parallel``):
+a chunk of folders is listed, about two thousand of their files are sized (a ``stat``
+each: most of the time a plan takes), and the rest of their files and their subfolders
+become further chunks, in walk order. A sample's files are never split between chunks.
+The files themselves are read by whichever process writes their shard.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
-from operator import attrgetter
 from typing import Any
 
 import fsspec
@@ -24,7 +26,7 @@ import fsspec
 from shardstream.errors import PackError
 from shardstream.formats.base import Sample, ShardFormat
 from shardstream.pack.sizing import file_sample_sizer
-from shardstream.pack.sources.base import Entry, Source, is_local, list_files
+from shardstream.pack.sources.base import Entry, Source, is_local, list_files, walk
 
 __all__ = ["FolderSource"]
 
@@ -32,8 +34,15 @@ __all__ = ["FolderSource"]
 _MAX_FILE = 8 * 2**30 - 1
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
-_SCANDIR_FD = os.scandir in os.supports_fd  # Unix: entries stat'ed relative to the folder
-_by_name = attrgetter("name")
+_STAT_DIR_FD = os.stat in os.supports_dir_fd  # Unix: a file stat'ed relative to its folder
+_CHUNK_FILES = 2048  # files sized by one task (about 10 ms of stat calls)
+_CHUNK_FOLDERS = 8  # folders listed by one task
+
+# Chunks of the walk are ("files", pieces) or ("folders", ((folder, key prefix), ...)).
+# A piece is a folder (a local path, or the remote folder's URL), the key prefix of its
+# files, their names relative to it, and their sizes if the listing gave them.
+Piece = tuple[str, str, tuple[str, ...], tuple[int, ...] | None]
+Chunk = tuple[str, tuple[Any, ...]]
 
 
 class FolderSource(Source):
@@ -53,7 +62,7 @@ class FolderSource(Source):
         self._sizer: Callable[[str, Any], int] | None = None
         self._sizer_format = ""
         self._local = is_local(url)
-        self._base = _local_root(url) if self._local else ""  # remote: set by the listing
+        self._base = _local_root(url) if self._local else _remote_root(url, self.storage_options)
 
     def __getstate__(self) -> dict[str, Any]:  # workers need the configuration only
         return {"url": self.url, "storage_options": self.storage_options, "base": self._base}
@@ -67,12 +76,51 @@ class FolderSource(Source):
         return is_dir
 
     def scan(self, start: int = 0, stop: int | None = None) -> Iterator[Entry]:
+        return islice(walk(self), start, stop)
+
+    def chunks(self) -> Iterator[Chunk]:
         if self._local:
-            entries = _local_entries(self._base, self._base, "", self.url)
-        else:
-            self._base, files = _remote_files(self.url, self.storage_options)
-            entries = _group(self.url, self._base + "/", files)
-        return islice(entries, start, stop)
+            return iter([("folders", ((self._base, ""),))])
+        names, sizes = _remote_files(self.url, self.storage_options)
+        return (("files", (piece,)) for piece in _split(self._base, "", names, sizes))
+
+    def expand(self, chunk: Chunk) -> list[list[Entry] | Chunk]:
+        kind, items = chunk
+        if kind == "files":
+            return [self._entries(items)]
+        parts: list[list[Entry] | Chunk] = []
+        here: list[Piece] = []  # the files this task sizes, up to _CHUNK_FILES of them
+        room = _CHUNK_FILES
+        for folder, prefix in items:
+            names, subfolders = _list_local(folder)
+            for piece in _split(folder, prefix, names, None, first=room):
+                if room > 0:
+                    here.append(piece)
+                    room -= len(piece[2])
+                    continue
+                if here:
+                    parts.append(self._entries(here))
+                    here = []
+                parts.append(("files", (piece,)))
+            if subfolders:
+                if here:
+                    parts.append(self._entries(here))
+                    here = []
+                inside = [(f"{folder}/{name}", f"{prefix}{name}/") for name in subfolders]
+                parts += [
+                    ("folders", tuple(inside[i : i + _CHUNK_FOLDERS]))
+                    for i in range(0, len(inside), _CHUNK_FOLDERS)
+                ]
+        if here:
+            parts.append(self._entries(here))
+        return parts
+
+    def _entries(self, pieces: Iterable[Piece]) -> list[Entry]:
+        entries: list[Entry] = []
+        for folder, prefix, names, listed in pieces:
+            sizes = listed if listed is not None else _stat_sizes(folder, names)
+            entries += _group(self.url, f"{folder}/", zip(names, sizes, strict=True), prefix)
+        return entries
 
     def estimate(self) -> int | None:
         """Samples in a local folder, counted from names alone (no file is opened or stat'ed)."""
@@ -113,58 +161,102 @@ def _local_root(url: str) -> str:
     return os.path.abspath(os.path.expanduser(fsspec.core.strip_protocol(url)))
 
 
-def _remote_files(url: str, storage_options: Mapping[str, Any]) -> tuple[str, list[tuple[str, int]]]:
-    """The folder's URL as the listing spells it, and (relative path, size) in walk order."""
-    found = list(list_files(url, storage_options))
-    base = url.rstrip("/")
-    if found:
-        rel, path, _ = found[0]
-        base = path[: -len(rel) - 1]
+def _remote_root(url: str, storage_options: Mapping[str, Any]) -> str:
+    """The folder's URL as ``list_files`` spells the paths under it (``protocol://root``)."""
+    protocol = url.split("://", 1)[0]
+    root = fsspec.core.url_to_fs(url, **storage_options)[1].rstrip("/")
+    return f"{protocol}://{root}"
+
+
+def _remote_files(url: str, storage_options: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """Paths relative to the folder, in walk order, and their sizes (the listing gives them)."""
+    found = [(rel, size) for rel, _, size in list_files(url, storage_options)]
     # A remote folder is listed whole, then put in the same order as a local walk.
     found.sort(key=lambda f: (tuple(f[0].split("/")[:-1]), f[0].rsplit("/", 1)[-1]))
-    return base, [(rel, size) for rel, _, size in found]
+    return tuple(rel for rel, _ in found), tuple(size for _, size in found)
 
 
-def _local_entries(root: str, directory: str, prefix: str, url: str) -> Iterator[Entry]:
-    """The entries of a local folder's files, in name order, then those of each subfolder."""
-    files, folders = _list_local(directory)
-    yield from _group(url, f"{root}/{prefix}", files, prefix)
-    for name in folders:
-        yield from _local_entries(root, f"{directory}/{name}", f"{prefix}{name}/", url)
+def _list_local(folder: str) -> tuple[tuple[str, ...], list[str]]:
+    """The names of a folder's files and of its subfolders, sorted, dot-names skipped.
 
-
-def _list_local(directory: str) -> tuple[list[tuple[str, int]], list[str]]:
-    """(name, size) of a folder's files and the names of its subfolders, sorted, dot-names skipped.
-
-    The folder is listed through a file descriptor, so each file's stat resolves one name
-    (``fstatat``), not the whole path again: about 15% less time per file.
+    Only the listing is read: the kind of each entry comes with its name, so no file is
+    stat'ed here but symbolic links (to tell a link to a file from a broken one).
     """
+    files = []
+    folders = []
     try:
-        fd = os.open(directory, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
+        with os.scandir(folder) as it:
+            for item in it:
+                name = item.name
+                if name[0] == ".":
+                    continue
+                try:
+                    if item.is_file():
+                        files.append(name)
+                    elif item.is_dir(follow_symlinks=False):
+                        folders.append(name)
+                    elif item.is_symlink():
+                        raise PackError("cannot read file: broken symbolic link", url=f"{folder}/{name}")
+                except OSError as error:
+                    raise PackError(f"cannot read file: {error.strerror}", url=f"{folder}/{name}") from None
     except OSError as error:
-        raise PackError(f"cannot list folder: {error.strerror}", url=directory) from None
+        raise PackError(f"cannot list folder: {error.strerror}", url=folder) from None
+    files.sort()
+    folders.sort()
+    return tuple(files), folders
+
+
+def _split(
+    folder: str, prefix: str, names: tuple[str, ...], sizes: tuple[int, ...] | None, first: int = _CHUNK_FILES
+) -> Iterator[Piece]:
+    """A folder's files in pieces: the first of about ``first`` files (if positive), the
+    others of about ``_CHUNK_FILES``; a sample's files stay together."""
+    start = 0
+    want = first if first > 0 else _CHUNK_FILES
+    while start < len(names):
+        end = _key_boundary(names, start + want)
+        yield folder, prefix, names[start:end], sizes[start:end] if sizes is not None else None
+        start, want = end, _CHUNK_FILES
+
+
+def _key_boundary(names: Sequence[str], index: int) -> int:
+    """The first position from ``index`` on where a new key starts (files of a key are adjacent)."""
+    if index >= len(names):
+        return len(names)
+    last = _stem(names[index - 1])
+    while index < len(names) and _stem(names[index]) == last:
+        index += 1
+    return index
+
+
+def _stem(path: str) -> str:
+    slash = path.rfind("/") + 1
+    dot = path.find(".", slash)
+    return path[:dot] if dot > slash else path
+
+
+def _stat_sizes(folder: str, names: Sequence[str]) -> list[int]:
+    """The sizes of files in ``folder`` (symbolic links followed), each stat'ed relative to it."""
+    if not _STAT_DIR_FD:
+        return [_stat_size(f"{folder}/{name}") for name in names]
     try:
-        with os.scandir(fd if _SCANDIR_FD else directory) as it:
-            found = sorted([item for item in it if item.name[0] != "."], key=_by_name)
-        files = []
-        folders = []
-        for item in found:
-            try:
-                if item.is_file():  # a regular file is known from the listing: no stat call
-                    files.append((item.name, item.stat().st_size))
-                elif item.is_dir(follow_symlinks=False):
-                    folders.append(item.name)
-                elif item.is_symlink():
-                    raise PackError("cannot read file: broken symbolic link", url=f"{directory}/{item.name}")
-            except OSError as error:
-                raise PackError(
-                    f"cannot read file: {error.strerror}", url=f"{directory}/{item.name}"
-                ) from None
-        return files, folders
+        fd = os.open(folder, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
     except OSError as error:
-        raise PackError(f"cannot list folder: {error.strerror}", url=directory) from None
+        raise PackError(f"cannot list folder: {error.strerror}", url=folder) from None
+    try:
+        stat = os.stat
+        return [stat(name, dir_fd=fd).st_size for name in names]
+    except OSError as error:  # its filename is the name given to stat
+        raise PackError(f"cannot read file: {error.strerror}", url=f"{folder}/{error.filename}") from None
     finally:
         os.close(fd)
+
+
+def _stat_size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError as error:
+        raise PackError(f"cannot read file: {error.strerror}", url=path) from None
 
 
 def _count_keys(directory: str) -> int:

@@ -1,0 +1,98 @@
+"""Packing a folder of files: the walk, sized in chunks by every process of a pack, in order.
+
+NOTE [ Every process plans and writes ] in ``shardstream.pack.parallel``: a folder is
+listed and sized in chunks by whichever process is free, and the chunks are put back in
+walk order, so shards, errors and parts do not depend on the number of workers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+
+import pytest
+
+from shardstream.errors import PackError
+from shardstream.pack import pack
+from shardstream.pack.sources.folder import _CHUNK_FILES, _CHUNK_FOLDERS
+from tests.test_pack import read_shards, snapshot
+
+
+def write(path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def make_tree(root) -> None:
+    """Files at the top, a flat folder larger than a chunk, many small folders (deeper too)."""
+    for i in range(3):
+        write(root / f"top{i}.txt", b"top %d" % i)
+    flat = _CHUNK_FILES // 2 + 500  # two files a sample: more files than one chunk holds
+    for i in range(flat):
+        write(root / "flat" / f"{i:05d}.txt", b"flat %d " % i * (1 + i % 5))
+        write(root / "flat" / f"{i:05d}.json", b'{"i": %d}' % i)
+    for d in range(3 * _CHUNK_FOLDERS + 1):  # more folders than one chunk lists
+        for i in range(d % 4):
+            write(root / f"many/d{d:02d}/s{i}.txt", b"sample %d of %d" % (i, d))
+        if d % 5 == 0:
+            write(root / f"many/d{d:02d}/deeper/x.cls", b"%d" % d)
+    (root / "empty").mkdir()
+    write(root / ".hidden" / "skipped.txt", b"not packed")
+    write(root / "many" / ".skipped.txt", b"not packed")
+
+
+def walk_keys(folder, prefix: str = "") -> list[str]:
+    """The keys of a folder in walk order, worked out here with os.scandir alone."""
+    entries = sorted((e for e in os.scandir(folder) if not e.name.startswith(".")), key=lambda e: e.name)
+    keys = []
+    for entry in entries:
+        if entry.is_file():
+            key = prefix + entry.name.split(".", 1)[0]
+            if not keys or keys[-1] != key:
+                keys.append(key)
+    for entry in entries:
+        if entry.is_dir():
+            keys += walk_keys(entry.path, f"{prefix}{entry.name}/")
+    return keys
+
+
+def test_a_large_tree_packs_in_walk_order_and_the_same_for_any_workers(tmp_path):
+    make_tree(tmp_path / "src")
+    runs = {}
+    for workers in (1, 2, 3):
+        manifest = pack(tmp_path / "src", tmp_path / f"w{workers}", shard_size="64KB", workers=workers)
+        runs[workers] = snapshot(tmp_path / f"w{workers}")
+    assert runs[1] == runs[2] == runs[3]
+    keys = [sample["__key__"] for sample in read_shards(tmp_path / "w2")]
+    assert keys == walk_keys(tmp_path / "src")
+    assert manifest.num_samples == len(keys) == 3 + _CHUNK_FILES // 2 + 500 + 36 + 5
+    flat = read_shards(tmp_path / "w3")[3 + 777]
+    assert flat["__key__"] == "flat/00777"
+    assert flat["txt"] == b"flat 777 " * 3
+    assert json.loads(flat["json"]) == {"i": 777}
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_the_first_bad_file_in_walk_order_is_the_error(tmp_path, workers):
+    make_tree(tmp_path / "src")
+    write(tmp_path / "src" / "many" / "d20" / "NOEXT", b"late")
+    write(tmp_path / "src" / "flat" / "zz", b"early in the walk, but in a later chunk of its folder")
+    with pytest.raises(PackError, match="no extension") as info:
+        pack(tmp_path / "src", tmp_path / "ds", shard_size="64KB", workers=workers)
+    assert info.value.url.endswith("flat/zz")
+    assert not (tmp_path / "ds" / "manifest.json").exists()
+
+
+def test_a_sample_too_large_for_a_shard_fails_only_the_part_that_holds_it(tmp_path):
+    for i in range(40):
+        write(tmp_path / "src" / f"k{i:02d}.txt", b"x" * (30_000 if i == 5 else 100))
+    with pytest.raises(PackError, match="raise shard_size") as info:
+        pack(tmp_path / "src", tmp_path / "ds", shard_size="16KB", workers=2, part="0/2")
+    assert info.value.url.endswith("k05.txt")
+    pack(tmp_path / "src", tmp_path / "ds", shard_size="16KB", workers=2, part="1/2")
+    names = []
+    for shard in sorted((tmp_path / "ds").glob("part-00001-shard-*.tar")):
+        with tarfile.open(shard) as tar:
+            names += tar.getnames()
+    assert names == [f"k{i:02d}.txt" for i in range(20, 40)]
