@@ -10,11 +10,15 @@ from __future__ import annotations
 import json
 import os
 import tarfile
+import time
+from itertools import islice
 
 import pytest
 
 from shardstream.errors import PackError
-from shardstream.pack import pack
+from shardstream.formats.base import Sample
+from shardstream.pack import Entry, Source, pack
+from shardstream.pack.sources.base import walk
 from shardstream.pack.sources.folder import _CHUNK_FILES, _CHUNK_FOLDERS
 from tests.test_pack import read_shards, snapshot
 
@@ -76,7 +80,8 @@ def test_a_large_tree_packs_in_walk_order_and_the_same_for_any_workers(tmp_path)
 @pytest.mark.parametrize("workers", [1, 2, 3])
 def test_the_first_bad_file_in_walk_order_is_the_error(tmp_path, workers):
     make_tree(tmp_path / "src")
-    write(tmp_path / "src" / "many" / "d20" / "NOEXT", b"late")
+    for d in range(3 * _CHUNK_FOLDERS + 1):  # later in the walk, and in every later chunk
+        write(tmp_path / "src" / "many" / f"d{d:02d}" / "NOEXT", b"late")
     write(tmp_path / "src" / "flat" / "zz", b"early in the walk, but in a later chunk of its folder")
     with pytest.raises(PackError, match="no extension") as info:
         pack(tmp_path / "src", tmp_path / "ds", shard_size="64KB", workers=workers)
@@ -96,3 +101,41 @@ def test_a_sample_too_large_for_a_shard_fails_only_the_part_that_holds_it(tmp_pa
         with tarfile.open(shard) as tar:
             names += tar.getnames()
     assert names == [f"k{i:02d}.txt" for i in range(20, 40)]
+
+
+class SlowThenBad(Source):
+    """A lazy source of four chunks: the first is slow to size and bad, the third bad at once."""
+
+    name = "slow-then-bad"
+    lazy = True
+
+    @classmethod
+    def detect(cls, url, storage_options, is_dir):
+        return False
+
+    def scan(self, start=0, stop=None):
+        return islice(walk(self), start, stop)
+
+    def chunks(self):
+        return iter([("chunk", i) for i in range(4)])
+
+    def expand(self, chunk):
+        number = chunk[1]
+        if number == 0:
+            time.sleep(0.5)  # a worker is still sizing it when this process finds chunk 2 bad
+            raise PackError("chunk 0 is bad", url="first")
+        if number == 2:
+            raise PackError("chunk 2 is bad", url="third")
+        return [[Entry(f"k{number}", None, number, self.url)]]
+
+    def size(self, entry, fmt):
+        return 1024
+
+    def load(self, entry) -> Sample:
+        return {"__key__": entry.key, "txt": b"x"}
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_error_found_early_by_one_process_waits_for_the_errors_before_it(tmp_path, workers):
+    with pytest.raises(PackError, match="chunk 0 is bad"):
+        pack(SlowThenBad("slow://"), tmp_path / "ds", workers=workers)

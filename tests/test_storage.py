@@ -10,6 +10,8 @@ import multiprocessing
 import os
 import pickle
 import random
+import subprocess
+import sys
 import tempfile
 import uuid
 
@@ -17,7 +19,7 @@ import pytest
 
 from shardstream.errors import ManifestError, StorageError, UsageError
 from shardstream.manifest import Manifest, ShardInfo
-from shardstream.storage import RetryPolicy, Storage
+from shardstream.storage import RetryPolicy, Storage, local
 from shardstream.storage import retry as retry_module
 from shardstream.types import ByteRange
 
@@ -272,3 +274,31 @@ class TestS3(StorageConformance, CrossProcessConformance):
 def test_bad_urls_are_usage_errors(url):
     with pytest.raises(UsageError):
         Storage(url)
+
+
+_URLS = ["data/x", "/abs/x", "~/x", "file:///abs/x", "file://rel/x", "local:///abs/x", "s3://b/k", "memory://m/x",
+         "C://windows/x", "gcs://b", "data:text", "x://y"]  # fmt: skip
+
+
+@pytest.mark.parametrize("url", _URLS)
+def test_url_helpers_split_as_fsspec_does(url):
+    import fsspec.core
+
+    assert local.split_protocol(url) == tuple(fsspec.core.split_protocol(url))
+    if local.is_local_url(url):
+        assert local.local_path(url) == os.path.abspath(os.path.expanduser(fsspec.core.strip_protocol(url)))
+
+
+def test_a_local_pack_and_verify_never_import_fsspec(tmp_path):
+    """Local paths are split without fsspec: its import (and asyncio's) is ~50 ms of a command's start."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.txt").write_text("a")
+    script = (
+        "import sys\n"
+        "from shardstream.cli import main\n"
+        f"assert main(['pack', {str(tmp_path / 'src')!r}, {str(tmp_path / 'ds')!r}, '--quiet', '--workers', '2']) == 0\n"
+        f"assert main(['verify', {str(tmp_path / 'ds')!r}]) == 0\n"
+        "assert 'fsspec' not in sys.modules, 'fsspec was imported'\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr

@@ -171,7 +171,8 @@ FOLDER_LEGEND = """\
   tar -cf, then sync: the same, then a machine-wide sync (everything on disk)
   shardstream pack: tar shards, sha256, sample-index sidecars, manifest; every shard and
     sidecar fsynced (in the background, as each shard is done) before the manifest is written;
-    --workers N: N processes write shards, this one included (it also plans them)"""
+    --workers N: N processes, this one included, list and size the folder in chunks and
+    write shards; this one also puts the chunks in order and cuts the shards"""
 
 
 def check(what: str, ok: bool, measured: str) -> None:

@@ -50,8 +50,9 @@ def pack(
     files or tar shards (``source_type`` names one; by default it is detected).
     ``shard_size`` (bytes or ``"256MB"``) and/or ``samples_per_shard`` cut shards;
     with neither, shards are of 256MB. ``workers`` processes write shards (default:
-    the core count; for a folder this process is one of them, see NOTE [ This process
-    writes shards too ]); the result is byte-identical for any number. ``storage_options``
+    the core count; for a folder this process is one of them, and all of them list and
+    size its files too, see NOTE [ Every process plans and writes ]); the result is
+    byte-identical for any number. ``storage_options``
     go to fsspec for ``dest`` (and for a remote source, unless ``source_options``).
     With ``part="I/N"`` only the I-th of N slices is packed, into shards named for the
     part and a part record instead of the manifest (``shardstream index`` joins parts).

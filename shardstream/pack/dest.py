@@ -19,8 +19,6 @@ import contextlib
 import os
 import re
 
-import fsspec
-
 from shardstream import __version__
 from shardstream.errors import ManifestError, UsageError
 from shardstream.manifest import MANIFEST_NAME, Manifest, ShardInfo
@@ -29,7 +27,7 @@ from shardstream.pack.options import PackOptions
 from shardstream.pack.shard import ShardResult
 from shardstream.pack.sources.base import is_local
 from shardstream.storage import Storage
-from shardstream.storage.local import TEMP_PREFIX
+from shardstream.storage.local import TEMP_PREFIX, local_path
 
 __all__ = ["SHARD_NAME_RE", "DatasetTarget", "build_manifest", "writer_name"]
 
@@ -102,7 +100,7 @@ class DatasetTarget:
         url = self.storage.url
         if not is_local(url):
             return
-        root = fsspec.core.strip_protocol(url)
+        root = local_path(url)
         try:
             names = os.listdir(root)
         except OSError:

@@ -26,11 +26,9 @@ import queue
 import threading
 from collections.abc import Iterable
 
-import fsspec
-
 from shardstream.errors import StorageError
 from shardstream.pack.sources.base import is_local
-from shardstream.storage.local import fsync_path
+from shardstream.storage.local import fsync_path, local_path
 
 __all__ = ["ShardSync"]
 
@@ -45,7 +43,7 @@ class ShardSync:
 
     def __init__(self, url: str) -> None:
         self.enabled = is_local(url)
-        self._root = os.path.abspath(os.path.expanduser(fsspec.core.strip_protocol(url)))
+        self._root = local_path(url) if self.enabled else url
         self._queue: queue.SimpleQueue[str | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._synced: set[str] = set()

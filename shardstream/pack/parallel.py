@@ -493,7 +493,12 @@ class _Pool:
                 )
                 gc.collect(1)
             elif (chunk := self.unsized()) is not None:
-                self.expanded(chunk, size_chunk(chunk.chunk, self.size))
+                try:
+                    parts = size_chunk(chunk.chunk, self.size)
+                except ShardstreamError as error:
+                    chunk.sized = error  # raised when the cut reaches it, as from a worker
+                else:
+                    self.expanded(chunk, parts)
             elif self.writing or self.sizing:
                 self.collect(block=True)
             elif self.cut_all:

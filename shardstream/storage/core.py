@@ -20,9 +20,6 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import IO, Any, TypeVar
 
-import fsspec
-from fsspec.core import split_protocol
-
 from shardstream.errors import ManifestError, StorageError, TransientStorageError, UsageError
 from shardstream.manifest import MANIFEST_NAME, Manifest
 from shardstream.storage import local
@@ -66,7 +63,7 @@ class Storage:
             raise UsageError("chained fsspec URLs (a::b) are not supported; use cache_dir to cache", url=url)
         if cache_limit is not None and cache_dir is None:
             raise UsageError("cache_limit needs cache_dir", url=url)
-        protocol, path = split_protocol(url)
+        protocol, path = local.split_protocol(url)
         self._protocol = protocol or "file"
         self._is_local = self._protocol in _LOCAL_PROTOCOLS
         self._options = dict(storage_options or {})
@@ -77,6 +74,8 @@ class Storage:
             self._root = os.path.abspath(os.path.expanduser(path))
             self.url = self._root if protocol is None else f"file://{self._root}"
         else:
+            import fsspec  # not for local folders: see local.split_protocol
+
             try:
                 fs_class = fsspec.get_filesystem_class(self._protocol)
             except (ValueError, ImportError) as error:
@@ -118,6 +117,8 @@ class Storage:
         if fs is None or self._fs_pid != pid:
             if fs is not None:
                 _ABANDONED.append(fs)
+            import fsspec
+
             fs = fsspec.filesystem(self._protocol, skip_instance_cache=True, **self._fs_options())
             if self._protocol in _S3_PROTOCOLS:
                 # s3fs's own retry loop (a class attribute, not an option): one try, see

@@ -109,6 +109,36 @@ def deferred_fsync(on_replace: Callable[[str], None]) -> Iterator[None]:
         _DEFERRED.reset(token)
 
 
+def split_protocol(url: str) -> tuple[str | None, str]:
+    """(protocol, path) of a URL, as ``fsspec.core.split_protocol`` splits it.
+
+    Here so that local paths never import fsspec (and its asyncio): ~50 ms of a CLI
+    command's start.
+    """
+    if "://" in url:
+        protocol, path = url.split("://", 1)
+        if len(protocol) > 1:  # not a Windows drive letter
+            return protocol, path
+    if url.startswith("data:"):
+        protocol, path = url.split(":", 1)
+        return protocol, path
+    return None, url
+
+
+def is_local_url(url: str) -> bool:
+    """Whether ``url`` is a local path (plain, ``file://`` or ``local://``)."""
+    return split_protocol(url)[0] in (None, "file", "local")
+
+
+def local_path(url: str) -> str:
+    """The absolute path of a local URL (plain, ``file://``, ``local://``; ``~`` expanded)."""
+    for prefix in ("file://", "local://", "file:", "local:"):
+        if url.startswith(prefix):
+            url = url[len(prefix) :]
+            break
+    return os.path.abspath(os.path.expanduser(url))
+
+
 def fsync_path(path: str) -> None:
     """Flush a file's data (or a directory's entries: renames) to stable storage."""
     flags = os.O_RDONLY | _O_CLOEXEC | (_O_DIRECTORY if os.path.isdir(path) else 0)

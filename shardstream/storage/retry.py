@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import errno
-import http.client
 import random
 import time
 from collections.abc import Callable
@@ -144,6 +143,8 @@ def _classify_one(error: BaseException) -> bool | None:
     http_status = getattr(error, "status", None)
     if type(error).__name__ == "ClientResponseError" and isinstance(http_status, int):  # aiohttp
         return http_status >= 500 or http_status in (408, 429)
+    import http.client  # here, not at the top: only an error pays for it (~15 ms at start)
+
     if isinstance(
         error, TimeoutError | ConnectionError | http.client.IncompleteRead | http.client.BadStatusLine
     ):

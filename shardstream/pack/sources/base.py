@@ -19,13 +19,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from typing import IO, Any, ClassVar, NamedTuple
 
-import fsspec
-from fsspec.compression import compr
-from fsspec.core import split_protocol
-from fsspec.utils import infer_compression
-
 from shardstream.errors import PackError, UsageError
 from shardstream.formats.base import Sample, ShardFormat
+from shardstream.storage.local import is_local_url, local_path
 
 __all__ = [
     "COMPRESSION_SUFFIXES",
@@ -134,7 +130,7 @@ def walk(source: Source) -> Iterator[Entry]:
 
 
 def is_local(url: str) -> bool:
-    return split_protocol(url)[0] in (None, "file", "local")
+    return is_local_url(url)
 
 
 def has_suffix(url: str, suffixes: tuple[str, ...], *, compressed: bool = True) -> bool:
@@ -155,9 +151,10 @@ def list_files(url: str, storage_options: Mapping[str, Any]) -> Iterator[tuple[s
     are skipped. Symbolic links to files are followed, to folders not.
     """
     if is_local(url):
-        root = os.path.abspath(os.path.expanduser(fsspec.core.strip_protocol(url)))
-        yield from _walk_local(root, "")
+        yield from _walk_local(local_path(url), "")
         return
+    import fsspec  # remote only: local paths never import it
+
     fs, root = fsspec.core.url_to_fs(url, **storage_options)
     root = root.rstrip("/")
     protocol = url.split("://", 1)[0]
@@ -222,10 +219,12 @@ def folder_of(url: str, storage_options: Mapping[str, Any], suffixes: tuple[str,
 def is_dir(url: str, storage_options: Mapping[str, Any]) -> bool:
     """Whether ``url`` is a folder; ``PackError`` if it does not exist."""
     if is_local(url):
-        path = os.path.expanduser(fsspec.core.strip_protocol(url))
+        path = local_path(url)
         if not os.path.exists(path):
             raise UsageError("source not found", url=url)
         return os.path.isdir(path)
+    import fsspec
+
     fs, path = fsspec.core.url_to_fs(url, **storage_options)
     try:
         if fs.isdir(path):
@@ -243,10 +242,14 @@ def open_file(url: str, storage_options: Mapping[str, Any], mode: str = "rb") ->
 
     A local path is opened directly, so pipes work too (``<(zcat corpus.jsonl.gz)``).
     """
+    import fsspec
+    from fsspec.compression import compr
+    from fsspec.utils import infer_compression
+
     try:
         if not is_local(url):
             return fsspec.open(url, mode, compression="infer", **storage_options).open()
-        f = open(os.path.expanduser(fsspec.core.strip_protocol(url)), mode)  # noqa: SIM115 (returned)
+        f = open(local_path(url), mode)  # noqa: SIM115 (returned)
         compression = infer_compression(url)
         if compression is None:
             return f

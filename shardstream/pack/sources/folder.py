@@ -21,12 +21,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any
 
-import fsspec
-
 from shardstream.errors import PackError
 from shardstream.formats.base import Sample, ShardFormat
 from shardstream.pack.sizing import file_sample_sizer
 from shardstream.pack.sources.base import Entry, Source, is_local, list_files, walk
+from shardstream.storage.local import local_path
 
 __all__ = ["FolderSource"]
 
@@ -148,6 +147,8 @@ class FolderSource(Source):
 
     def _read_remote(self, path: str, size: int) -> bytes:
         try:
+            import fsspec
+
             fs, fspath = fsspec.core.url_to_fs(path, **self.storage_options)
             data = fs.cat_file(fspath)
         except (OSError, ValueError) as error:
@@ -158,12 +159,14 @@ class FolderSource(Source):
 
 
 def _local_root(url: str) -> str:
-    return os.path.abspath(os.path.expanduser(fsspec.core.strip_protocol(url)))
+    return local_path(url)
 
 
 def _remote_root(url: str, storage_options: Mapping[str, Any]) -> str:
     """The folder's URL as ``list_files`` spells the paths under it (``protocol://root``)."""
     protocol = url.split("://", 1)[0]
+    import fsspec
+
     root = fsspec.core.url_to_fs(url, **storage_options)[1].rstrip("/")
     return f"{protocol}://{root}"
 
