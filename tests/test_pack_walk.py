@@ -14,10 +14,13 @@ import time
 from itertools import islice
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shardstream.errors import PackError
 from shardstream.formats.base import Sample
-from shardstream.pack import Entry, Source, pack
+from shardstream.pack import Entry, PackOptions, ShardWriter, Source, pack
+from shardstream.pack.parallel import ShardJob, ShardPlan
 from shardstream.pack.sources.base import walk
 from shardstream.pack.sources.folder import _CHUNK_FILES, _CHUNK_FOLDERS
 from tests.test_pack import read_shards, snapshot
@@ -26,6 +29,11 @@ from tests.test_pack import read_shards, snapshot
 def write(path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
+
+
+def read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def make_tree(root) -> None:
@@ -71,6 +79,13 @@ def test_a_large_tree_packs_in_walk_order_and_the_same_for_any_workers(tmp_path)
     keys = [sample["__key__"] for sample in read_shards(tmp_path / "w2")]
     assert keys == walk_keys(tmp_path / "src")
     assert manifest.num_samples == len(keys) == 3 + _CHUNK_FILES // 2 + 500 + 36 + 5
+    # the cuts are those of ShardWriter given the same samples in the same order
+    with ShardWriter(tmp_path / "written", shard_size="64KB") as writer:
+        for key in keys:
+            folder, _, stem = (tmp_path / "src" / key).as_posix().rpartition("/")
+            names = sorted(n for n in os.listdir(folder) if n.split(".", 1)[0] == stem)
+            writer.write({"__key__": key, **{n.split(".", 1)[1]: read(f"{folder}/{n}") for n in names}})
+    assert snapshot(tmp_path / "written") == runs[1]
     flat = read_shards(tmp_path / "w3")[3 + 777]
     assert flat["__key__"] == "flat/00777"
     assert flat["txt"] == b"flat 777 " * 3
@@ -139,3 +154,32 @@ class SlowThenBad(Source):
 def test_an_error_found_early_by_one_process_waits_for_the_errors_before_it(tmp_path, workers):
     with pytest.raises(PackError, match="chunk 0 is bad"):
         pack(SlowThenBad("slow://"), tmp_path / "ds", workers=workers)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    chunks=st.lists(st.lists(st.integers(0, 3000), max_size=40), max_size=12),
+    shard_size=st.integers(2000, 40_000),
+    per_shard=st.one_of(st.none(), st.integers(1, 50)),
+    part=st.one_of(st.none(), st.tuples(st.integers(0, 60), st.integers(0, 60))),
+)
+def test_cutting_whole_chunks_is_cutting_one_sample_at_a_time(chunks, shard_size, per_shard, part):
+    """ShardPlan.take takes a chunk at once when it fits; the shards are those of the rule."""
+    options = PackOptions.create(shard_size=shard_size, samples_per_shard=per_shard)
+    start, stop = (min(part), max(part)) if part else (0, None)
+
+    def cut(pieces: list[list[int]]) -> list[list[str]] | str:
+        plan = ShardPlan(SlowThenBad("x"), options, lambda n, e: ShardJob(n, f"s{n}", e), start, stop)
+        shards, number = [], 0
+        try:
+            for sizes in pieces:
+                entries = [Entry(f"k{number + i}", None, None, "x") for i in range(len(sizes))]
+                number += len(sizes)
+                shards += plan.take(entries, list(sizes))
+            shards += plan.finish()
+        except PackError as error:
+            return error.message
+        return [[entry.key for entry in job.entries] for job in shards]
+
+    one_at_a_time = [[size] for sizes in chunks for size in sizes]
+    assert cut(chunks) == cut(one_at_a_time)

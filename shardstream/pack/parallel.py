@@ -191,6 +191,15 @@ class ShardPlan:
         hi = len(entries) if self.stop is None else max(min(self.stop - first, len(entries)), 0)
         budget, most = self.budget, self.max_samples
         shard, nbytes = self.entries, self.nbytes
+        if hi - lo > 1 and len(shard) + hi - lo <= most:  # the common case: all of them fit
+            try:
+                total = sum(sizes[lo:hi])  # type: ignore[arg-type]  # TypeError on an error
+            except TypeError:
+                total = budget + 1
+            if nbytes + total <= budget:
+                shard += entries[lo:hi]
+                self.nbytes = nbytes + total
+                return []
         jobs = []
         for i in range(lo, hi):
             size = sizes[i]
@@ -337,6 +346,10 @@ def _collect_per_shard() -> Iterator[None]:
             gc.enable()
 
 
+def _work_pickled(job: bytes) -> ShardResult:
+    return _work(pickle.loads(job))
+
+
 def _size(chunk: tuple[Any, ...]) -> list[Sized | tuple[Any, ...]]:
     parts = size_chunk(chunk, _WORKER["size"])
     return [Sized(_pack_entries(p.entries), p.sizes) if isinstance(p, Sized) else p for p in parts]
@@ -467,6 +480,12 @@ class _Pool:
             if self.progress is not None:
                 self.progress.update(result.info.samples, result.info.bytes)
 
+    def submit(self, job: ShardJob) -> Future[ShardResult]:
+        """Give ``job`` to a worker, pickled here: the pool's own threads would pickle it
+        only when this busy thread lets them have the GIL (a worker got it ~20 ms later)."""
+        assert self.pool is not None
+        return self.pool.submit(_work_pickled, pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
+
     def hand_out(self, jobs: Iterator[ShardJob]) -> None:
         """Worker processes write every shard; this one only plans (an inline source reads here)."""
         assert self.pool is not None
@@ -474,7 +493,7 @@ class _Pool:
             # Bounded: at most two shards per worker planned ahead of the writers.
             while len(self.writing) >= 2 * self.children:
                 self.collect(block=True)
-            self.writing[self.pool.submit(_work, job)] = job.number
+            self.writing[self.submit(job)] = job.number
             self.collect()
         while self.writing:
             self.collect(block=True)
@@ -512,7 +531,7 @@ class _Pool:
             return
         while self.ready and len(self.writing) < self.children:
             job = self.ready.popleft()
-            self.writing[self.pool.submit(_work, job)] = job.number
+            self.writing[self.submit(job)] = job.number
         free = self.children - len(self.writing)
         while len(self.sizing) < _AHEAD * free and (chunk := self.unsized()) is not None:
             chunk.future = self.pool.submit(_size, chunk.chunk)
