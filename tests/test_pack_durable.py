@@ -22,7 +22,7 @@ from shardstream.errors import PackError, StorageError
 from shardstream.formats import get_format
 from shardstream.formats._tarheader import exact_sample_size, sample_size
 from shardstream.pack import ShardWriter, open_source, pack
-from shardstream.pack.parallel import ShardJob
+from shardstream.pack.parallel import Packed, ShardJob, _pack_entries
 from shardstream.storage import local
 from tests.test_pack import make_folder, samples, snapshot
 
@@ -136,10 +136,16 @@ def test_shard_writer_and_pack_write_the_same_bytes_for_every_worker_count(tmp_p
 def test_shard_jobs_pickle_as_columns_and_back(tmp_path):
     make_folder(tmp_path / "src", 12)
     entries = list(open_source(tmp_path / "src").scan())
-    job = ShardJob(3, "shard-000003.tar", entries)
+    job = ShardJob(3, "shard-000003.tar", (entries,))
     assert pickle.loads(pickle.dumps(job)) == job
-    inline = ShardJob(0, "s", [e._replace(sample={"__key__": e.key}, line=i) for i, e in enumerate(entries)])
+    inline = ShardJob(
+        0, "s", ([e._replace(sample={"__key__": e.key}, line=i) for i, e in enumerate(entries)],)
+    )
     assert pickle.loads(pickle.dumps(inline)) == inline
+    # entries a worker sized reach the worker that writes them still packed, sliced
+    packed = Packed(_pack_entries(entries), 2, 9)
+    forwarded = ShardJob(1, "s", (entries[:2], packed[1:5], entries[9:]))
+    assert pickle.loads(pickle.dumps(forwarded)).entries == entries[:2] + entries[3:7] + entries[9:]
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from shardstream.manifest import Manifest
 from shardstream.pack.dest import DatasetTarget
 from shardstream.pack.durable import ShardSync
 from shardstream.pack.options import PackOptions, Part
-from shardstream.pack.parallel import JobContext, ShardJob, ShardPlan, default_workers, run_jobs
+from shardstream.pack.parallel import JobContext, Packed, ShardJob, ShardPlan, default_workers, run_jobs
 from shardstream.pack.sources import Source, open_source
 from shardstream.pack.sources.base import Entry, is_local
 from shardstream.storage import Storage
@@ -124,9 +124,11 @@ def _slice(source: Source, part: Part | None, *, want_total: bool) -> tuple[int,
     return start, stop, stop - start
 
 
-def _job(options: PackOptions, target: DatasetTarget, number: int, entries: list[Entry]) -> ShardJob:
+def _job(
+    options: PackOptions, target: DatasetTarget, number: int, parts: tuple[list[Entry] | Packed, ...]
+) -> ShardJob:
     # The destination is touched (an old manifest deleted with overwrite) only once the
     # first shard is cut: an empty or unreadable source changes nothing.
     target.prepare_once()
     name = options.shard_name(number)
-    return ShardJob(number, name, entries, target.expected(name))
+    return ShardJob(number, name, parts, target.expected(name))

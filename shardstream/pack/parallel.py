@@ -68,19 +68,64 @@ __all__ = ["JobContext", "ShardJob", "ShardPlan", "default_workers", "run_jobs"]
 
 @dataclass(frozen=True, slots=True)
 class ShardJob:
-    """One shard to write: its number and name, its entries, and what it must match."""
+    """One shard to write: its number and name, its entries, and what it must match.
+
+    The entries come in parts, in order: lists of entries, and entries a worker sized
+    that this process never unpacked (``Packed``).
+    """
 
     number: int
     name: str
-    entries: list[Entry]
+    parts: tuple[list[Entry] | Packed, ...]
     expected: ShardInfo | None = None
 
+    @property
+    def entries(self) -> list[Entry]:
+        entries: list[Entry] = []
+        for part in self.parts:
+            entries += part.unpack() if isinstance(part, Packed) else part
+        return entries
+
+    @property
+    def samples(self) -> int:
+        return sum(map(len, self.parts))
+
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_job, (self.number, self.name, _pack_entries(self.entries), self.expected))
+        parts = [part if isinstance(part, Packed) else _pack_entries(part) for part in self.parts]
+        return (_rebuild_job, (self.number, self.name, parts, self.expected))
 
 
-def _rebuild_job(number: int, name: str, columns: Any, expected: ShardInfo | None) -> ShardJob:
-    return ShardJob(number, name, _unpack_entries(columns), expected)
+def _rebuild_job(number: int, name: str, parts: list[Any], expected: ShardInfo | None) -> ShardJob:
+    entries: list[Entry] = []
+    for part in parts:
+        entries += part.unpack() if isinstance(part, Packed) else _unpack_entries(part)
+    return ShardJob(number, name, (entries,), expected)
+
+
+class Packed:
+    """Entries ``[lo, hi)`` of a chunk that a worker sized, as it packed them.
+
+    This process cuts shards from the sizes alone and forwards the bytes to the worker
+    that writes the shard; only a shard it writes itself is unpacked here.
+    """
+
+    __slots__ = ("blob", "hi", "lo")
+
+    def __init__(self, blob: bytes, lo: int, hi: int) -> None:
+        self.blob, self.lo, self.hi = blob, lo, hi
+
+    def __len__(self) -> int:
+        return self.hi - self.lo
+
+    def __getitem__(self, where: slice) -> Packed:
+        start, stop, _ = where.indices(len(self))
+        return Packed(self.blob, self.lo + start, self.lo + max(start, stop))
+
+    def unpack(self) -> list[Entry]:
+        return _unpack_entries(self.blob)[self.lo : self.hi]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Packed, (self.blob, self.lo, self.hi))
 
 
 def _pack_entries(entries: list[Entry]) -> Any:
@@ -154,7 +199,7 @@ class ShardPlan:
         self,
         source: Source,
         options: PackOptions,
-        make_job: Callable[[int, list[Entry]], ShardJob],
+        make_job: Callable[[int, tuple[list[Entry] | Packed, ...]], ShardJob],
         start: int = 0,
         stop: int | None = None,
     ) -> None:
@@ -166,8 +211,9 @@ class ShardPlan:
         self.budget, self.max_samples = options.limits()
         self.seen = 0  # samples of the source taken so far, in or before the slice
         self.shards = 0
-        self.entries: list[Entry] = []
-        self.nbytes = 0
+        self.parts: list[list[Entry] | Packed] = []  # of the shard being cut
+        self.count = 0  # its samples
+        self.nbytes = 0  # and their bytes
 
     @property
     def full(self) -> bool:
@@ -183,48 +229,61 @@ class ShardPlan:
             yield from self.take([entry], [nbytes])
         yield from self.finish()
 
-    def take(self, entries: list[Entry], sizes: list[int | ShardstreamError]) -> list[ShardJob]:
+    def take(self, entries: list[Entry] | Packed, sizes: list[int | ShardstreamError]) -> list[ShardJob]:
         """The jobs of the shards completed by the next ``entries`` of the source, sized."""
         first = self.seen
-        self.seen += len(entries)
+        self.seen += len(sizes)
         lo = max(self.start - first, 0)
-        hi = len(entries) if self.stop is None else max(min(self.stop - first, len(entries)), 0)
+        hi = len(sizes) if self.stop is None else max(min(self.stop - first, len(sizes)), 0)
         budget, most = self.budget, self.max_samples
-        shard, nbytes = self.entries, self.nbytes
-        if hi - lo > 1 and len(shard) + hi - lo <= most:  # the common case: all of them fit
+        if hi - lo > 1 and self.count + hi - lo <= most:  # the common case: all of them fit
             try:
                 total = sum(sizes[lo:hi])  # type: ignore[arg-type]  # TypeError on an error
             except TypeError:
                 total = budget + 1
-            if nbytes + total <= budget:
-                shard += entries[lo:hi]
-                self.nbytes = nbytes + total
+            if self.nbytes + total <= budget:
+                self._add(entries[lo:hi])
+                self.count += hi - lo
+                self.nbytes += total
                 return []
         jobs = []
+        run = lo  # the first sample not in self.parts yet
+        count, nbytes = self.count, self.nbytes
         for i in range(lo, hi):
             size = sizes[i]
             if isinstance(size, ShardstreamError):
                 raise size  # found while sizing (it names the sample's file)
             if size > budget:
-                raise _at_entry(
-                    oversize_error(entries[i].key, size, self.options, budget), entries[i], self.source
-                )
-            if shard and (len(shard) >= most or nbytes + size > budget):
-                jobs.append(self._job(shard))
-                shard, nbytes = [], 0
-            shard.append(entries[i])
+                entry = entries[i : i + 1]
+                one = entry.unpack()[0] if isinstance(entry, Packed) else entry[0]
+                raise _at_entry(oversize_error(one.key, size, self.options, budget), one, self.source)
+            if count and (count >= most or nbytes + size > budget):
+                self._add(entries[run:i])
+                jobs.append(self._job())
+                run, count, nbytes = i, 0, 0
+            count += 1
             nbytes += size
-        self.entries, self.nbytes = shard, nbytes
+        self._add(entries[run:hi])
+        self.count, self.nbytes = count, nbytes
         return jobs
 
     def finish(self) -> list[ShardJob]:
         """The job of the last shard, once every sample has been taken."""
-        entries, self.entries = self.entries, []
-        return [self._job(entries)] if entries else []
+        return [self._job()] if self.count else []
 
-    def _job(self, entries: list[Entry]) -> ShardJob:
+    def _add(self, part: list[Entry] | Packed) -> None:
+        parts = self.parts
+        if not len(part):
+            return
+        if isinstance(part, list) and parts and isinstance(parts[-1], list):
+            parts[-1] += part  # one list of the entries sized here
+        else:
+            parts.append(part)
+
+    def _job(self) -> ShardJob:
+        parts, self.parts, self.count, self.nbytes = tuple(self.parts), [], 0, 0
         self.shards += 1
-        return self.make_job(self.shards - 1, entries)
+        return self.make_job(self.shards - 1, parts)
 
 
 class Sized(NamedTuple):
@@ -505,7 +564,7 @@ class _Pool:
         while True:
             self.feed()
             if self.ready:  # the largest planned shard (the last one is often a small one)
-                job = max(reversed(self.ready), key=lambda job: len(job.entries))
+                job = max(reversed(self.ready), key=lambda job: job.samples)
                 self.ready.remove(job)
                 self.done[job.number] = write_job(
                     job, self.context, self.progress, on_stored=self.sync.add, feed=self.feed
@@ -544,7 +603,8 @@ class _Pool:
             if not isinstance(part, Sized):
                 found.append(_Chunk(part))
             else:
-                found.append(_Chunk((), Sized(_unpack_entries(part.entries), part.sizes) if packed else part))
+                entries = Packed(part.entries, 0, len(part.sizes)) if packed else part.entries
+                found.append(_Chunk((), Sized(entries, part.sizes)))
         for i, other in enumerate(self.chunks):
             if other is chunk:
                 self.chunks[i : i + 1] = found
