@@ -23,9 +23,12 @@
 # cuts them (its chunks and shards are its own work, the workers' are handed out
 # whenever they are free). So no process waits on a serial planner: while one writes a
 # shard, another sizes the next, and at the end the last shards end within about one
-# shard's time of each other. Sized chunks are cut in walk order, and an error found
-# while sizing is raised only when the cut reaches it, so the same input fails with the
-# same error however many workers there are.
+# shard's time of each other. A worker sends its sized entries back packed, with their
+# sizes; this process cuts from the sizes and forwards the packed bytes to whichever
+# worker writes them (``Packed``), so entries are unpacked only where they are written.
+# Sized chunks are cut in walk order, and an error found while sizing is raised only
+# when the cut reaches it, so the same input fails with the same error however many
+# workers there are.
 
 # NOTE [ Garbage collection during a pack ]
 # A pack makes millions of small objects (entries: tuples and strings) that live until
@@ -134,7 +137,7 @@ def _pack_entries(entries: list[Entry]) -> Any:
     Pickling a shard's entries this way takes ~10x less time (about 0.05 s per 100k).
     Entries that only say where a sample is (lazy sources) are also compressed, ~10x
     (about 1 ms per 15k): the bytes go through a pipe 64 KiB at a time, each write
-    waiting for this process's busy thread to let the pool's feeder thread run.
+    done by a thread of the pool that must wait for the GIL.
     """
     columns: Any = tuple(zip(*entries, strict=True))
     if columns and all(sample is None for sample in columns[1]):
