@@ -195,7 +195,8 @@ class ShardPlan:
     """Where the shards of a pack are cut (NOTE [ Shard boundaries ] in ``writer``).
 
     Takes the samples ``[start, stop)`` of the source, in order and sized, and gives the
-    job of each shard they complete (``make_job(number, entries)`` names it).
+    job of each shard they complete (``make_job(number, parts)`` names it; the parts are
+    lists of entries, or ``Packed`` ones as a worker sent them).
     """
 
     def __init__(
@@ -292,7 +293,7 @@ class ShardPlan:
 class Sized(NamedTuple):
     """Entries of a lazy source, and their sizes (or the errors sizing them gave)."""
 
-    entries: Any  # list[Entry]; packed (``_pack_entries``) on the way back from a worker
+    entries: Any  # list[Entry]; from a worker, the bytes of ``_pack_entries`` (then ``Packed``)
     sizes: list[int | ShardstreamError]
 
 
