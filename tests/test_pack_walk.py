@@ -187,3 +187,31 @@ def test_cutting_whole_chunks_is_cutting_one_sample_at_a_time(chunks, shard_size
 
     one_at_a_time = [[size] for sizes in chunks for size in sizes]
     assert cut(chunks, packed) == cut(one_at_a_time)
+
+
+class Numbers(Source):
+    """A lazy source written as before chunks existed: scan, size and load only."""
+
+    name = "numbers"
+    lazy = True
+
+    @classmethod
+    def detect(cls, url, storage_options, is_dir):
+        return False
+
+    def scan(self, start=0, stop=None):
+        return islice((Entry(f"n{i:05d}", None, i, self.url) for i in range(5000)), start, stop)
+
+    def size(self, entry, fmt):
+        return 1024 + (entry.where % 7) * 512
+
+    def load(self, entry) -> Sample:
+        return {"__key__": entry.key, "txt": b"n" * ((entry.where % 7) * 512)}
+
+
+def test_a_lazy_source_with_scan_only_is_chunked_by_default(tmp_path):
+    for workers in (1, 2):
+        pack(Numbers("numbers://"), tmp_path / f"w{workers}", shard_size="256KB", workers=workers)
+    assert snapshot(tmp_path / "w1") == snapshot(tmp_path / "w2")
+    keys = [sample["__key__"] for sample in read_shards(tmp_path / "w2")]
+    assert keys == [f"n{i:05d}" for i in range(5000)]

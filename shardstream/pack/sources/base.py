@@ -17,6 +17,7 @@ import math
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
+from itertools import islice
 from typing import IO, Any, ClassVar, NamedTuple
 
 from shardstream.errors import PackError, UsageError
@@ -38,6 +39,8 @@ __all__ = [
     "tar_ready",
     "walk",
 ]
+
+_BATCH = 2048  # entries of a chunk of a lazy source that only defines scan (the default chunks)
 
 # What fsspec decompresses on the fly (``compression="infer"``).
 COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".lz4")
@@ -83,13 +86,21 @@ class Source(ABC):
         """Entries ``[start, stop)`` in source order; ``PackError`` names file and line."""
 
     def chunks(self) -> Iterator[tuple[Any, ...]]:
-        """A lazy source in order, as picklable chunks (tuples) for ``expand``; cheap to list."""
-        raise NotImplementedError(f"source {self.name!r} is lazy: it needs chunks() and expand()")
+        """A lazy source in order, as picklable chunks (tuples) for ``expand``; cheap to list.
+
+        By default the entries of ``scan`` in batches: listed in one process, sized in any.
+        """
+        scan = self.scan()
+        while batch := tuple(islice(scan, _BATCH)):
+            yield ("entries", batch)
 
     def expand(self, chunk: tuple[Any, ...]) -> list[list[Entry] | tuple[Any, ...]]:
         """What ``chunk`` holds, in order: lists of entries, and chunks found in it (a
-        folder's subfolders) that are expanded in turn, in place. Runs in any process."""
-        raise NotImplementedError(f"source {self.name!r} is lazy: it needs chunks() and expand()")
+        folder's subfolders) that are expanded in turn, in place. Runs in any process.
+
+        By default the entries of a batch from the default ``chunks``.
+        """
+        return [list(chunk[1])]
 
     def count(self) -> int:
         """The exact number of samples (``--part`` needs it); may read the whole source."""
