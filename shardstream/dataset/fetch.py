@@ -20,10 +20,9 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fsspec.core import split_protocol
-
 from shardstream.errors import StorageError
 from shardstream.storage import Prefetcher, Storage
+from shardstream.storage.local import is_local_url
 from shardstream.types import ByteRange
 
 __all__ = ["READ_THREADS", "ByteFetcher"]
@@ -39,8 +38,7 @@ class ByteFetcher:
     def __init__(self, storage: Storage, *, threads: int = READ_THREADS) -> None:
         self.storage = storage
         self.threads = threads
-        protocol, _ = split_protocol(storage.url)
-        self.local = protocol in (None, "file", "local") or storage.cache_dir is not None
+        self.local = is_local_url(storage.url) or storage.cache_dir is not None
         self._pool: Prefetcher[Item, bytes | memoryview] | None = None
 
     def read_all(

@@ -33,7 +33,6 @@ __all__ = ["Storage"]
 
 R = TypeVar("R")
 
-_LOCAL_PROTOCOLS = ("file", "local")
 _S3_PROTOCOLS = ("s3", "s3a")
 _DOWNLOAD_CHUNK = 32 * 2**20  # cache downloads go in ranged reads of this size, each retried
 _STREAM_BUFFER = 4 * 2**20  # read-ahead of open() streams on remote objects
@@ -65,7 +64,7 @@ class Storage:
             raise UsageError("cache_limit needs cache_dir", url=url)
         protocol, path = local.split_protocol(url)
         self._protocol = protocol or "file"
-        self._is_local = self._protocol in _LOCAL_PROTOCOLS
+        self._is_local = local.is_local_url(url)
         self._options = dict(storage_options or {})
         self.retry = retry if retry is not None else RetryPolicy()
         self.cache_dir = cache_dir

@@ -22,7 +22,8 @@ from typing import IO, Any, ClassVar, NamedTuple
 
 from shardstream.errors import PackError, UsageError
 from shardstream.formats.base import Sample, ShardFormat
-from shardstream.storage.local import is_local_url, local_path
+from shardstream.storage.local import is_local_url as is_local
+from shardstream.storage.local import local_path
 
 __all__ = [
     "COMPRESSION_SUFFIXES",
@@ -138,10 +139,6 @@ def walk(source: Source) -> Iterator[Entry]:
             yield from part
         else:
             stack.append(iter(source.expand(part)))
-
-
-def is_local(url: str) -> bool:
-    return is_local_url(url)
 
 
 def has_suffix(url: str, suffixes: tuple[str, ...], *, compressed: bool = True) -> bool:

@@ -61,7 +61,7 @@ class FolderSource(Source):
         self._sizer: Callable[[str, Any], int] | None = None
         self._sizer_format = ""
         self._local = is_local(url)
-        self._base = _local_root(url) if self._local else _remote_root(url, self.storage_options)
+        self._base = local_path(url) if self._local else _remote_root(url, self.storage_options)
 
     def __getstate__(self) -> dict[str, Any]:  # workers need the configuration only
         return {"url": self.url, "storage_options": self.storage_options, "base": self._base}
@@ -156,10 +156,6 @@ class FolderSource(Source):
         if len(data) != size:
             raise _changed(path, size, len(data))
         return data
-
-
-def _local_root(url: str) -> str:
-    return local_path(url)
 
 
 def _remote_root(url: str, storage_options: Mapping[str, Any]) -> str:
