@@ -16,6 +16,7 @@ from shardstream.catalog import index_dataset, inspect_dataset, verify_dataset
 from shardstream.cli import main
 from shardstream.pack import ShardWriter, pack
 from shardstream.storage import Storage
+from tests.test_pack_restart import snapshot
 
 pytestmark = pytest.mark.s3
 
@@ -36,14 +37,6 @@ def stored(url: str, options: dict) -> dict[str, bytes]:
         storage.close()
 
 
-def local(folder) -> dict[str, bytes]:
-    out = {}
-    for name in sorted(os.listdir(folder)):
-        with open(os.path.join(folder, name), "rb") as f:
-            out[name] = f.read()
-    return out
-
-
 def test_pack_to_s3_with_workers_is_the_local_pack(s3, tmp_path):
     base, options = s3
     make_folder(tmp_path / "src", 60)
@@ -51,7 +44,7 @@ def test_pack_to_s3_with_workers_is_the_local_pack(s3, tmp_path):
     manifest = pack(tmp_path / "src", url, shard_size="16KB", workers=2, storage_options=options)
     assert len(manifest.shards) > 4
     pack(tmp_path / "src", tmp_path / "local", shard_size="16KB", workers=1)
-    assert stored(url, options) == local(tmp_path / "local")
+    assert stored(url, options) == snapshot(tmp_path / "local")
 
     report = verify_dataset(url, storage_options=options)
     assert report.ok, report.problems
@@ -72,7 +65,7 @@ def test_pack_from_an_s3_folder_with_workers_is_the_local_pack(s3, tmp_path):
     for workers in (1, 2):  # the worker processes read the files from S3 themselves
         dest = tmp_path / f"from-s3-{workers}"
         pack(f"{base}/source-folder/", dest, shard_size="8KB", workers=workers, storage_options=options)
-        assert local(dest) == local(tmp_path / "local")
+        assert snapshot(dest) == snapshot(tmp_path / "local")
 
 
 def test_interrupted_writer_on_s3_then_rerun(s3):

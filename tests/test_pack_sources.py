@@ -17,19 +17,7 @@ import webdataset as wds
 from shardstream.errors import PackError, UsageError
 from shardstream.formats import get_format
 from shardstream.pack import Entry, Source, available_sources, open_source, pack, register_source
-from shardstream.types import ByteRange
-
-
-def read_dataset(dest) -> list[dict]:
-    """Every sample of a packed dataset, decoded through its sidecar indexes."""
-    manifest = json.loads((dest / "manifest.json").read_text())
-    fmt = get_format(manifest["format"])
-    samples = []
-    for shard in manifest["shards"]:
-        data = (dest / shard["path"]).read_bytes()
-        index = fmt.load_index((dest / shard["index"]).read_bytes(), name=shard["path"])
-        samples += fmt.decode(data, ByteRange(0, len(data)), index, 0, index.num_samples, name=shard["path"])
-    return samples
+from tests.test_pack import read_shards
 
 
 def test_folder_groups_files_by_key_recursively(tmp_path):
@@ -55,7 +43,7 @@ def test_folder_groups_files_by_key_recursively(tmp_path):
     (src / "a" / "b" / ("long" * 30 + ".txt")).unlink()
 
     pack(src, tmp_path / "out", workers=1)
-    samples = read_dataset(tmp_path / "out")
+    samples = read_shards(tmp_path / "out")
     assert samples == [
         {"__key__": "top", "txt": b"hello"},
         {"__key__": "a/b/img001", "jpg": b"JPG1", "seg.png": b"PNG1"},
@@ -91,7 +79,7 @@ def test_jsonl_keys_values_and_blank_lines(tmp_path):
     path.write_text(json.dumps(lines[0]) + "\n\n" + json.dumps(lines[1]) + "\n")
 
     pack(path, tmp_path / "out", workers=1)
-    samples = read_dataset(tmp_path / "out")
+    samples = read_shards(tmp_path / "out")
     assert samples[0] == {"__key__": "doc-a", "txt": b"alpha", "cls": b"3"}
     # a sample without __key__ is named by its number; non-text values become JSON text
     assert samples[1] == {
@@ -147,7 +135,7 @@ def test_csv_and_tsv(tmp_path):
         writer.writerow(["r1", "hello, world", "1"])
         writer.writerow(["r2", "two\nlines", "0"])
     pack(path, tmp_path / "out", workers=1)
-    assert read_dataset(tmp_path / "out") == [
+    assert read_shards(tmp_path / "out") == [
         {"__key__": "r1", "txt": b"hello, world", "label": b"1"},
         {"__key__": "r2", "txt": b"two\nlines", "label": b"0"},
     ]
@@ -197,7 +185,7 @@ def test_tar_source_repacks_webdataset_tars(tmp_path):
                 sink.write(sample)
                 expected.append(sample)
     pack(tmp_path / "wds", tmp_path / "out", samples_per_shard=3, workers=1)
-    assert read_dataset(tmp_path / "out") == expected
+    assert read_shards(tmp_path / "out") == expected
 
 
 def test_tar_gz_source(tmp_path):
@@ -273,4 +261,4 @@ def test_a_new_source_is_one_class(tmp_path):
 
         sources._SOURCES.pop("test-lines")
     assert manifest.num_samples == 3
-    assert [s["txt"] for s in read_dataset(tmp_path / "out")] == [b"a", b"b", b"c"]
+    assert [s["txt"] for s in read_shards(tmp_path / "out")] == [b"a", b"b", b"c"]
