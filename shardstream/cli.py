@@ -42,8 +42,6 @@ def _common() -> argparse.ArgumentParser:
 
 
 def add_pack(subparsers: Any, common: argparse.ArgumentParser) -> None:
-    from shardstream.pack import available_sources
-
     p = subparsers.add_parser(
         "pack",
         parents=[common],
@@ -61,8 +59,10 @@ def add_pack(subparsers: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--samples-per-shard", type=int, metavar="N", help="most samples in a shard")
     p.add_argument("--workers", type=int, metavar="N", help="worker processes (default: the core count)")
     p.add_argument("--compression", help="Parquet compression: zstd (default), snappy, gzip, none")
+    # No choices= here: listing the registered sources would import the pack (and numpy)
+    # for every command; an unknown one is a usage error naming them all.
     p.add_argument(
-        "--source-type", choices=sorted(available_sources()), help="kind of SOURCE (default: detected)"
+        "--source-type", metavar="TYPE", help="folder, jsonl, csv, parquet, tar (default: detected)"
     )
     p.add_argument(
         "--part", metavar="I/N", help="pack only part I of N (0 <= I < N); then `shardstream index DEST`"
@@ -168,7 +168,8 @@ def run_inspect(args: argparse.Namespace) -> int:
     ]
     if summary.schema:
         rows.append(("schema", ", ".join(f"{k}: {v}" for k, v in summary.schema.items())))
-    rows.append(("sample keys", ", ".join(summary.sample_keys) + (" ..." if summary.num_samples > 5 else "")))
+    more = " ..." if len(summary.sample_keys) < summary.num_samples else ""
+    rows.append(("sample keys", ", ".join(summary.sample_keys) + more))
     if sizes:
         order = ("min", "p10", "p50", "p90", "max")
         rows.append(("shard bytes", "  ".join(f"{q} {human_bytes(sizes[q])}" for q in order)))

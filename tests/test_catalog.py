@@ -142,6 +142,17 @@ def test_inspect(tmp_path):
         inspect_dataset(str(tmp_path))
 
 
+def test_verify_notes_shards_the_manifest_does_not_list(tmp_path):
+    with ShardWriter(tmp_path / "ds", samples_per_shard=4) as writer:
+        for i in range(8):
+            writer.write({"__key__": f"k{i:03d}", "txt": f"sample {i}"})
+    shutil.copy(tmp_path / "ds" / "shard-000000.tar", tmp_path / "ds" / "stray.tar")
+    shutil.copy(tmp_path / "ds" / "shard-000000.tar", tmp_path / "ds" / ".hidden.tar")  # as index skips it
+    report = verify_dataset(str(tmp_path / "ds"))
+    assert report.ok  # a note, not a problem
+    assert report.unlisted == ("stray.tar",)
+
+
 def test_verify_reports_each_bad_shard(tmp_path):
     with ShardWriter(tmp_path / "ds", samples_per_shard=4) as writer:
         for i in range(24):

@@ -33,7 +33,9 @@ def test_pack_inspect_verify_index(tmp_path, corpus, capsys):
     out = capsys.readouterr().out
     assert "samples        40" in out
     assert "cls, txt" in out
-    assert "000000000" in out
+    assert "sample keys    000000000, 000000001, 000000002, 000000003, 000000004 ...\n" in out
+    assert main(["inspect", str(dest), "--keys", "40"]) == 0  # every key shown: no "..."
+    assert capsys.readouterr().out.count("000000039\n") == 1
 
     assert main(["inspect", str(dest), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
@@ -66,6 +68,7 @@ def test_verify_lists_bad_shards_and_exits_1(tmp_path, corpus, capsys):
         (["pack", "{corpus}", "{dest}", "--shard-size", "lots"], 2, "bad size 'lots'"),
         (["pack", "{tmp}/missing.jsonl", "{dest}"], 2, "source not found"),
         (["pack", "{corpus}", "{dest}", "--format", "zip"], 2, "invalid choice"),
+        (["pack", "{corpus}", "{dest}", "--source-type", "xml"], 2, "csv, folder, jsonl, parquet, tar"),
         (["pack", "{corpus}", "{dest}", "--compression", "gzip"], 2, "tar shards are not compressed"),
         (["inspect", "{tmp}"], 1, "no manifest.json"),
         (["frobnicate"], 2, "invalid choice"),
