@@ -420,6 +420,16 @@ def test_sidecar_cache_is_keyed_by_the_manifest_entry(tmp_path):
     assert WindowReader(storage, old).index(0).num_samples == 5  # still cached
 
 
+def test_a_window_of_more_shards_than_the_lru_reads_each_sidecar_once(tmp_path, monkeypatch):
+    url = str(tmp_path / "ds")
+    shards = 2 * INDEX_CACHE_SIZE + 8
+    keys = write_dataset(url, [4] * shards)
+    reads = SidecarReads(monkeypatch)
+    dataset = shardstream.StreamingDataset(url, decode=False, shuffle_window=4 * shards)
+    assert sorted(s["__key__"] for s in dataset) == sorted(keys)
+    assert sorted(reads.paths) == [f"shard-{i:06d}.tar.idx" for i in range(shards)]
+
+
 def test_sidecar_cache_is_a_bounded_lru(tmp_path, monkeypatch):
     url = str(tmp_path / "ds")
     shards = INDEX_CACHE_SIZE + 4

@@ -18,7 +18,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from shardstream.dataset.fetch import ByteFetcher
 from shardstream.errors import FormatError, StorageError
@@ -162,7 +162,7 @@ class WindowReader:
         self.prefetch = prefetch
         self._holes = 0  # samples the format could not decode, replaced by None
         self._indexes = IndexCache.of(storage)
-        self._prefetcher: Prefetcher[Any, list[tuple[Read, bytes | memoryview]]] | None = None
+        self._prefetcher: Prefetcher[Any, list[tuple[Read, bytes | memoryview, SampleIndex]]] | None = None
         self.bytes = ByteFetcher(storage)
 
     # -- indexes -------------------------------------------------------------------------
@@ -190,32 +190,38 @@ class WindowReader:
         self._indexes.put(info, index)
         return index
 
-    def _load_indexes(self, shards: Sequence[int]) -> None:
-        """Load the sidecars of ``shards`` not in the LRU, all at once."""
-        missing = [shard for shard in dict.fromkeys(shards) if self._cached_index(shard) is None]
+    def _load_indexes(self, shards: Sequence[int]) -> dict[int, SampleIndex]:
+        """The sample indexes of ``shards``: from the LRU, the missing ones read all at once.
+
+        The window keeps them: a window of more shards than the LRU holds would otherwise
+        read its first sidecars again, one by one, while it is planned and decoded.
+        """
+        found = {shard: self._cached_index(shard) for shard in dict.fromkeys(shards)}
+        missing = [shard for shard, index in found.items() if index is None]
         items: list[tuple[str, ByteRange | None]] = [
             (self.manifest.shards[shard].index, None) for shard in missing
         ]
         for shard, data in zip(missing, self.bytes.read_all(items, self._storage_error), strict=True):
-            self._keep_index(shard, data)
+            found[shard] = self._keep_index(shard, data)
+        return cast(dict[int, SampleIndex], found)
 
     # -- one window ----------------------------------------------------------------------
 
-    def fetch(self, window: Any) -> list[tuple[Read, bytes | memoryview]]:
+    def fetch(self, window: Any) -> list[tuple[Read, bytes | memoryview, SampleIndex]]:
         """The bytes of ``window``, one ranged read per group of close runs of a shard.
 
         Only I/O (and sidecars): it runs in the prefetch thread, where reading releases
         the GIL, while the caller decodes the previous window (:meth:`decode`).
         """
         runs = window.runs
-        self._load_indexes([run.shard for run in runs])
-        reads = plan_reads(runs, self._byte_range, gap=COALESCE_GAP)
+        indexes = self._load_indexes([run.shard for run in runs])
+        reads = plan_reads(runs, lambda shard, a, b: indexes[shard].byte_range(a, b), gap=COALESCE_GAP)
         items = [self._item(read) for read in reads]
         fetched = self.bytes.read_all(items, self._storage_error)
         for read, item, data in zip(reads, items, fetched, strict=True):
             if item[1] is None and len(data) < read.rng.end:
                 self._too_short(read, len(data))
-        return list(zip(reads, fetched, strict=True))
+        return [(read, data, indexes[read.shard]) for read, data in zip(reads, fetched, strict=True)]
 
     def _item(self, read: Read) -> tuple[str, ByteRange | None]:
         """What to read for ``read``: the whole object where the read covers all of a shard
@@ -235,7 +241,7 @@ class WindowReader:
         )
 
     def decode(
-        self, window: Any, fetched: list[tuple[Read, bytes | memoryview]]
+        self, window: Any, fetched: list[tuple[Read, bytes | memoryview, SampleIndex]]
     ) -> tuple[list[Sample | None], bool]:
         """The samples of ``window``'s runs from :meth:`fetch`'s bytes, concatenated in run
         order (not yet shuffled), and whether any is ``None`` (skipped as corrupt). Each
@@ -244,9 +250,8 @@ class WindowReader:
         fetched.reverse()
         parts: dict[int, list[Sample | None]] = {}
         while fetched:
-            read, data = fetched.pop()
+            read, data, index = fetched.pop()
             info = self.manifest.shards[read.shard]
-            index = self.index(read.shard)
             for number in read.runs:
                 run = runs[number]
                 parts[number] = self._decode(data, read.rng, index, run.start, run.stop, info.path)
@@ -256,9 +261,6 @@ class WindowReader:
         else:
             samples = [sample for number in sorted(parts) for sample in parts[number]]
         return samples, self._holes != holes
-
-    def _byte_range(self, shard: int, start: int, stop: int) -> ByteRange:
-        return self.index(shard).byte_range(start, stop)
 
     def _storage_error(self, error: StorageError, item: tuple[str, ByteRange | None]) -> StorageError:
         path, rng = item
@@ -339,7 +341,7 @@ class WindowReader:
             for window in windows:
                 yield (window, *self.decode(window, self.fetch(window)))
             return
-        prefetcher: Prefetcher[Any, list[tuple[Read, bytes | memoryview]]] = Prefetcher(
+        prefetcher: Prefetcher[Any, list[tuple[Read, bytes | memoryview, SampleIndex]]] = Prefetcher(
             self.fetch, threads=1, max_pending=self.prefetch
         )
         self._prefetcher = prefetcher
