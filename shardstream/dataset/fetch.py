@@ -22,7 +22,6 @@ from typing import Any
 
 from shardstream.errors import StorageError
 from shardstream.storage import Prefetcher, Storage
-from shardstream.storage.local import is_local_url
 from shardstream.types import ByteRange
 
 __all__ = ["READ_THREADS", "ByteFetcher"]
@@ -38,7 +37,7 @@ class ByteFetcher:
     def __init__(self, storage: Storage, *, threads: int = READ_THREADS) -> None:
         self.storage = storage
         self.threads = threads
-        self.local = is_local_url(storage.url) or storage.cache_dir is not None
+        self.local = storage.local_files
         self._pool: Prefetcher[Item, bytes | memoryview] | None = None
 
     def read_all(

@@ -113,7 +113,7 @@ class DataLoader(_TorchDataLoader):
         ``iter()`` of the state's epoch continues where that run stopped."""
         dataset = self.streaming_dataset
         dataset.use_loader(batch_size=self.batch_size, num_workers=self.num_workers)
-        dataset.load_state_dict(state, num_workers=max(1, self.num_workers))
+        dataset.load_state_dict(state)
         self._plan, self._active = None, None
         iterator: Any = self._iterator
         if iterator is not None:  # persistent workers hold the old state: restart them

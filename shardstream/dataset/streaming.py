@@ -203,7 +203,7 @@ class StreamingDataset(IterableDataset):
         """Forget a loaded state: its iteration has started (the workers carry it)."""
         self._resume = None
 
-    def load_state_dict(self, state: Mapping[str, Any], *, num_workers: int | None = None) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from ``state_dict()`` (of a dataset or a shardstream DataLoader), also
         under another world size or number of workers; ``StateError`` if it does not fit."""
         if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
@@ -225,7 +225,7 @@ class StreamingDataset(IterableDataset):
         self._resume = {"version": STATE_VERSION, "epoch": epoch, "url": self.url, "plan": dict(plan)}
         self._progress = None
         try:
-            self.make_plan(num_workers=num_workers, consume=False)  # validate now, not in a worker
+            self.make_plan(consume=False)  # validate now, not in a worker
         except StateError:
             self._resume = None
             raise

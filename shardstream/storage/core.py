@@ -93,6 +93,11 @@ class Storage:
     # -- configuration, pickling, life cycle ---------------------------------------
 
     @property
+    def local_files(self) -> bool:
+        """Whether reads come from local files: a local folder, or remote shards cached whole."""
+        return self._is_local or self._cache is not None
+
+    @property
     def storage_options(self) -> dict[str, Any]:
         return dict(self._options)
 
