@@ -102,8 +102,8 @@ class ShardSampler(Sampler[int]):
 
     def _indices(self, plan: EpochPlan) -> Iterator[int]:
         for window in plan.worker_windows(self.rank, 0):
-            shards, indices = window.shard_indices()
-            yield from (self.offsets[shards] + indices)[window.order].tolist()
+            for shards, indices in window.samples():
+                yield from (self.offsets[shards] + indices).tolist()
 
     def state_dict(self, num_consumed: int = 0) -> dict[str, Any]:
         """The state after this rank consumed ``num_consumed`` indices of the current

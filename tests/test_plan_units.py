@@ -124,8 +124,11 @@ def test_window_value_semantics():
     assert window != Window(runs, np.array([0, 1, 2]))
     assert len(window) == 3
     assert len(runs[0]) == 2
-    shards, indices = window.shard_indices()
-    assert list(zip(shards.tolist(), indices.tolist(), strict=True)) == [(2, 3), (2, 4), (0, 0)]
+    # yield order (order [2, 0, 1] of the read order (2, 3), (2, 4), (0, 0)), in chunks of any size
+    for chunk in (1, 2, 8192):
+        pairs = [p for s, i in window.samples(chunk) for p in zip(s.tolist(), i.tolist(), strict=True)]
+        assert pairs == [(0, 0), (2, 3), (2, 4)]
+    assert list(Window((), np.zeros(0, dtype=np.int64)).samples()) == []
     with pytest.raises(TypeError):
         hash(window)
     with pytest.raises(AttributeError):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numbers
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,15 +108,16 @@ class Window:
 
     __hash__ = None  # type: ignore[assignment]  # holds an array
 
-    def shard_indices(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(shards, indices)``: the shard and index in shard of every sample of the
-        concatenated runs (read order; index them with ``order`` for yield order)."""
+    def samples(self, chunk: int = 8192) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """``(shards, indices)`` of the window's samples in yield order, ``chunk`` at a
+        time: the first ones come before the whole window is laid out (it may hold millions)."""
         if not self.runs:
-            empty = np.zeros(0, dtype=np.int64)
-            return empty, empty
+            return
         shard = np.fromiter((r.shard for r in self.runs), dtype=np.int64, count=len(self.runs))
         start = np.fromiter((r.start for r in self.runs), dtype=np.int64, count=len(self.runs))
         length = np.fromiter((r.stop - r.start for r in self.runs), dtype=np.int64, count=len(self.runs))
         first = np.cumsum(length) - length
-        owner = np.repeat(np.arange(len(self.runs)), length)
-        return shard[owner], start[owner] + (np.arange(int(length.sum())) - first[owner])
+        for lo in range(0, len(self.order), chunk):
+            positions = self.order[lo : lo + chunk]
+            run = np.searchsorted(first, positions, side="right") - 1
+            yield shard[run], start[run] + positions - first[run]

@@ -22,7 +22,6 @@ from shardstream.plan.state import make_state, read_state
 __all__ = ["EpochPlan"]
 
 # Samples converted to Python tuples at a time while iterating a window.
-_YIELD_CHUNK = 8192
 
 
 class EpochPlan:
@@ -185,18 +184,8 @@ class EpochPlan:
 
     def _samples(self, rank: int, worker: int) -> Iterator[tuple[int, int]]:
         for window in self._windows(rank, worker):
-            if not window.runs:
-                continue
-            # Resolved a chunk at a time, so the first samples come before the whole
-            # window is laid out (it may hold millions).
-            shard = np.array([r.shard for r in window.runs], dtype=np.int64)
-            start = np.array([r.start for r in window.runs], dtype=np.int64)
-            length = np.array([r.stop - r.start for r in window.runs], dtype=np.int64)
-            first = np.cumsum(length) - length
-            for lo in range(0, len(window.order), _YIELD_CHUNK):
-                chunk = window.order[lo : lo + _YIELD_CHUNK]
-                run = np.searchsorted(first, chunk, side="right") - 1
-                yield from zip(shard[run].tolist(), (start[run] + chunk - first[run]).tolist(), strict=True)
+            for shards, indices in window.samples():
+                yield from zip(shards.tolist(), indices.tolist(), strict=True)
 
     def rank_samples(self, rank: int) -> Iterator[tuple[int, int]]:
         """What this rank's DataLoader yields, in order: each worker's batches taken
