@@ -63,12 +63,15 @@ class EpochPlan:
         sizes = shard_sizes_array(shard_sizes)
         epoch, records = read_state(state, sizes, config, window=config.window_for(sizes))
         plan = cls.__new__(cls)
+        if records[-1].steps > 0 and not records[-1].same_topology(record):
+            plan._setup(sizes, config, epoch, [*records, record])  # a new pass over what is left
+            return plan
         plan._setup(sizes, config, epoch, records)
         if records[-1].same_topology(record):
             return plan
         # Resuming at the start of a pass under another topology makes that pass anew (a
         # fresh epoch if it is the first); a pass with no batches at all is at its end.
-        started = records[-1].steps > 0 or not sum(plan._pass.batches)
+        started = not sum(plan._pass.batches)
         plan._setup(sizes, config, epoch, [*records, record] if started else [*records[:-1], record])
         return plan
 
