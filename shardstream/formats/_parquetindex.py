@@ -205,21 +205,7 @@ class ParquetIndex(SampleIndex):
             keys=keys if has_keys else None,
         )
 
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, ParquetIndex):
-            return NotImplemented
-        return self.to_bytes() == other.to_bytes()
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __reduce__(self):
-        return (_load, (self.to_bytes(), self._name))
-
     def __repr__(self) -> str:
         return (
             f"ParquetIndex(name={self._name!r}, samples={self._num_samples}, row_groups={len(self._spans)})"
         )
-
-
-def _load(data: bytes, name: str) -> ParquetIndex:
-    return ParquetIndex.from_bytes(data, name=name)

@@ -232,19 +232,5 @@ class TarIndex(SampleIndex):
             archive_end=archive_end,
         )
 
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, TarIndex):
-            return NotImplemented
-        return self.to_bytes() == other.to_bytes()
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __reduce__(self):
-        return (_load, (self.to_bytes(), self._name))
-
     def __repr__(self) -> str:
         return f"TarIndex(name={self._name!r}, samples={len(self._keys)}, members={len(self._member_offset)})"
-
-
-def _load(data: bytes, name: str) -> TarIndex:
-    return TarIndex.from_bytes(data, name=name)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import IO, Any, ClassVar
+from typing import IO, Any, ClassVar, cast
 
 from shardstream.errors import FormatError
 from shardstream.types import ByteRange
@@ -43,6 +43,31 @@ class SampleIndex(ABC):
     @abstractmethod
     def to_bytes(self) -> bytes:
         """The sidecar's content; ``ShardFormat.load_index`` reads it back."""
+
+    @property
+    @abstractmethod
+    def name(self) -> str:
+        """The shard's name, for errors."""
+
+    @classmethod
+    @abstractmethod
+    def from_bytes(cls, data: bytes | memoryview, *, name: str) -> SampleIndex:
+        """The index whose ``to_bytes`` is ``data``; ``FormatError`` naming ``name`` if it is not one."""
+
+    # Two indexes are equal when their sidecars are; an index pickles as its sidecar.
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self.to_bytes() == cast(SampleIndex, other).to_bytes()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_load_index, (type(self), self.to_bytes(), self.name))
+
+
+def _load_index(cls: type[SampleIndex], data: bytes, name: str) -> SampleIndex:
+    return cls.from_bytes(data, name=name)
 
 
 class ShardEncoder(ABC):
