@@ -135,11 +135,10 @@ class ParquetFormat(ShardFormat):
 
         if not isinstance(index, ParquetIndex):
             raise UsageError(f"a Parquet shard needs a ParquetIndex, not {type(index).__name__}", shard=name)
-        need = index.byte_range(start, stop)
-        if start < stop:
-            check_covers(data, rng, need, start, stop, name)
+        need = index.byte_range(start, stop)  # checks start and stop
         if start == stop:
             return iter(())
+        check_covers(data, rng, need, start, stop, name)
         return iter(_rows(data, rng.start, index, start, stop, name))
 
 
