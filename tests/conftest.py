@@ -1,7 +1,7 @@
 """Shared fixtures: S3 servers on 127.0.0.1 and a leak check for every test.
 
 S3 tests talk real HTTP to moto's server, started once per session on a free port
-(port 0) and reset between tests; ``seaweedfs`` (see tests/s3servers.py) is a real
+(port 0) and reset between tests; ``seaweedfs`` (see shardstream/testing.py) is a real
 S3 server in Go for end-to-end checks.
 """
 
@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from tests.s3servers import MotoServer, SeaweedFS
+from shardstream.testing import MotoServer, SeaweedFS
 
 _SESSION_PIDS: set[int] = set()
 
@@ -71,7 +71,7 @@ def s3(moto_server, monkeypatch):
 def seaweedfs():
     """A SeaweedFS S3 server (``weed mini``) for the whole session; yields the server.
 
-    Only one runs per machine at a time (fixed internal ports; see tests/s3servers.py),
+    Only one runs per machine at a time (fixed internal ports; see shardstream/testing.py),
     so starting it may wait for another test session to finish with it. Tests make
     their own bucket with ``seaweedfs.create_bucket`` and pass
     ``seaweedfs.storage_options()``.

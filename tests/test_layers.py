@@ -86,3 +86,18 @@ def test_public_modules_declare_all():
         if not has_all and tree.body:
             missing.append(str(path.relative_to(PACKAGE)))
     assert not missing, f"modules without __all__: {missing}"
+
+
+def test_product_does_not_lean_on_test_code():
+    """The package, the tools (the README's demo among them) and the Docker image work
+    without tests/: the S3 servers they share live in ``shardstream.testing``."""
+    root = PACKAGE.parent
+    bad = []
+    for path in sorted([*PACKAGE.rglob("*.py"), *(root / "tools").glob("*.py")]):
+        for name in imported_modules(path):
+            if name == "tests" or name.startswith("tests."):
+                bad.append(f"{path.relative_to(root)} imports {name}")
+    dockerfile = (root / "docker" / "Dockerfile").read_text()
+    if any(line.split()[:1] == ["COPY"] and "tests" in line for line in dockerfile.splitlines()):
+        bad.append("docker/Dockerfile copies tests/")
+    assert not bad, "\n".join(bad)

