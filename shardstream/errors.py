@@ -16,7 +16,26 @@ __all__ = [
     "StorageError",
     "TransientStorageError",
     "UsageError",
+    "shown",
 ]
+
+# NOTE [ Names in error messages ]
+# Keys and member names come from the data, and a hostile tar can carry a name of a
+# megabyte (a GNU long-name or PAX header). An error shows ``shown(name)``: its repr, cut
+# to the first _SHOWN characters and the name's length. As a last guard a message longer
+# than _MAX_MESSAGE keeps its head and tail, so no error ever carries a whole such name.
+_SHOWN = 200
+_MAX_MESSAGE = 4096
+
+
+def shown(name: object, limit: int = _SHOWN) -> str:
+    """``repr(name)`` for an error message, cut after ``limit`` characters (see NOTE above)."""
+    text = repr(name)
+    if len(text) <= limit:
+        return text
+    if isinstance(name, (bytes, bytearray)):
+        return f"{text[:limit]}... ({len(name)} bytes)"
+    return f"{text[:limit]}... ({len(name) if isinstance(name, str) else len(text)} characters)"
 
 
 class ShardstreamError(Exception):
@@ -35,6 +54,9 @@ class ShardstreamError(Exception):
         offset: int | None = None,
         line: int | None = None,
     ) -> None:
+        if len(message) > _MAX_MESSAGE:  # NOTE [ Names in error messages ]
+            cut = len(message) - _MAX_MESSAGE
+            message = f"{message[: _MAX_MESSAGE - 1024]}... ({cut} characters cut) ...{message[-1024:]}"
         self.message = message
         self.url = url
         self.shard = shard
