@@ -5,6 +5,12 @@ and fields ``jpg`` and ``seg.png``: the key is the path relative to the folder u
 the first dot of the file's base name. Files and folders whose name starts with a dot
 are skipped.
 
+Only regular files are packed. A symbolic link to a regular file is followed: the
+file's bytes are packed under the link's name. Anything else beside a sample's files
+(a FIFO, a socket, a device, a link to a folder or a broken link) is refused with a
+``PackError`` naming it, rather than left out of the sample; a FIFO is never opened
+(opening one blocks until something writes to it).
+
 Samples come in walk order: in each folder its files, sorted by name, then each of its
 subfolders, sorted by name, in turn. The walk is done in chunks that any process of a
 pack expands (NOTE [ Every process plans and writes ] in ``shardstream.pack.parallel``):
@@ -17,6 +23,7 @@ The files themselves are read by whichever process writes their shard.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any
@@ -33,6 +40,7 @@ __all__ = ["FolderSource"]
 _MAX_FILE = 8 * 2**30 - 1
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a FIFO put in a file's place opens without waiting
 _STAT_DIR_FD = os.stat in os.supports_dir_fd  # Unix: a file stat'ed relative to its folder
 _CHUNK_FILES = 2048  # files sized by one task (about 10 ms of stat calls)
 _CHUNK_FOLDERS = 8  # folders listed by one task
@@ -179,7 +187,8 @@ def _list_local(folder: str) -> tuple[tuple[str, ...], list[str]]:
     """The names of a folder's files and of its subfolders, sorted, dot-names skipped.
 
     Only the listing is read: the kind of each entry comes with its name, so no file is
-    stat'ed here but symbolic links (to tell a link to a file from a broken one).
+    stat'ed here but symbolic links (to tell a link to a file from a broken one) and
+    whatever is neither a file nor a folder, which is refused.
     """
     files = []
     folders = []
@@ -194,8 +203,8 @@ def _list_local(folder: str) -> tuple[tuple[str, ...], list[str]]:
                         files.append(name)
                     elif item.is_dir(follow_symlinks=False):
                         folders.append(name)
-                    elif item.is_symlink():
-                        raise PackError("cannot read file: broken symbolic link", url=f"{folder}/{name}")
+                    else:
+                        raise _not_regular(item.path)
                 except OSError as error:
                     raise PackError(f"cannot read file: {error.strerror}", url=f"{folder}/{name}") from None
     except OSError as error:
@@ -243,8 +252,13 @@ def _stat_sizes(folder: str, names: Sequence[str]) -> list[int]:
     except OSError as error:
         raise PackError(f"cannot list folder: {error.strerror}", url=folder) from None
     try:
-        stat = os.stat
-        return [stat(name, dir_fd=fd).st_size for name in names]
+        sizes = []
+        for name in names:
+            found = os.stat(name, dir_fd=fd)
+            if not stat.S_ISREG(found.st_mode):  # replaced since it was listed
+                raise _not_regular(f"{folder}/{name}")
+            sizes.append(found.st_size)
+        return sizes
     except OSError as error:  # its filename is the name given to stat
         raise PackError(f"cannot read file: {error.strerror}", url=f"{folder}/{error.filename}") from None
     finally:
@@ -253,9 +267,43 @@ def _stat_sizes(folder: str, names: Sequence[str]) -> list[int]:
 
 def _stat_size(path: str) -> int:
     try:
-        return os.stat(path).st_size
+        found = os.stat(path)
     except OSError as error:
         raise PackError(f"cannot read file: {error.strerror}", url=path) from None
+    if not stat.S_ISREG(found.st_mode):
+        raise _not_regular(path)
+    return found.st_size
+
+
+def _not_regular(path: str) -> PackError:
+    # Refused, not skipped: a sample would silently lose the field (and a FIFO is never opened).
+    return PackError(f"cannot read file: {_kind(path)}, not a regular file", url=path)
+
+
+def _kind(path: str) -> str:
+    """What ``path`` is, in words, for a file that is not a regular one (nothing is opened)."""
+    try:
+        mode = os.lstat(path).st_mode
+        if stat.S_ISLNK(mode):
+            try:
+                return (
+                    f"a symbolic link to {_KINDS.get(stat.S_IFMT(os.stat(path).st_mode), 'a special file')}"
+                )
+            except OSError:
+                return "a broken symbolic link"
+    except OSError as error:
+        return f"a file that cannot be read ({error.strerror})"
+    return _KINDS.get(stat.S_IFMT(mode), "a special file")
+
+
+_KINDS = {
+    stat.S_IFREG: "a regular file",
+    stat.S_IFDIR: "a folder (links to folders are not followed)",
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
 
 
 def _count_keys(directory: str) -> int:
@@ -337,7 +385,7 @@ def _read_local(path: str, size: int) -> bytes:
     if size >= _primed[0]:
         _prime_allocator(size)  # see NOTE [ Large reads and the allocator ]
     try:
-        fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | _O_CLOEXEC | _O_NONBLOCK)
         try:
             data = os.read(fd, size + 1)  # one byte more than listed shows a file that grew
             while len(data) < size:  # a short read (or a file that shrank: then read returns b"")
