@@ -409,6 +409,10 @@ def verify_dataset(
         unlisted = tuple(
             f for f in storage.list_files() if f.endswith(fmt.suffix) and f not in listed and not _hidden(f)
         )
+        if not manifest.shards:  # an empty dataset beside shards is a cut-short or hand-made manifest
+            problems += [
+                ShardProblem(f, "looks like a shard but the manifest lists no shards") for f in unlisted
+            ]
         return VerifyReport(
             url=storage.url,
             num_shards=len(manifest.shards),

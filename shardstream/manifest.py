@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+import re
+import reprlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +31,8 @@ __all__ = [
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
 FORMATS = ("tar", "parquet")
+_MAX_COUNT = 1 << 63
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +71,18 @@ class Manifest:
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
-            raise ManifestError(f"unknown shard format {self.format!r}; known: {', '.join(FORMATS)}")
+            raise ManifestError(
+                f"unknown shard format {reprlib.repr(self.format)}; known: {', '.join(FORMATS)}"
+            )
+        seen: set[str] = set()
+        for shard in self.shards:  # NOTE [ What a manifest must say ]
+            for what, path in (("shard", shard.path), ("sample index", shard.index)):
+                if path in seen:
+                    raise ManifestError(
+                        f"the manifest lists {what} path {reprlib.repr(path)} twice (as a shard or a sample index)",
+                        shard=shard.path,
+                    )
+                seen.add(path)
 
     @property
     def num_samples(self) -> int:
@@ -102,51 +117,153 @@ class Manifest:
 
     @classmethod
     def from_json(cls, text: str | bytes, *, url: str | None = None) -> Manifest:
-        """Parse and validate a manifest; ``url`` only names it in errors."""
+        """Parse and validate a manifest; ``url`` only names it in errors.
+
+        See NOTE [ What a manifest must say ]: every count an integer, every path inside
+        the dataset and listed once, the totals those of the shards.
+        """
         try:
             data = json.loads(text)
+        except RecursionError:  # the C parser recurses once per nested list or object
+            raise ManifestError("manifest is not valid JSON: it nests too deeply", url=url) from None
         except ValueError as error:
             raise ManifestError(f"manifest is not valid JSON: {error}", url=url) from None
         if not isinstance(data, dict):
             raise ManifestError("manifest is not a JSON object", url=url)
         version = data.get("version")
-        if version != MANIFEST_VERSION:
+        if version != MANIFEST_VERSION or type(version) is not int:
             raise ManifestError(
-                f"manifest version {version!r} is not supported (this shardstream reads "
+                f"manifest version {reprlib.repr(version)} is not supported (this shardstream reads "
                 f"version {MANIFEST_VERSION}); upgrade shardstream or re-index the dataset",
                 url=url,
             )
+        shards = data.get("shards")
+        if not isinstance(shards, list):
+            raise ManifestError("manifest field 'shards' must be a list", url=url)
+        infos = tuple(_shard_info(entry, number, url) for number, entry in enumerate(shards))
         try:
-            shards = tuple(
-                ShardInfo(
-                    path=str(s["path"]),
-                    samples=int(s["samples"]),
-                    bytes=int(s["bytes"]),
-                    sha256=str(s["sha256"]),
-                    index=str(s["index"]),
-                    index_bytes=int(s.get("index_bytes", 0)),
-                )
-                for s in data["shards"]
-            )
             manifest = cls(
-                format=str(data["format"]),
-                shards=shards,
-                fields=tuple(data.get("fields", ())),
-                schema=dict(data.get("schema") or {}),
-                key_column=data.get("key_column"),
-                writer=str(data.get("writer", "")),
-                version=int(version),
+                format=_string(data, "format", url),
+                shards=infos,
+                fields=tuple(_strings(data.get("fields", []), "fields", url)),
+                schema=_schema(data.get("schema"), url),
+                key_column=_string(data, "key_column", url, optional=True),
+                writer=_string(data, "writer", url, default=""),
+                version=version,
             )
-        except (KeyError, TypeError, ValueError) as error:
-            raise ManifestError(f"manifest is malformed: {error!r}", url=url) from None
-        for shard in manifest.shards:
-            if shard.samples < 0 or shard.bytes < 0:
-                raise ManifestError("negative sample count or size", url=url, shard=shard.path)
-            if shard.path.startswith("/") or ".." in shard.path.split("/"):
-                raise ManifestError(
-                    "shard path must be relative and inside the dataset", url=url, shard=shard.path
-                )
+        except ManifestError as error:
+            raise ManifestError(error.message, url=url, shard=error.shard) from None
+        _check_totals(data, manifest, url)
         return manifest
+
+
+# NOTE [ What a manifest must say ]
+# The manifest is the one thing a reader trusts about a dataset, so it is read strictly:
+# - counts and sizes are JSON integers (not 25.9, not 25.0, not true): a float count
+#   would be truncated and a sample lost or read past its shard;
+# - each shard path and each sidecar path appears once among all of them: a shard listed
+#   twice would stream its samples twice every epoch, and two shards sharing a sidecar
+#   would read one shard's samples with the other's byte ranges;
+# - paths are relative and stay inside the dataset folder; a sha256 is 64 hex digits;
+# - num_shards, num_samples and num_bytes, where given, are those of the shard list: a
+#   disagreement means the manifest was edited or cut short.
+# Manifests written by every shardstream so far meet all of this.
+
+
+def _where(number: int, entry: Mapping[str, Any]) -> str:
+    path = entry.get("path")
+    return path if isinstance(path, str) else f"#{number}"
+
+
+def _string(
+    record: Mapping[str, Any],
+    key: str,
+    url: str | None,
+    *,
+    optional: bool = False,
+    default: str | None = None,
+) -> Any:
+    value = record.get(key, default)
+    if (value is None and optional) or isinstance(value, str):
+        return value
+    raise ManifestError(f"manifest field {key!r} must be a string, not {reprlib.repr(value)}", url=url)
+
+
+def _strings(value: object, key: str, url: str | None) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ManifestError(f"manifest field {key!r} must be a list of strings", url=url)
+    return value
+
+
+def _schema(value: object, url: str | None) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise ManifestError("manifest field 'schema' must map column names to type names", url=url)
+    return dict(value)
+
+
+def _count(value: object, key: str, url: str | None, shard: str | None = None) -> int:
+    """A JSON integer in ``[0, 2**63)`` (what numpy and the plan can hold)."""
+    if type(value) is not int or not 0 <= value < _MAX_COUNT:
+        raise ManifestError(
+            f"manifest field {key!r} must be an integer from 0 to 2**63-1, not {reprlib.repr(value)}",
+            url=url,
+            shard=shard,
+        )
+    return value
+
+
+def _shard_info(entry: object, number: int, url: str | None) -> ShardInfo:
+    if not isinstance(entry, dict):
+        raise ManifestError(f"manifest shard #{number} is not a JSON object", url=url)
+    shard = _where(number, entry)
+    strings = {}
+    for key in ("path", "sha256", "index"):
+        value = entry.get(key)
+        if not isinstance(value, str):
+            raise ManifestError(
+                f"manifest shard field {key!r} must be a string, not {reprlib.repr(value)}",
+                url=url,
+                shard=shard,
+            )
+        strings[key] = value
+    if not _SHA256_RE.fullmatch(strings["sha256"]):
+        raise ManifestError("manifest shard field 'sha256' must be 64 hex digits", url=url, shard=shard)
+    for key in ("path", "index"):
+        if not _inside(strings[key]):
+            raise ManifestError(
+                f"shard {key} must be relative and inside the dataset: {reprlib.repr(strings[key])}",
+                url=url,
+                shard=shard,
+            )
+    return ShardInfo(
+        path=strings["path"],
+        samples=_count(entry.get("samples"), "samples", url, shard),
+        bytes=_count(entry.get("bytes"), "bytes", url, shard),
+        sha256=strings["sha256"],
+        index=strings["index"],
+        index_bytes=_count(entry.get("index_bytes", 0), "index_bytes", url, shard),
+    )
+
+
+def _inside(path: str) -> bool:
+    parts = path.split("/")
+    return bool(path) and not path.startswith("/") and ".." not in parts
+
+
+def _check_totals(data: Mapping[str, Any], manifest: Manifest, url: str | None) -> None:
+    actual = {
+        "num_shards": len(manifest.shards),
+        "num_samples": manifest.num_samples,
+        "num_bytes": manifest.num_bytes,
+    }
+    for key, total in actual.items():
+        if key not in data:
+            continue
+        given = _count(data[key], key, url)
+        if given != total:
+            raise ManifestError(f"manifest says {key}={given}, its shards add up to {total}", url=url)
 
 
 def counts_checksum(shard_sizes: Sequence[int]) -> str:
