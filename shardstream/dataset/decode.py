@@ -43,8 +43,12 @@ PICKLE_EXTENSIONS = frozenset({"pkl", "pickle", "pyd"})
 _BYTES = (bytes, bytearray, memoryview)
 
 
-class PickleRefusedError(UsageError):
-    """A pickled field met without ``allow_pickle=True``: decoding it could run code."""
+class PickleRefusedError(UsageError, FormatError):
+    """A pickled field met without ``allow_pickle=True``: decoding it could run code.
+
+    It is the user's choice (a ``UsageError``) about one sample's data (a ``FormatError``),
+    so ``on_error="skip"`` skips that sample as it skips one a decoder cannot read.
+    """
 
 
 def field_extension(name: str) -> str:
