@@ -3,6 +3,7 @@ deeply nested JSON, CSV decoding errors, huge numbers on the command line."""
 
 from __future__ import annotations
 
+import gzip
 import os
 import socket
 
@@ -67,3 +68,53 @@ def test_folder_refuses_a_link_to_a_folder_saying_so(tmp_path):
     with pytest.raises(PackError, match="link to a folder") as info:
         pack(src, tmp_path / "out", workers=1)
     assert info.value.url == f"{src}/more"
+
+
+def _jsonl_with_a_deep_line(path, depth):
+    with open(path, "w") as f:
+        f.write('{"txt": "a"}\n\n{"txt": "b"}\n')
+        f.write('{"txt": "deep", "nest": ' + "[" * depth + "]" * depth + "}\n")
+        f.write('{"txt": "c"}\n')
+
+
+@pytest.mark.parametrize("depth", [100_000, 600])
+@pytest.mark.parametrize(("fmt", "workers"), [("tar", 1), ("tar", 2), ("parquet", 1), ("parquet", 2)])
+def test_jsonl_nested_too_deeply_names_file_and_line(tmp_path, depth, fmt, workers):
+    _jsonl_with_a_deep_line(tmp_path / "deep.jsonl", depth)
+
+    def run():
+        pack(tmp_path / "deep.jsonl", tmp_path / "out", format=fmt, workers=workers, samples_per_shard=2)
+
+    if (depth, fmt) == (600, "tar"):  # a few hundred levels fit a tar shard, as JSON text
+        run()
+        texts = sorted(sample["txt"] for sample in read_shards(tmp_path / "out"))
+        assert texts == [b"a", b"b", b"c", b"deep"]
+        return
+    with pytest.raises(PackError, match="nested too deeply") as info:  # never a bare RecursionError
+        run()
+    assert (info.value.url, info.value.line) == (str(tmp_path / "deep.jsonl"), 4)
+
+
+def _csv_with_a_bad_byte(path, line, lines=6000, compress=False):
+    rows = [b"__key__,txt\n"] + [b"k%05d,v%d\n" % (i, i) for i in range(2, lines + 1)]
+    rows[line - 1] = b"k%05d,caf\xe9\n" % line  # Latin-1, not UTF-8
+    data = b"".join(rows)
+    path.write_bytes(gzip.compress(data) if compress else data)
+
+
+@pytest.mark.parametrize("line", [2, 4670, 5000, 6000])
+@pytest.mark.parametrize("compress", [False, True])
+def test_csv_decoding_error_names_its_line(tmp_path, line, compress):
+    path = tmp_path / ("bad.csv.gz" if compress else "bad.csv")
+    _csv_with_a_bad_byte(path, line, compress=compress)
+    with pytest.raises(PackError, match="not UTF-8") as info:
+        pack(path, tmp_path / "out", workers=1)
+    assert (info.value.url, info.value.line) == (str(path), line)
+
+
+def test_csv_truncated_character_at_the_end_names_the_last_line(tmp_path):
+    path = tmp_path / "cut.csv"
+    path.write_bytes(b"a,b\n" + b"1,2\n" * 3000 + b"3,\xc3")  # the first byte of a two-byte character
+    with pytest.raises(PackError, match="not UTF-8") as info:
+        pack(path, tmp_path / "out", workers=1)
+    assert info.value.line == 3002

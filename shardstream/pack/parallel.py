@@ -180,15 +180,17 @@ class EntrySizer:
 
     def __call__(self, entry: Entry) -> tuple[Entry, int]:
         """``entry`` (an inline sample made ready for tar) and its size; errors name its file."""
-        if self.adapt and entry.sample is not None:
-            entry = entry._replace(sample=tar_ready(entry.sample, entry.url, entry.line))
-        if not self.sized:
-            return entry, 0
         try:
+            if self.adapt and entry.sample is not None:
+                entry = entry._replace(sample=tar_ready(entry.sample, entry.url, entry.line))
+            if not self.sized:
+                return entry, 0
             sample = entry.sample
             return entry, self.measure(sample) if sample is not None else self.source.size(entry, self.fmt)
         except ShardstreamError as error:
             raise _at_entry(error, entry, self.source) from None
+        except RecursionError:
+            raise _at_entry(PackError(_TOO_DEEP), entry, self.source) from None
 
 
 class ShardPlan:
@@ -315,6 +317,35 @@ def size_chunk(chunk: tuple[Any, ...], size: EntrySizer) -> list[Sized | tuple[A
     return parts
 
 
+# JSON Lines and Parquet values nest lists and objects; encoding, sizing and pickling
+# them recurse once per level, so a few hundred levels end in a RecursionError.
+_TOO_DEEP = "a value is nested too deeply to pack (lists or objects hundreds of levels deep)"
+
+
+def _too_deep(job: ShardJob, source: Source) -> PackError:
+    """The error for a shard that recursed too deeply as a whole, naming its deepest sample."""
+    entries = [entry for entry in job.entries if entry.sample is not None]
+    if not entries:
+        return PackError(_TOO_DEEP, shard=job.name)
+    deepest = max(entries, key=lambda entry: _depth(entry.sample))
+    return _at_entry(PackError(_TOO_DEEP, shard=job.name), deepest, source)
+
+
+def _depth(value: Any) -> int:
+    """How deeply lists, tuples and dicts nest in ``value`` (iterative: it must not recurse)."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        value, depth = stack.pop()
+        items = (
+            value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+        )
+        if items:
+            deepest = max(deepest, depth)
+            stack += [(item, depth + 1) for item in items]
+    return deepest
+
+
 def _at_entry(error: ShardstreamError, entry: Entry, source: Source) -> PackError:
     """``error`` as a PackError naming the entry's file (or the sample's first file) and line."""
     message = error.message if entry.key in error.message else f"sample {entry.key!r}: {error.message}"
@@ -366,6 +397,8 @@ def write_job(
                 write(load(entry) if load is not None else entry.sample)  # type: ignore[arg-type]
             except ShardstreamError as error:
                 raise _at_entry(error, entry, source) from None
+            except RecursionError:
+                raise _at_entry(PackError(_TOO_DEEP), entry, source) from None
             if done % _FEED == 0:
                 if feed is not None:
                     feed()
@@ -375,7 +408,10 @@ def write_job(
     except BaseException:
         output.abort()
         raise
-    result = output.finish()
+    try:
+        result = output.finish()  # which may encode the samples (Parquet)
+    except RecursionError:
+        raise _too_deep(job, source) from None
     if progress is not None:
         progress.update(result.info.samples - reported[0], result.info.bytes - reported[1])
     return result
@@ -547,7 +583,11 @@ class _Pool:
         """Give ``job`` to a worker, pickled here: the pool's own threads would pickle it
         only when this busy thread lets them have the GIL (a worker got it ~20 ms later)."""
         assert self.pool is not None
-        return self.pool.submit(_work_pickled, pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
+        try:
+            blob = pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
+        except RecursionError:
+            raise _too_deep(job, self.context.source) from None
+        return self.pool.submit(_work_pickled, blob)
 
     def hand_out(self, jobs: Iterator[ShardJob]) -> None:
         """Worker processes write every shard; this one only plans (an inline source reads here)."""

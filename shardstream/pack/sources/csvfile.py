@@ -35,7 +35,8 @@ class CsvSource(Source):
         csv.field_size_limit(_FIELD_LIMIT)
         delimiter = "\t" if has_suffix(self.url, (".tsv",)) else ","
         with open_file(self.url, self.storage_options) as raw:
-            text = io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")
+            counted = _NewlineCounter(raw)
+            text = io.TextIOWrapper(counted, encoding="utf-8-sig", newline="")
             reader = csv.reader(text, delimiter=delimiter, strict=True)
             try:
                 header = self._header(reader)
@@ -46,7 +47,7 @@ class CsvSource(Source):
                 raise PackError(f"invalid CSV: {error}", url=self.url, line=reader.line_num) from None
             except UnicodeDecodeError as error:
                 raise PackError(
-                    f"not UTF-8 text: {error.reason}", url=self.url, line=reader.line_num + 1
+                    f"not UTF-8 text: {error.reason}", url=self.url, line=counted.line_of(error)
                 ) from None
             except OSError as error:
                 raise PackError(f"cannot read source file: {error}", url=self.url) from None
@@ -79,3 +80,42 @@ class CsvSource(Source):
 
     def count(self) -> int:
         return sum(1 for _ in self._rows())
+
+
+class _NewlineCounter(io.BufferedIOBase):
+    """A binary stream that counts the newlines of the chunks read through it.
+
+    The text layer decodes a chunk (8 KiB or more) at a time, ahead of the rows the
+    reader has parsed, so the reader's line number is not where a decoding error is;
+    the count of newlines before the failing byte is.
+    """
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+        self._last = b""  # the chunk read last: the one being decoded when decoding fails
+        self._before = 0  # newlines in the chunks before it
+
+    @property
+    def name(self) -> Any:
+        return getattr(self._raw, "name", "")
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        data: bytes = self._raw.read(-1 if size is None else size)
+        self._before += self._last.count(b"\n")
+        self._last = data
+        return data
+
+    def read1(self, size: int = -1, /) -> bytes:
+        return self.read(size)
+
+    def line_of(self, error: UnicodeDecodeError) -> int:
+        """The line (from 1) of the byte that did not decode, in the chunk read last.
+
+        The decoder may hold a few bytes of an unfinished character from the chunk before
+        (never a newline), ahead of this chunk in ``error.object``.
+        """
+        held = len(error.object) - len(self._last)
+        return self._before + self._last[: max(error.start - held, 0)].count(b"\n") + 1

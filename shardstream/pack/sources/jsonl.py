@@ -49,6 +49,12 @@ class JsonlSource(Source):
                 sample = json.loads(line)
             except ValueError as error:
                 raise PackError(f"invalid JSON: {_reason(error)}", url=url, line=number) from None
+            except RecursionError:  # json's decoder recurses once per level of nesting
+                raise PackError(
+                    "JSON nested too deeply (arrays and objects hundreds of levels deep)",
+                    url=url,
+                    line=number,
+                ) from None
             if type(sample) is not dict:
                 raise PackError(
                     f"a line must hold a JSON object, not {type(sample).__name__}", url=url, line=number
