@@ -26,6 +26,7 @@ __all__ = [
     "Manifest",
     "ShardInfo",
     "counts_checksum",
+    "dataset_fingerprint",
 ]
 
 MANIFEST_NAME = "manifest.json"
@@ -270,3 +271,12 @@ def counts_checksum(shard_sizes: Sequence[int]) -> str:
     """A short fingerprint of a dataset's shard layout, stored in resume states."""
     digest = hashlib.sha256(",".join(str(int(n)) for n in shard_sizes).encode())
     return digest.hexdigest()[:16]
+
+
+def dataset_fingerprint(manifest: Manifest) -> str:
+    """What a dataset holds, in 32 hex digits: a hash of its format and of each shard's
+    path and sha256, in order. Resume states carry it, so that a state of another dataset
+    with the same shard sizes is refused; it leaves the dataset's URL out, so a dataset
+    moved or copied elsewhere keeps it."""
+    listing = [manifest.format, [[s.path, s.sha256] for s in manifest.shards]]
+    return hashlib.sha256(json.dumps(listing, ensure_ascii=True).encode()).hexdigest()[:32]

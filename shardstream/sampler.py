@@ -32,7 +32,10 @@ class ShardSampler(Sampler[int]):
     ``WORLD_SIZE``, then to 1 and 0. Call ``set_epoch(epoch)`` before each epoch.
 
     ``state_dict(num_consumed)`` and ``load_state_dict(state)`` resume an epoch exactly
-    where it stopped, also under another number of ranks.
+    where it stopped, also under another number of ranks. A sampler knows only shard
+    sizes, so its states are checked against those (and the plan's parameters), not
+    against a dataset fingerprint as ``StreamingDataset`` states are: a state of another
+    dataset with the same shard sizes loads. Keep it with the dataset it belongs to.
     """
 
     def __init__(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing.context
 import os
+import reprlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -19,7 +20,7 @@ from shardstream.dataset.config import DatasetConfig
 from shardstream.dataset.decode import Decoder
 from shardstream.dataset.reader import WindowReader, report_skip
 from shardstream.errors import FormatError, StateError
-from shardstream.manifest import Manifest
+from shardstream.manifest import Manifest, dataset_fingerprint
 from shardstream.plan import EpochPlan, PlanConfig
 from shardstream.storage import Storage
 from shardstream.topology import detect_rank, detect_worker
@@ -35,7 +36,8 @@ class StreamingDataset(IterableDataset):
     Each sample is a dict with ``__key__`` and its fields, decoded by extension unless
     ``decode=False`` (then raw bytes). ``len()`` is the number of samples this rank gets
     per epoch. See ``DatasetConfig`` for the options; ``decoders`` maps extensions to
-    decoders that override the registry, ``allow_pickle`` lets pickled fields load.
+    decoders that override the registry, ``allow_pickle`` lets pickled fields load;
+    ``verify_checksums=False`` skips the per-read CRC check of NOTE [ Checksummed reads ].
     """
 
     def __init__(
@@ -57,6 +59,7 @@ class StreamingDataset(IterableDataset):
         on_error: str = "raise",
         decoders: Mapping[str, Decoder] | None = None,
         allow_pickle: bool = False,
+        verify_checksums: bool = True,
     ) -> None:
         self.config = DatasetConfig.build(
             os.fspath(url),
@@ -75,6 +78,7 @@ class StreamingDataset(IterableDataset):
             cache_dir=cache_dir,
             cache_limit=cache_limit,
             on_error=on_error,
+            verify_checksums=verify_checksums,
         )
         self._epoch = 0
         self._epoch_cell: Any = None  # shared with persistent workers; see NOTE in loader.py
@@ -83,6 +87,7 @@ class StreamingDataset(IterableDataset):
         self._loader_num_workers: int | None = None
         self._rank_world: tuple[int, int] | None = None  # resolved in the main process
         self._manifest: Manifest | None = None
+        self._fingerprint: str | None = None  # of the manifest, computed once
         self._storage: Storage | None = None
         self._storage_pid = -1
         self._progress: _Progress | None = None  # the latest in-process iteration
@@ -100,6 +105,13 @@ class StreamingDataset(IterableDataset):
         if self._manifest is None:
             self._manifest = self.storage.read_manifest()
         return self._manifest
+
+    @property
+    def fingerprint(self) -> str:
+        """The dataset's fingerprint (``manifest.dataset_fingerprint``), kept in states."""
+        if self._fingerprint is None:
+            self._fingerprint = dataset_fingerprint(self.manifest)
+        return self._fingerprint
 
     @property
     def storage(self) -> Storage:
@@ -197,7 +209,13 @@ class StreamingDataset(IterableDataset):
 
     def make_state(self, plan_state: dict[str, Any]) -> dict[str, Any]:
         """A dataset (and DataLoader) state around the plan's state (JSON-able)."""
-        return {"version": STATE_VERSION, "epoch": self.epoch, "url": self.url, "plan": plan_state}
+        return {
+            "version": STATE_VERSION,
+            "epoch": self.epoch,
+            "url": self.url,
+            "dataset_fingerprint": self.fingerprint,
+            "plan": plan_state,
+        }
 
     def drop_loaded_state(self) -> None:
         """Forget a loaded state: its iteration has started (the workers carry it)."""
@@ -222,13 +240,26 @@ class StreamingDataset(IterableDataset):
                 f"state of epoch {epoch} holds a plan of epoch {plan.get('epoch')!r}", url=self.url
             )
         self.set_epoch(epoch)
-        self._resume = {"version": STATE_VERSION, "epoch": epoch, "url": self.url, "plan": dict(plan)}
+        self._resume = self.make_state(dict(plan))
         self._progress = None
         try:
             self.make_plan(consume=False)  # validate now, not in a worker
+            self._check_fingerprint(state.get("dataset_fingerprint"))
         except StateError:
             self._resume = None
             raise
+
+    def _check_fingerprint(self, saved: object) -> None:
+        """A state saved with a fingerprint must be of this dataset (the plan state checks
+        only shard sizes); one saved before fingerprints existed carries none and loads."""
+        if saved is None or (isinstance(saved, str) and saved == self.fingerprint):
+            return
+        raise StateError(
+            f"the state is of another dataset: it was saved on one with fingerprint {_brief(saved)}, "
+            f"this one has {self.fingerprint!r}: the same shard sample counts, but other shard paths or "
+            "contents (sha256s in the manifest)",
+            url=self.url,
+        )
 
     # -- iteration -----------------------------------------------------------------------
 
@@ -246,6 +277,7 @@ class StreamingDataset(IterableDataset):
             self.manifest,
             on_error=self.config.on_error,
             prefetch=self.config.prefetch_windows,
+            verify_checksums=self.config.verify_checksums,
         )
         return self._samples(reader, plan.worker_windows(rank, worker), progress)
 
@@ -307,6 +339,13 @@ class StreamingDataset(IterableDataset):
         """Read the epoch from ``cell`` (a shared ``multiprocessing`` value) from now on."""
         cell.value = self.epoch
         self._epoch_cell = cell
+
+
+def _brief(value: object) -> str:
+    """``repr`` of a value from a state, short and bounded in depth (states can be hostile)."""
+    if isinstance(value, str) and len(value) <= 64:
+        return repr(value)
+    return reprlib.repr(value)
 
 
 class _Progress:
