@@ -287,13 +287,15 @@ def test_on_error_skip_skips_counts_and_logs_once_per_shard(tmp_path, caplog):
     assert not [r for r in caplog.records if "on_error='skip'" in r.getMessage()]
 
 
-def test_pickle_is_refused_even_when_skipping(tmp_path):
+def test_pickle_is_refused_and_skipped_when_skipping(tmp_path):
     url = str(tmp_path / "pkl")
     with ShardWriter(url, format="tar", samples_per_shard=5) as writer:
         writer.write({"__key__": "a", "pkl": pickle.dumps({"x": 1})})
-    for on_error in ("raise", "skip"):
-        with pytest.raises(shardstream.dataset.PickleRefusedError):
-            list(shardstream.StreamingDataset(url, on_error=on_error))
+    with pytest.raises(shardstream.dataset.PickleRefusedError):
+        list(shardstream.StreamingDataset(url, on_error="raise"))
+    skipping = shardstream.StreamingDataset(url, on_error="skip")
+    assert list(skipping) == []  # never unpickled: left out, as an undecodable sample is
+    assert skipping.num_skipped == 1
     assert list(shardstream.StreamingDataset(url, allow_pickle=True)) == [{"__key__": "a", "pkl": {"x": 1}}]
 
 
