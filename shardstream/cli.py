@@ -38,6 +38,26 @@ def _common() -> argparse.ArgumentParser:
     return common
 
 
+_MAX_COUNT = 2**63 - 1  # as shardstream.pack.options.MAX_COUNT (not imported: it imports the formats)
+
+
+def _count(text: str) -> int:
+    """A count from 1 to ``_MAX_COUNT`` (argparse type): a clear usage error, never an OverflowError."""
+    digits = text.strip()
+    if not digits.isdecimal():
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, not {text[:40]!r}")
+    significant = digits.lstrip("0")
+    if len(significant) > 19 or int(significant or "0") > _MAX_COUNT:  # int() of 5000 digits fails
+        shown = (
+            significant if len(significant) <= 40 else f"{significant[:20]}... ({len(significant)} digits)"
+        )
+        raise argparse.ArgumentTypeError(f"{shown} is too large (at most {_MAX_COUNT})")
+    value = int(significant or "0")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, not {text!r}")
+    return value
+
+
 # -- pack ---------------------------------------------------------------------------
 
 
@@ -56,8 +76,13 @@ def add_pack(subparsers: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--shard-size", help="largest shard, as 256MB or 64MiB (default: 256MB unless --samples-per-shard)"
     )
-    p.add_argument("--samples-per-shard", type=int, metavar="N", help="most samples in a shard")
-    p.add_argument("--workers", type=int, metavar="N", help="worker processes (default: the core count)")
+    p.add_argument("--samples-per-shard", type=_count, metavar="N", help="most samples in a shard")
+    p.add_argument(
+        "--workers",
+        type=_count,
+        metavar="N",
+        help="worker processes (default: the core count; at most twice that)",
+    )
     p.add_argument("--compression", help="Parquet compression: zstd (default), snappy, gzip, none")
     # No choices= here: listing the registered sources would import the pack (and numpy)
     # for every command; an unknown one is a usage error naming them all.

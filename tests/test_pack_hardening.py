@@ -6,11 +6,15 @@ from __future__ import annotations
 import gzip
 import os
 import socket
+import subprocess
 
 import pytest
 
-from shardstream.errors import PackError
+from shardstream.cli import main
+from shardstream.errors import PackError, UsageError
 from shardstream.pack import pack
+from shardstream.pack.options import MAX_COUNT, PackOptions, parse_size
+from tests.test_cli import console_script
 from tests.test_pack import read_shards
 
 
@@ -118,3 +122,62 @@ def test_csv_truncated_character_at_the_end_names_the_last_line(tmp_path):
     with pytest.raises(PackError, match="not UTF-8") as info:
         pack(path, tmp_path / "out", workers=1)
     assert info.value.line == 3002
+
+
+HUGE = "9" * 400
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--shard-size", HUGE),
+        ("--shard-size", HUGE + "MB"),
+        ("--shard-size", "9" * 5000),
+        ("--shard-size", str(MAX_COUNT + 1)),
+        ("--samples-per-shard", HUGE),
+        ("--samples-per-shard", "9" * 5000),
+        ("--samples-per-shard", str(MAX_COUNT + 1)),
+        ("--workers", HUGE),
+        ("--workers", "9" * 5000),
+    ],
+)
+def test_huge_numbers_on_the_command_line_are_usage_errors(tmp_path, capsys, option, value):
+    (tmp_path / "x.csv").write_text("a,b\n1,2\n")
+    assert main(["pack", str(tmp_path / "x.csv"), str(tmp_path / "ds"), option, value]) == 2
+    err = capsys.readouterr().err
+    assert "too large" in err
+    assert str(MAX_COUNT) in err
+    assert "Error" not in err  # no OverflowError, no traceback
+    assert "9" * 50 not in err  # the number is not echoed whole
+    assert not (tmp_path / "ds").exists()
+
+
+def test_the_console_script_refuses_a_400_digit_shard_size_with_status_2(tmp_path):
+    (tmp_path / "x.csv").write_text("a,b\n1,2\n")
+    run = subprocess.run(
+        [console_script(), "pack", str(tmp_path / "x.csv"), str(tmp_path / "ds"), "--shard-size", HUGE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2
+    assert "too large" in run.stderr
+    assert "Traceback" not in run.stderr
+    assert "OverflowError" not in run.stderr
+
+
+def test_sizes_and_counts_are_exact_and_bounded_in_the_library():
+    assert parse_size("1.5GB") == 1_500_000_000
+    assert parse_size("0.5KiB") == 512
+    assert parse_size(str(MAX_COUNT)) == MAX_COUNT
+    for bad in (HUGE, 10**400, MAX_COUNT + 1, "9" * 5000):
+        with pytest.raises(UsageError, match="too large"):
+            parse_size(bad)
+    for bad in (10**400, HUGE, MAX_COUNT + 1):
+        with pytest.raises(UsageError, match="too large"):
+            PackOptions.create(samples_per_shard=bad)  # type: ignore[arg-type]
+        with pytest.raises(UsageError, match="too large"):
+            PackOptions(shard_size=bad)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="positive integer"):
+        PackOptions.create(samples_per_shard=2.5)  # type: ignore[arg-type]
+    assert PackOptions.create(samples_per_shard="12").samples_per_shard == 12  # type: ignore[arg-type]

@@ -6,14 +6,24 @@ Shared by ``pack`` and ``ShardWriter`` so that both cut and name shards the same
 from __future__ import annotations
 
 import io
+import operator
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import cache
 
 from shardstream.errors import ShardstreamError, UsageError
 from shardstream.formats import ShardFormat, get_format
 
-__all__ = ["DEFAULT_SHARD_SIZE", "PackOptions", "Part", "parse_part", "parse_size"]
+__all__ = [
+    "DEFAULT_SHARD_SIZE",
+    "MAX_COUNT",
+    "PackOptions",
+    "Part",
+    "check_count",
+    "parse_part",
+    "parse_size",
+]
 
 DEFAULT_SHARD_SIZE = 256 * 10**6  # "256MB": used when neither a size nor a sample count is given
 _UNITS = {
@@ -32,6 +42,9 @@ _UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
+# The largest shard size or sample count accepted: what a signed 64-bit field (a tar or
+# Parquet size, numpy's counts in the plan) holds; far above anything a shard can be.
+MAX_COUNT = 2**63 - 1
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _PART_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 
@@ -44,11 +57,52 @@ def parse_size(text: str | int) -> int:
         match = _SIZE_RE.match(str(text))
         unit = _UNITS.get(match.group(2).lower()) if match else None
         if match is None or unit is None:
-            raise UsageError(f"bad size {text!r}: use bytes or a unit, as in 256MB, 64MiB, 1GB")
-        value = int(float(match.group(1)) * unit)
+            raise UsageError(f"bad size {_short(text)}: use bytes or a unit, as in 256MB, 64MiB, 1GB")
+        digits = match.group(1)
+        if len(digits) > 40:  # exact arithmetic below, but not on thousands of digits
+            raise UsageError(f"size {_short(text)} is too large: at most {MAX_COUNT} bytes")
+        value = int(Fraction(digits) * unit)  # exact: a float turns 400 digits into infinity
     if value <= 0:
-        raise UsageError(f"a size must be positive, not {text!r}")
+        raise UsageError(f"a size must be positive, not {_short(text)}")
+    if value > MAX_COUNT:
+        raise UsageError(f"size {_short(text)} is too large: at most {MAX_COUNT} bytes")
     return value
+
+
+def check_count(name: str, value: object) -> int:
+    """``value`` as a count from 1 to ``MAX_COUNT`` (samples per shard, workers), or a UsageError."""
+    number = _whole(value)
+    if number is None:
+        raise UsageError(f"{name} must be a positive integer, not {_short(value)}")
+    if number <= 0:
+        raise UsageError(f"{name} must be a positive integer, not {number}")
+    if number > MAX_COUNT:
+        raise UsageError(f"{name} is too large: {_short(value)} (at most {MAX_COUNT})")
+    return number
+
+
+def _whole(value: object) -> int | None:
+    """An int from an int-like value (numpy's too), a whole float or decimal text; else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None
+    if isinstance(value, str):
+        text = value.strip()
+        # int() of thousands of digits is slow (and refused past 4300): any such count is too large
+        return (MAX_COUNT + 1 if len(text) > 40 else int(text)) if text.isdecimal() else None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+def _short(value: object) -> str:
+    """``repr(value)``, cut to a readable length (a number of 400 digits says nothing more)."""
+    if isinstance(value, int) and value.bit_length() > 128:  # str() refuses ints past 4300 digits
+        return f"a number of about {value.bit_length() * 30103 // 100000 + 1} digits"
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...{text[-10:]} ({len(text)} characters)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,10 +157,10 @@ class PackOptions:
     def __post_init__(self) -> None:
         # UsageError naming the known formats, or for a compression the format does not have
         get_format(self.format).encoder(io.BytesIO(), name="<options>", compression=self.compression)
-        if self.shard_size is not None and self.shard_size <= 0:
-            raise UsageError(f"shard_size must be positive, not {self.shard_size}")
-        if self.samples_per_shard is not None and self.samples_per_shard <= 0:
-            raise UsageError(f"samples_per_shard must be positive, not {self.samples_per_shard}")
+        if self.shard_size is not None:
+            check_count("shard_size", self.shard_size)
+        if self.samples_per_shard is not None:
+            check_count("samples_per_shard", self.samples_per_shard)
 
     @classmethod
     def create(
@@ -123,14 +177,12 @@ class PackOptions:
         size = parse_size(shard_size) if shard_size is not None else None
         if size is None and samples_per_shard is None:
             size = DEFAULT_SHARD_SIZE
-        if samples_per_shard is not None and (
-            isinstance(samples_per_shard, bool) or int(samples_per_shard) <= 0
-        ):
-            raise UsageError(f"samples_per_shard must be a positive integer, not {samples_per_shard!r}")
         return cls(
             format=format,
             shard_size=size,
-            samples_per_shard=None if samples_per_shard is None else int(samples_per_shard),
+            samples_per_shard=None
+            if samples_per_shard is None
+            else check_count("samples_per_shard", samples_per_shard),
             compression=None if compression in (None, "") else compression,
             part=parse_part(part),
             overwrite=bool(overwrite),
