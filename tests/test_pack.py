@@ -124,6 +124,7 @@ def test_writer_failure_leaves_no_manifest_and_a_rerun_reuses_whole_shards(tmp_p
         crash_after(15)
     assert not (tmp_path / "ds" / "manifest.json").exists()
     assert sorted(os.listdir(tmp_path / "ds")) == [
+        ".shardstream-pack.json",  # the record of the unfinished pack: the rerun may take these over
         "shard-000000.tar",
         "shard-000000.tar.idx",
         "shard-000001.tar",

@@ -62,6 +62,12 @@ def pack(
     ``if __name__ == "__main__":`` guard. A ``memory://`` destination is written by
     this process alone. Local shards are made durable (fsync) before the manifest is
     written (NOTE [ Durable before the manifest ]).
+
+    One pack writes ``dest`` at a time (one per part with ``part``): another one there
+    raises ``UsageError`` naming its lock (NOTE [ One pack per destination ]). Without
+    ``overwrite``, files with shard names that neither the manifest there nor an
+    unfinished run of this same pack explains are refused, never replaced (NOTE
+    [ Packs in progress ]).
     """
     options = PackOptions.create(
         format=format,
@@ -78,8 +84,8 @@ def pack(
     )
     storage = Storage(os.fspath(dest), storage_options)
     sync = ShardSync(storage.url)
+    target = DatasetTarget(storage, options, origin=src.url)
     try:
-        target = DatasetTarget(storage, options)
         start, stop, total = _slice(src, options.part, want_total=_shows(progress))
         if progress is not None:
             progress.set_total(total)
@@ -93,6 +99,7 @@ def pack(
         target.prepare_once()
         return target.finish(results, sync)
     finally:
+        target.close()  # the lease, if finish did not release it (NOTE [ One pack per destination ])
         sync.close()
         storage.close()
 

@@ -1,28 +1,54 @@
 """The destination of a pack: what it held before, and the manifest written last.
 
 Rules (``pack`` and ``ShardWriter`` alike):
+- one pack (or one pack per ``--part``) writes a destination at a time: it holds a
+  lease there from before it touches anything until its manifest is written (NOTE
+  [ One pack per destination ] in ``lock``);
 - no manifest there: shards already at their final names are reused when identical
   (a killed pack restarted; see NOTE [ Restartable shards ] in ``shard``), replaced
-  otherwise;
+  otherwise, but only when an unfinished run of this same pack wrote them (NOTE
+  [ Packs in progress ]); a file with a shard's name that nothing says we wrote is
+  refused before anything changes;
 - a manifest there, no ``overwrite``: the pack may only rewrite the same dataset: a
   shard that would differ from the manifest's (or a shard it does not list) is refused
   before anything changes;
-- a manifest there with ``overwrite``: the manifest is deleted first (from then on no
-  half dataset is readable), and the old dataset's shards that the new one does not
-  reuse are deleted at the end.
+- ``overwrite``: the manifest is deleted first (from then on no half dataset is
+  readable), and the old dataset's shards that the new one does not reuse are deleted
+  at the end.
 Only names that shardstream writes are ever deleted.
+
+# NOTE [ Packs in progress ]
+# A folder with shard-named files and no manifest may hold the shards of a killed pack
+# (to be reused or replaced by its rerun) or another tool's shards: WebDataset's
+# ShardWriter names its tars ``shard-%06d.tar`` too, and deleting those is data loss.
+# The shard files alone cannot tell which. So a pack, once it holds the lease and
+# before it writes a shard, writes a record of itself, ``.shardstream-pack.json``
+# (``.shardstream-pack-part-IIIII.json`` for a part): its source and the options that
+# decide the shards' bytes and names. The record is deleted only after the manifest
+# (or the part's record) is written, so it outlives a crash, an exception and a
+# SIGKILL. A later pack without ``overwrite`` may replace or delete files with its
+# shard names only if a manifest (or this part's record) lists them, or if the record
+# there is of the same pack (same source and options): an interrupted run of it wrote
+# them. Any other file with such a name is foreign, and the pack refuses, naming it,
+# before anything changes. A record of a pack with other options is not this pack's:
+# its files are refused too (rerun that pack, or pass ``overwrite``). With
+# ``overwrite`` the record lists the old dataset's files, so that a rerun of an
+# interrupted overwrite still removes them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
+from typing import Any
 
 from shardstream import __version__
-from shardstream.errors import ManifestError, UsageError
+from shardstream.errors import ManifestError, ShardstreamError, UsageError
 from shardstream.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from shardstream.pack.durable import ShardSync
+from shardstream.pack.lock import PackLease, write_unsynced
 from shardstream.pack.options import PackOptions
 from shardstream.pack.shard import ShardResult
 from shardstream.pack.sources.base import is_local
@@ -62,14 +88,24 @@ def build_manifest(format: str, results: list[ShardResult]) -> Manifest:
 
 
 class DatasetTarget:
-    """The folder a pack writes; ``prepare`` before the first shard, ``finish`` after the last."""
+    """The folder a pack writes; ``prepare`` before the first shard, ``finish`` after the last.
 
-    def __init__(self, storage: Storage, options: PackOptions) -> None:
+    ``origin`` names what is packed (the source's URL; None for ``ShardWriter``): a rerun
+    of the same pack may replace what an interrupted run left (NOTE [ Packs in progress ]).
+    ``close`` releases the lease if ``finish`` did not.
+    """
+
+    def __init__(self, storage: Storage, options: PackOptions, *, origin: str | None = None) -> None:
         self.storage = storage
         self.options = options
+        self.origin = origin
         self._protected: dict[str, ShardInfo] | None = None  # the old dataset, when it must stay
         self._old: set[str] = set()  # files of an old dataset being overwritten
         self._prepared = False
+        part = options.part
+        scope = "" if part is None else f"-part-{part.index:05d}"
+        self.record = f".shardstream-pack{scope}.json"
+        self._lease = PackLease(storage, scope)
 
     def prepare_once(self) -> None:
         """``prepare`` unless done already."""
@@ -77,19 +113,99 @@ class DatasetTarget:
             self.prepare()
 
     def prepare(self) -> None:
-        """Look at what the destination holds; with overwrite, delete its manifest."""
+        """Take the lease; look at what the destination holds; with overwrite, delete its manifest."""
         self._prepared = True
-        self._remove_stale_temp_files()
-        old = self._old_manifest()
-        if old is None:
+        self._lease.acquire()
+        try:
+            self._remove_stale_temp_files()
+            found = self._old_manifest()
+            name, old = found if found is not None else (None, None)
+            record = self._read_record()
+            same_pack = record is not None and record.get("pack") == self._identity()
+            if not self.options.overwrite:
+                self._refuse_foreign(old, record, same_pack)
+            if same_pack and record is not None:
+                replaces = record.get("replaces")
+                self._old = (
+                    {p for p in replaces if isinstance(p, str)} if isinstance(replaces, list) else set()
+                )
+            if old is not None and self.options.overwrite:
+                self._old |= {path for s in old.shards for path in (s.path, s.index)}
+            self._write_record()
+            if old is None or name is None:
+                return
+            if self.options.overwrite:
+                self.storage.delete(name)
+                return
+            if old.format != self.options.format:
+                raise self._refusal(
+                    f"it holds a {old.format} dataset and this pack writes {self.options.format}"
+                )
+            self._protected = {s.path: s for s in old.shards}
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Release the lease (the record of the pack in progress stays: a rerun resumes)."""
+        self._lease.release()
+
+    def _identity(self) -> dict[str, Any]:
+        """What decides this pack's shards: a rerun with the same may take over its files."""
+        options = self.options
+        part = options.part
+        origin = self.origin
+        if origin is not None and is_local(origin):
+            origin = os.path.abspath(local_path(origin))
+        return {
+            "source": origin,
+            "format": options.format,
+            "shard_size": options.shard_size,
+            "samples_per_shard": options.samples_per_shard,
+            "compression": options.compression,
+            "part": None if part is None else f"{part.index}/{part.count}",
+        }
+
+    def _read_record(self) -> dict[str, Any] | None:
+        try:
+            if not self.storage.exists(self.record):
+                return None
+            doc = json.loads(self.storage.read(self.record))
+        except (ShardstreamError, ValueError, RecursionError):
+            return None  # unreadable: it proves nothing, so nothing is taken as ours
+        return doc if isinstance(doc, dict) else None
+
+    def _write_record(self) -> None:
+        doc = {"version": 1, "writer": writer_name(), "pack": self._identity(), "replaces": sorted(self._old)}
+        write_unsynced(self.storage, self.record, json.dumps(doc, indent=1).encode())
+
+    def _refuse_foreign(self, old: Manifest | None, record: dict[str, Any] | None, same_pack: bool) -> None:
+        """Refuse files with this pack's shard names that neither a manifest nor this pack's record explains."""
+        if same_pack:
             return
-        if self.options.overwrite:
-            self.storage.delete(MANIFEST_NAME)
-            self._old = {path for s in old.shards for path in (s.path, s.index)}
+        known = set() if old is None else {path for s in old.shards for path in (s.path, s.index)}
+        prefix = self.options.prefix
+        foreign = [
+            p
+            for p in self.storage.list_files()
+            if SHARD_NAME_RE.match(p) and p.startswith(prefix) and p not in known
+        ]
+        if not foreign:
             return
-        if old.format != self.options.format:
-            raise self._refusal(f"it holds a {old.format} dataset and this pack writes {self.options.format}")
-        self._protected = {s.path: s for s in old.shards}
+        more = f" (and {len(foreign) - 1} more like it)" if len(foreign) > 1 else ""
+        if record is not None:
+            why = f"an unfinished pack with other options left it (see {self.record}: {record.get('pack')})"
+        elif old is not None:
+            why = "the manifest there does not list it"
+        else:
+            why = "there is no manifest, and no record of an unfinished run of this pack"
+        raise UsageError(
+            f"the destination holds {foreign[0]}{more}, which this pack did not write: {why}; shardstream "
+            "replaces or deletes only files it wrote: pass overwrite=True (--overwrite) to replace it, "
+            "or pack into another folder",
+            url=self.storage.url,
+            shard=foreign[0],
+        )
 
     def _remove_stale_temp_files(self) -> None:
         """Delete the temp files of this pack's shards that a killed run left (local folders only).
@@ -115,15 +231,20 @@ class DatasetTarget:
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(root, name))
 
-    def _old_manifest(self) -> Manifest | None:
-        if not self.storage.exists(MANIFEST_NAME):
-            return None
-        try:
-            return self.storage.read_manifest()
-        except ManifestError as error:
-            if self.options.overwrite:
-                return Manifest(format=self.options.format, shards=())
-            raise self._refusal(f"its manifest is unreadable ({error.message})") from None
+    def _old_manifest(self) -> tuple[str, Manifest] | None:
+        """The dataset there (its manifest, or for a part this part's record when there is none)."""
+        names = [MANIFEST_NAME] + ([self.options.part.record] if self.options.part is not None else [])
+        for name in names:
+            if not self.storage.exists(name):
+                continue
+            try:
+                data = self.storage.read(name)
+                return name, Manifest.from_json(data, url=self.storage.full_url(name))
+            except ManifestError as error:
+                if self.options.overwrite:
+                    return name, Manifest(format=self.options.format, shards=())
+                raise self._refusal(f"its {name} is unreadable ({error.message})") from None
+        return None
 
     def _refusal(self, why: str) -> UsageError:
         return UsageError(
@@ -142,6 +263,7 @@ class DatasetTarget:
 
     def finish(self, results: list[ShardResult], sync: ShardSync) -> Manifest:
         """Remove what is stale, make the shards durable, then write the manifest (or the part's record)."""
+        self._lease.check()  # nothing is deleted, nor a manifest written, by a pack taken over
         manifest = build_manifest(self.options.format, results)
         names = {path for s in manifest.shards for path in (s.path, s.index)}
         prefix = self.options.prefix
@@ -162,4 +284,6 @@ class DatasetTarget:
             self.storage.write_manifest(manifest)
         else:
             self.storage.write(part.record, manifest.to_json().encode())
+        self.storage.delete(self.record)
+        self.close()
         return manifest

@@ -54,7 +54,9 @@ class ShardWriter:
     int values keyed by extension (``"txt"``, ``"jpg"``, ``"cls"``); for Parquet,
     Python values keyed by column. Used as a context manager, an exception inside the
     ``with`` block leaves no manifest (the whole shards written so far stay, and a rerun
-    reuses them).
+    reuses them). From construction to ``close`` (or ``abort``) the writer holds a lease
+    on ``dest``: another writer or pack there is refused (NOTE [ One pack per
+    destination ] in ``lock``).
     """
 
     def __init__(
@@ -193,9 +195,12 @@ class ShardWriter:
         output, self._output = self._output, None
         self._put = self._closed_put
         self._closed = True
-        if output is not None:
-            output.abort()
-        self._sync.close()
+        try:
+            if output is not None:
+                output.abort()
+        finally:
+            self._target.close()  # the lease; the record of the pack in progress stays for a rerun
+            self._sync.close()
 
     def __enter__(self) -> ShardWriter:
         return self
