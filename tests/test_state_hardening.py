@@ -116,3 +116,41 @@ def test_a_state_written_before_fingerprints_still_resumes_exactly(tmp_path):
     direct.load_state_dict(OLD_DATASET_STATE)
     assert direct.start_state()["dataset_fingerprint"] == direct.fingerprint  # saved again with one
     assert [s["__key__"] for s in direct] == uninterrupted[4:]
+
+
+def _deep(depth: int = 100_000) -> list:
+    nested: list = []
+    for _ in range(depth):
+        nested = [nested]
+    return nested
+
+
+def _hostile_values() -> list:
+    import numpy as np
+
+    return [_deep(), np.array([1, 1]), "x" * 1_000_000, {"k": _deep()}]
+
+
+@pytest.mark.parametrize(
+    "where", ["version", "epoch", "plan.version", "plan.num_shards", "plan.seed", "plan.passes"]
+)
+def test_hostile_values_in_a_state_give_a_short_state_error(tmp_path, where):
+    from shardstream.sampler import ShardSampler
+
+    write(str(tmp_path / "a"), "first")
+    good = mid_epoch_state(str(tmp_path / "a"))
+    dataset = shardstream.StreamingDataset(str(tmp_path / "a"), seed=1)
+    sampler = ShardSampler([4, 4, 2], seed=1)
+    for value in _hostile_values():
+        state = {**good, "plan": dict(good["plan"])}
+        if where.startswith("plan."):
+            state["plan"][where[5:]] = value if where != "plan.passes" else [value]
+        else:
+            state[where] = value
+        with pytest.raises(StateError) as info:
+            dataset.load_state_dict(state)
+        assert len(str(info.value)) < 2000
+        if where.startswith("plan."):
+            with pytest.raises(StateError) as info:
+                sampler.load_state_dict(state["plan"])
+            assert len(str(info.value)) < 2000

@@ -9,6 +9,7 @@ loaded state, never inside ``__iter__``.
 from __future__ import annotations
 
 import multiprocessing.context
+import numbers
 import os
 import reprlib
 from collections.abc import Callable, Iterator, Mapping
@@ -133,7 +134,7 @@ class StreamingDataset(IterableDataset):
         """Use the plan of ``epoch`` from the next iteration on; a loaded state for
         another epoch is discarded."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise StateError(f"epoch must be a non-negative integer, got {epoch!r}", url=self.url)
+            raise StateError(f"epoch must be a non-negative integer, got {_brief(epoch)}", url=self.url)
         self._epoch = epoch
         if self._epoch_cell is not None:
             self._epoch_cell.value = epoch
@@ -224,9 +225,11 @@ class StreamingDataset(IterableDataset):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from ``state_dict()`` (of a dataset or a shardstream DataLoader), also
         under another world size or number of workers; ``StateError`` if it does not fit."""
-        if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
-            version = state.get("version") if isinstance(state, Mapping) else None
-            raise StateError(f"unknown state version {version!r} (expected {STATE_VERSION})", url=self.url)
+        version = state.get("version") if isinstance(state, Mapping) else None
+        if isinstance(version, bool) or not isinstance(version, numbers.Integral) or version != STATE_VERSION:
+            raise StateError(
+                f"unknown state version {_brief(version)} (expected {STATE_VERSION})", url=self.url
+            )
         epoch, plan = state.get("epoch"), state.get("plan")
         if (
             isinstance(epoch, bool)
@@ -235,9 +238,10 @@ class StreamingDataset(IterableDataset):
             or not isinstance(plan, Mapping)
         ):
             raise StateError("state needs an integer 'epoch' and a 'plan' mapping", url=self.url)
-        if plan.get("epoch", epoch) != epoch:
+        plan_epoch = plan.get("epoch", epoch)
+        if type(plan_epoch) is not int or plan_epoch != epoch:
             raise StateError(
-                f"state of epoch {epoch} holds a plan of epoch {plan.get('epoch')!r}", url=self.url
+                f"state of epoch {epoch} holds a plan of epoch {_brief(plan_epoch)}", url=self.url
             )
         self.set_epoch(epoch)
         self._resume = self.make_state(dict(plan))

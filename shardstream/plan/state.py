@@ -8,6 +8,7 @@ of resumes under a new topology, never with ranks, workers or samples.
 from __future__ import annotations
 
 import numbers
+import reprlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -48,16 +49,24 @@ def make_state(
 def _integer(state: Mapping[str, Any], key: str, minimum: int | None = 0) -> int:
     value = state.get(key)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise StateError(f"plan state field {key!r} must be an integer, not {value!r}")
+        raise StateError(f"plan state field {key!r} must be an integer, not {reprlib.repr(value)}")
     if minimum is not None and value < minimum:
         raise StateError(f"plan state field {key!r} must be at least {minimum}, not {value}")
     return int(value)
 
 
+def _same(value: object, expected: object) -> bool:
+    """``value == expected`` for a value of a state, which may be anything: the type is
+    compared first, so an array or tensor never reaches ``==`` (an integer may be numpy's)."""
+    if type(expected) is int:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) == expected
+    return type(value) is type(expected) and value == expected
+
+
 def _check_same(state: Mapping[str, Any], key: str, expected: object, what: str) -> None:
-    if state.get(key) != expected or type(state.get(key)) is not type(expected):
+    if not _same(state.get(key), expected):
         raise StateError(
-            f"the state was saved with {key}={state.get(key)!r}, this plan has {key}={expected!r}: {what}"
+            f"the state was saved with {key}={reprlib.repr(state.get(key))}, this plan has {key}={expected!r}: {what}"
         )
 
 
@@ -67,10 +76,12 @@ def _records(passes: object) -> list[PassRecord]:
     records = []
     for entry in passes:
         if not isinstance(entry, Mapping):
-            raise StateError(f"plan state pass {entry!r} is not a mapping")
+            raise StateError(f"plan state pass {reprlib.repr(entry)} is not a mapping")
         values = [_integer(entry, k, 0 if k == "steps" else 1) for k in _RECORD_KEYS]
         if values[0] * values[1] > _MAX_WORKERS:
-            raise StateError(f"plan state pass {dict(entry)!r} has more than {_MAX_WORKERS} workers in all")
+            raise StateError(
+                f"plan state pass {reprlib.repr(entry)} has more than {_MAX_WORKERS} workers in all"
+            )
         records.append(PassRecord(*values))
     return records
 
@@ -82,19 +93,18 @@ def read_state(
     dataset (shard counts) and these parameters."""
     if not isinstance(state, Mapping):
         raise StateError(f"a plan state is a mapping, not {type(state).__name__}")
-    if state.get("version") != STATE_VERSION:
+    if not _same(state.get("version"), STATE_VERSION):
         raise StateError(
-            f"unknown plan state version {state.get('version')!r}; this shardstream reads version {STATE_VERSION}"
+            f"unknown plan state version {reprlib.repr(state.get('version'))}; "
+            f"this shardstream reads version {STATE_VERSION}"
         )
     checksum = counts_checksum(sizes.tolist())
-    if (state.get("counts_checksum"), state.get("num_shards"), state.get("num_samples")) != (
-        checksum,
-        int(sizes.size),
-        int(sizes.sum()),
-    ):
+    saved = {"counts_checksum": checksum, "num_shards": int(sizes.size), "num_samples": int(sizes.sum())}
+    if not all(_same(state.get(key), expected) for key, expected in saved.items()):
+        brief = {key: reprlib.repr(state.get(key)) for key in saved}
         raise StateError(
-            f"the state is of another dataset: {state.get('num_shards')!r} shards, "
-            f"{state.get('num_samples')!r} samples, shard counts checksum {state.get('counts_checksum')!r}; "
+            f"the state is of another dataset: {brief['num_shards']} shards, "
+            f"{brief['num_samples']} samples, shard counts checksum {brief['counts_checksum']}; "
             f"this one has {sizes.size} shards, {int(sizes.sum())} samples, checksum {checksum!r}"
         )
     _check_same(state, "seed", int(config.seed), "resume with the same seed")
