@@ -1,16 +1,25 @@
-"""The bytes of a window's ranged reads: in parallel from object storage, mapped from disk.
+"""The bytes of a window's ranged reads: in parallel from object storage, read from disk.
 
 # NOTE [ Getting the bytes ]
 # Object storage: one GET stream is bounded by latency x window, so the reads of a window
 # run in a few threads at once (``READ_THREADS``), as S3 clients do for big objects.
 #
-# Local files (and shards in the local cache): decoding copies every field out of the
-# read buffer into its own ``bytes``, so reading a range into a buffer first would copy
-# every byte twice (and tar pads a small field to 1 KiB with its header). The range is
-# memory-mapped instead and the fields are copied once, straight from the page cache: as
-# cheap as ``open().read()`` of the shard for large samples, and measured 20-40% faster
-# than a read for 300-byte samples. A mapped file that shrinks while mapped would fault
-# (SIGBUS), so the size is checked first; shards of a dataset are never rewritten.
+# Local files are read with ``pread`` into one buffer per range, in the prefetch thread
+# (the GIL is released while the kernel copies). Shards in the local cache are
+# memory-mapped instead and their fields copied once, straight from the page cache
+# (measured 20-40% faster than a read for 300-byte tar samples). Why not map local
+# files too: a mapping outlives any size check (the next window is mapped while this one
+# is decoded, and a DataLoader worker decodes most of the time), so a shard truncated in
+# place meanwhile (``cp`` over it, ``truncate``) killed the process with SIGBUS on first
+# touch, which no Python code can catch; a read sees the file's size when it runs, so a
+# truncated shard is a ``StorageError`` naming it. A cache entry is never truncated: the
+# cache only renames a complete file into place or unlinks one (a mapped inode outlives
+# its name), so its mapping is safe.
+#
+# Every read also carries what the manifest says of its object (``Expected``: size and
+# sha256 of shards; size and the shard's sha256 for sidecars), so a changed object fails
+# clearly and the cache keys entries by content (NOTE [ Reads check the manifest ] in
+# shardstream/storage/expect.py).
 """
 
 from __future__ import annotations
@@ -21,23 +30,42 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from shardstream.errors import StorageError
-from shardstream.storage import Prefetcher, Storage
+from shardstream.manifest import Manifest
+from shardstream.storage import Expected, Prefetcher, Storage
 from shardstream.types import ByteRange
 
-__all__ = ["READ_THREADS", "ByteFetcher"]
+__all__ = ["READ_THREADS", "ByteFetcher", "expectations"]
 
 READ_THREADS = 4  # concurrent ranged reads per DataLoader worker, on object storage
 
 Item = tuple[str, "ByteRange | None"]  # (path, byte range or None for the whole file)
 
 
-class ByteFetcher:
-    """Reads ``(path, range)`` items of one dataset; see NOTE [ Getting the bytes ]."""
+def expectations(manifest: Manifest) -> dict[str, Expected]:
+    """What ``manifest`` says of each object it names: shards, then sidecars (by path)."""
+    expected: dict[str, Expected] = {}
+    for info in manifest.shards:
+        expected.setdefault(info.path, Expected(info.bytes, info.sha256))
+    for info in manifest.shards:
+        if info.index and info.index != info.path:  # a footer index is read as its shard
+            size = info.index_bytes or None  # 0: a manifest from before sidecars were sized
+            expected.setdefault(info.index, Expected(size, version=f"{info.sha256}|{info.index}"))
+    return expected
 
-    def __init__(self, storage: Storage, *, threads: int = READ_THREADS) -> None:
+
+class ByteFetcher:
+    """Reads ``(path, range)`` items of one dataset; see NOTE [ Getting the bytes ].
+
+    With ``manifest``, every read of an object it names is checked against it.
+    """
+
+    def __init__(
+        self, storage: Storage, manifest: Manifest | None = None, *, threads: int = READ_THREADS
+    ) -> None:
         self.storage = storage
         self.threads = threads
         self.local = storage.local_files
+        self._expected = expectations(manifest) if manifest is not None else {}
         self._pool: Prefetcher[Item, bytes | memoryview] | None = None
 
     def read_all(
@@ -62,12 +90,13 @@ class ByteFetcher:
         return [pool.next() for _ in items]
 
     def read(self, path: str, rng: ByteRange | None) -> bytes | memoryview:
-        if rng is not None and rng.length and self.local:
-            return self._map(path, rng)
-        return self.storage.read(path, rng)
+        expect = self._expected.get(path)
+        if rng is not None and rng.length and self.storage.cached:
+            return self._map(path, rng, expect)
+        return self.storage.read(path, rng, expect=expect)
 
-    def _map(self, path: str, rng: ByteRange) -> memoryview:
-        with self.storage.open(path) as f:
+    def _map(self, path: str, rng: ByteRange, expect: Expected | None) -> memoryview:
+        with self.storage.open(path, expect=expect) as f:  # the cache entry, checked against expect
             fd = f.fileno()
             size = os.fstat(fd).st_size
             if size < rng.end:

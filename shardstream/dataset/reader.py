@@ -163,7 +163,7 @@ class WindowReader:
         self._holes = 0  # samples the format could not decode, replaced by None
         self._indexes = IndexCache.of(storage)
         self._prefetcher: Prefetcher[Any, list[tuple[Read, bytes | memoryview, SampleIndex]]] | None = None
-        self.bytes = ByteFetcher(storage)
+        self.bytes = ByteFetcher(storage, manifest)  # reads are checked against the manifest
 
     # -- indexes -------------------------------------------------------------------------
 
@@ -173,7 +173,7 @@ class WindowReader:
         if found is not None:
             return found
         info = self.manifest.shards[shard]
-        return self._keep_index(shard, self.storage.read(info.index))
+        return self._keep_index(shard, self.bytes.read(info.index, None))
 
     def _cached_index(self, shard: int) -> SampleIndex | None:
         return self._indexes.get(self.manifest.shards[shard])

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from shardstream.storage.cache import ShardCache
 from shardstream.storage.core import Storage
+from shardstream.storage.expect import Expected
 from shardstream.storage.prefetch import Prefetcher
 from shardstream.storage.retry import RetryPolicy, is_transient
 
-__all__ = ["Prefetcher", "RetryPolicy", "ShardCache", "Storage", "is_transient"]
+__all__ = ["Expected", "Prefetcher", "RetryPolicy", "ShardCache", "Storage", "is_transient"]

@@ -12,6 +12,9 @@
 #   the reader then downloads it again.
 # - Validated: the first use of an entry in a process compares its size with the
 #   object's (one HEAD); a stale or wrong-size copy is replaced.
+# - Full disk: an OSError while writing an entry (ENOSPC, EDQUOT, EIO) is a StorageError
+#   naming the cache directory and the object (``disk_error``; the caller's download
+#   raises it for its writes); the temp file goes, as on any failure.
 # - LRU: every hit bumps the entry's mtime (visible to all processes; atime is often
 #   disabled), and after each download the oldest entries go until the total is under
 #   ``limit``. The entry just downloaded is kept even if it alone is over the limit.
@@ -68,11 +71,19 @@ class ShardCache:
         digest = hashlib.sha256(key.encode()).hexdigest()[:40]
         return os.path.join(self.directory, f"sscache-{digest}")
 
-    def fetch(self, key: str, size: Callable[[], int], download: Callable[[str, int], None]) -> str:
+    def fetch(
+        self,
+        key: str,
+        size: Callable[[], int],
+        download: Callable[[str, int], None],
+        *,
+        url: str | None = None,
+    ) -> str:
         """The path of a complete local copy of ``key``, downloading it if needed.
 
         ``size()`` gives the object's size (asked once per entry and process);
-        ``download(temp_path, size)`` writes the whole object to ``temp_path``.
+        ``download(temp_path, size)`` writes the whole object to ``temp_path``; ``url``
+        names the object in errors (else ``key``).
         """
         path = self.entry_path(key)
         name = os.path.basename(path)
@@ -82,12 +93,23 @@ class ShardCache:
         if self._is_complete(path, expected):
             self._sizes[name] = expected
             return path
-        with self._entry_lock(path):
-            if not self._is_complete(path, expected):  # another process may have just done it
-                self._download(path, expected, download, key)
+        try:
+            with self._entry_lock(path):
+                if not self._is_complete(path, expected):  # another process may have just done it
+                    self._download(path, expected, download, url or key)
+        except _CacheDiskError as error:
+            raise self.disk_error(error.error, url or key) from error.error
         self._sizes[name] = expected
         self.evict(keep=path)
         return path
+
+    def disk_error(self, error: OSError, url: str) -> StorageError:
+        """The error for a failed write of the cache's own files (full disk, quota...)."""
+        return StorageError(
+            f"cannot write the shard cache in {self.directory}: {error.strerror or error}"
+            " (free space there, set cache_limit, or use another cache_dir)",
+            url=url,
+        )
 
     def forget(self, key: str) -> None:
         """Drop the cached copy of ``key`` (after the object was deleted or rewritten)."""
@@ -113,7 +135,10 @@ class ShardCache:
             got = os.path.getsize(tmp)
             if got != expected:
                 raise TransientStorageError(f"cache download got {got} of {expected} bytes", url=key)
-            os.replace(tmp, path)
+            try:
+                os.replace(tmp, path)
+            except OSError as error:
+                raise _CacheDiskError(error) from error
             _touch(path)
         finally:
             with contextlib.suppress(FileNotFoundError):
@@ -121,7 +146,10 @@ class ShardCache:
 
     @contextlib.contextmanager
     def _entry_lock(self, path: str) -> Iterator[None]:
-        fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+        try:
+            fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+        except OSError as error:
+            raise _CacheDiskError(error) from error
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -166,6 +194,14 @@ class ShardCache:
                     with contextlib.suppress(FileNotFoundError):
                         total += entry.stat(follow_symlinks=False).st_size
         return total
+
+
+class _CacheDiskError(Exception):
+    """An OSError of the cache's own files, on its way to ``disk_error``."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(error)
+        self.error = error
 
 
 def _touch(path: str) -> None:

@@ -18,14 +18,15 @@ import contextlib
 import io
 import os
 from collections.abc import Callable, Iterator, Mapping
-from typing import IO, Any, TypeVar
+from typing import IO, Any, TypeVar, cast
 
 from shardstream.errors import ManifestError, StorageError, TransientStorageError, UsageError
 from shardstream.manifest import MANIFEST_NAME, Manifest
 from shardstream.storage import local
 from shardstream.storage.cache import ShardCache
+from shardstream.storage.expect import Expected, SizeChanged, changed_error, download, size_changed_error
 from shardstream.storage.retry import RetryPolicy, call_with_retry, is_not_found, permanent_error
-from shardstream.storage.s3read import S3Reader, s3_options
+from shardstream.storage.s3read import S3Reader, s3_options, timeouts_of
 from shardstream.storage.streams import RangeReader, spooled_writer
 from shardstream.types import ByteRange
 
@@ -96,6 +97,11 @@ class Storage:
     def local_files(self) -> bool:
         """Whether reads come from local files: a local folder, or remote shards cached whole."""
         return self._is_local or self._cache is not None
+
+    @property
+    def cached(self) -> bool:
+        """Whether reads come from whole local copies in ``cache_dir`` (remote shards only)."""
+        return self._cache is not None
 
     @property
     def storage_options(self) -> dict[str, Any]:
@@ -169,42 +175,65 @@ class Storage:
             )
 
     def _retry(self, operation: Callable[[], R], what: str, path: str, rng: ByteRange | None = None) -> R:
-        return call_with_retry(operation, self.retry, what=what, url=self.full_url(path), rng=rng)
+        timeouts = timeouts_of(self._options) if self._protocol in _S3_PROTOCOLS else ""
+        return call_with_retry(
+            operation, self.retry, what=what, url=self.full_url(path), rng=rng, timeouts=timeouts
+        )
 
     # -- reading -------------------------------------------------------------------
 
-    def read(self, path: str, rng: ByteRange | None = None) -> bytes:
+    def read(self, path: str, rng: ByteRange | None = None, *, expect: Expected | None = None) -> bytes:
         """The whole object, or exactly the bytes of ``rng``.
 
         Transient errors and short reads are retried; a missing object fails at once
-        with ``StorageError`` ("not found ..."), naming the URL and byte range.
+        with ``StorageError`` ("not found ..."), naming the URL and byte range. With
+        ``expect`` (what the manifest says the object is), an object of another size
+        fails at once too; see NOTE [ Reads check the manifest ] in expect.py.
         """
         if rng is not None and rng.length == 0:
             return b""
         if self._cache is None:
-            return self._read_direct(path, rng)
-        return self._read_cached(path, rng)
+            return self._read_direct(path, rng, expect)
+        return self._read_cached(path, rng, expect)
 
-    def _read_direct(self, path: str, rng: ByteRange | None) -> bytes:
+    def _read_direct(self, path: str, rng: ByteRange | None, expect: Expected | None = None) -> bytes:
         fspath = self._fspath(path)
-        return self._retry(lambda: self._read_once(path, fspath, rng), "read", path, rng)
+        size = expect.size if expect is not None else None
+        return self._retry(lambda: self._read_once(path, fspath, rng, size), "read", path, rng)
 
-    def _read_once(self, path: str, fspath: str, rng: ByteRange | None) -> bytes:
-        if self._is_local:
-            data = local.read_all(fspath) if rng is None else local.read_range(fspath, rng.start, rng.length)
-        elif self._s3 is not None:
-            bucket, _, key = fspath.partition("/")
-            data = self._s3.read(bucket, key, rng)
-        elif rng is None:
-            data = self.fs.cat_file(fspath)
-        else:
-            data = self.fs.cat_file(fspath, start=rng.start, end=rng.end)
+    def _read_once(self, path: str, fspath: str, rng: ByteRange | None, size: int | None) -> bytes:
+        try:
+            if self._is_local:
+                data = local.read(fspath, rng, size=size)
+            elif self._s3 is not None:
+                bucket, _, key = fspath.partition("/")
+                data = self._s3.read(bucket, key, rng, size=size)
+            else:
+                data = self._read_fsspec(fspath, rng, size)
+            if rng is None and size is not None and len(data) != size:
+                raise SizeChanged(len(data))
+        except SizeChanged as changed:
+            raise self._changed(path, rng, changed.actual, size) from None
         if rng is not None and len(data) != rng.length:
-            self._short_read(path, rng, len(data))
+            self._short_read(path, rng, len(data), size)
         return data
 
-    def _short_read(self, path: str, rng: ByteRange, got: int) -> None:
+    def _read_fsspec(self, fspath: str, rng: ByteRange | None, size: int | None) -> bytes:
+        if size is not None:  # fsspec's cat_file does not say the object's size: ask
+            actual = self._size_once(fspath)
+            if actual != size:
+                raise SizeChanged(actual)
+        if rng is None:
+            return bytes(self.fs.cat_file(fspath))
+        return bytes(self.fs.cat_file(fspath, start=rng.start, end=rng.end))
+
+    def _changed(self, path: str, rng: ByteRange | None, actual: int, expected: int | None) -> StorageError:
+        return size_changed_error(self.full_url(path), path, rng, actual, expected)
+
+    def _short_read(self, path: str, rng: ByteRange, got: int, expected: int | None = None) -> None:
         size = self._size_once(self._fspath(path))
+        if expected is not None and size != expected:
+            raise self._changed(path, rng, size, expected)
         where = f"bytes [{rng.start}, {rng.end})"
         if size < rng.end:  # no retry will make the object longer
             raise StorageError(
@@ -214,50 +243,71 @@ class Storage:
             )
         raise TransientStorageError(f"short read: {got} of {rng.length} {where}", url=self.full_url(path))
 
-    def _read_cached(self, path: str, rng: ByteRange | None) -> bytes:
+    def _read_cached(self, path: str, rng: ByteRange | None, expect: Expected | None) -> bytes:
         for _ in range(3):  # an entry evicted by another process between fetch and read is fetched again
-            cached = self._cached_path(path)
+            cached = self._cached_path(path, expect)
             try:
-                data = (
-                    local.read_all(cached) if rng is None else local.read_range(cached, rng.start, rng.length)
-                )
+                data = local.read(cached, rng)
             except FileNotFoundError:
                 continue
             if rng is not None and len(data) != rng.length:
                 self._short_read(path, rng, len(data))
             return data
-        return self._read_direct(path, rng)
+        return self._read_direct(path, rng, expect)
 
-    def _cache_key(self, path: str) -> str:
-        return f"{self._fs_options().get('endpoint_url') or ''}|{self.full_url(path)}"
+    def _cache_key(self, path: str, expect: Expected | None = None) -> str:
+        key = f"{self._fs_options().get('endpoint_url') or ''}|{self.full_url(path)}"
+        # By content where the manifest names it: NOTE [ Reads check the manifest ].
+        return key if expect is None else f"{key}|{expect.content_key}"
 
-    def _cached_path(self, path: str) -> str:
+    def _cached_path(self, path: str, expect: Expected | None = None) -> str:
         cache = self._cache
         if cache is None:
             raise UsageError("no cache_dir set", url=self.url)
+        known = expect.size if expect is not None else None
         return cache.fetch(
-            self._cache_key(path), lambda: self.size(path), lambda tmp, n: self._download(path, tmp, n)
+            self._cache_key(path, expect),
+            (lambda: known) if known is not None else (lambda: self.size(path)),
+            lambda tmp, n: self._download(path, tmp, n, expect),
+            url=self.full_url(path),
         )
 
-    def _download(self, path: str, tmp: str, size: int) -> None:
-        with open(tmp, "wb") as f:
-            for start in range(0, size, _DOWNLOAD_CHUNK):
-                f.write(self._read_direct(path, ByteRange(start, min(size, start + _DOWNLOAD_CHUNK))))
+    def _download(self, path: str, tmp: str, size: int, expect: Expected | None) -> None:
+        read = lambda rng: self._read_direct(path, rng, expect)  # noqa: E731
+        try:  # reads raise ShardstreamErrors only: an OSError is the cache's disk
+            got = download(read, tmp, size, _DOWNLOAD_CHUNK, expect.sha256 if expect is not None else "")
+        except OSError as error:
+            raise cast(ShardCache, self._cache).disk_error(error, self.full_url(path)) from error
+        if got is not None and expect is not None:
+            what = f"its sha256 is {got}, the manifest says {expect.sha256}"
+            raise changed_error(self.full_url(path), path, what)
 
-    def open(self, path: str) -> IO[bytes]:
-        """A sequential (and seekable) binary read stream; use it as a context manager."""
+    def open(self, path: str, *, expect: Expected | None = None) -> IO[bytes]:
+        """A sequential (and seekable) binary read stream; use it as a context manager.
+
+        With ``expect``, an object of another size fails at once (local files and the
+        cache are checked on open, remote streams on every ranged read).
+        """
         if self._cache is not None:
-            return open(self._cached_path(path), "rb")  # the caller closes it
+            return open(self._cached_path(path, expect), "rb")  # the caller closes it
         if self._is_local:
-            try:
-                return open(self._fspath(path), "rb")
-            except OSError as error:
-                raise permanent_error(error, "open", self.full_url(path)) from error
-        size = self.size(path)
+            return self._open_local(path, expect)
+        size = expect.size if expect is not None and expect.size is not None else self.size(path)
         raw = RangeReader(
-            lambda start, end: self._read_direct(path, ByteRange(start, end)), size, self.full_url(path)
+            lambda start, end: self._read_direct(path, ByteRange(start, end), expect),
+            size,
+            self.full_url(path),
         )
         return io.BufferedReader(raw, buffer_size=_STREAM_BUFFER)
+
+    def _open_local(self, path: str, expect: Expected | None) -> IO[bytes]:
+        size = expect.size if expect is not None else None
+        try:
+            return local.open_file(self._fspath(path), size=size)
+        except SizeChanged as changed:
+            raise self._changed(path, None, changed.actual, size) from None
+        except OSError as error:
+            raise permanent_error(error, "open", self.full_url(path)) from error
 
     def size(self, path: str) -> int:
         """The object's size in bytes."""

@@ -6,8 +6,13 @@ import contextlib
 import contextvars
 import os
 import secrets
+import stat
 from collections.abc import Callable, Iterator
 from typing import IO
+
+from shardstream.errors import StorageError
+from shardstream.storage.expect import SizeChanged
+from shardstream.types import ByteRange
 
 __all__ = [
     "TEMP_PREFIX",
@@ -15,6 +20,9 @@ __all__ = [
     "deferred_fsync",
     "fsync_path",
     "list_files",
+    "open_file",
+    "open_regular",
+    "read",
     "read_all",
     "read_range",
 ]
@@ -23,21 +31,86 @@ __all__ = [
 TEMP_PREFIX = ".shardstream-tmp-"
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 # Set by ``deferred_fsync``: who makes the files renamed into place durable instead.
 _DEFERRED: contextvars.ContextVar[Callable[[str], None] | None] = contextvars.ContextVar(
     "shardstream_deferred_fsync", default=None
 )
 
 
-def read_range(path: str, start: int, length: int) -> bytes:
+# NOTE [ Only regular files ]
+# Opening a FIFO for reading blocks until a writer comes, and a read of a character
+# device (/dev/zero) never ends: a FIFO where a shard, sidecar or manifest should be
+# would hang index, verify, inspect and streaming forever. So every local read opens
+# with O_NONBLOCK (which returns at once for a FIFO), refuses anything that fstat does
+# not call a regular file, and only then reads, in blocking mode again.
+def open_regular(path: str) -> int:
+    """A read-only descriptor of ``path``, which must be a regular file (a directory
+    raises ``IsADirectoryError``, anything else not regular a ``StorageError``)."""
+    fd = os.open(path, os.O_RDONLY | _O_CLOEXEC | _O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISREG(mode):
+            os.set_blocking(fd, True)
+            return fd
+    except BaseException:
+        os.close(fd)
+        raise
+    os.close(fd)
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(f"is a directory: {path}")
+    raise StorageError(f"not a regular file ({_kind(mode)}): refusing to read it", url=path)
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return f"mode {stat.filemode(mode)}"
+
+
+def _check_size(fd: int, size: int | None) -> None:
+    if size is not None:
+        actual = os.fstat(fd).st_size
+        if actual != size:
+            raise SizeChanged(actual)
+
+
+def open_file(path: str, *, size: int | None = None) -> IO[bytes]:
+    """``path`` (a regular file) open for buffered reading; ``size``: its expected size,
+    another raises ``SizeChanged``."""
+    fd = open_regular(path)
+    try:
+        _check_size(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return open(fd, "rb")  # the caller closes it
+
+
+def read(path: str, rng: ByteRange | None, *, size: int | None = None) -> bytes:
+    """The whole file (``rng`` None) or ``read_range`` of ``rng``."""
+    if rng is None:
+        return read_all(path, size=size)
+    return read_range(path, rng.start, rng.length, size=size)
+
+
+def read_range(path: str, start: int, length: int, *, size: int | None = None) -> bytes:
     """Up to ``length`` bytes of ``path`` from ``start`` (fewer only at the end of the file).
 
+    ``size``: the file's expected total size; another raises ``SizeChanged``.
     ``os.pread`` allocates the result once and the kernel copies straight into it, so
     a large range is read at raw-read speed with no extra copy; a second call is only
     needed when the kernel returns less than asked (over 2 GiB on Linux).
     """
-    fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+    fd = open_regular(path)
     try:
+        _check_size(fd, size)
         data = os.pread(fd, length, start)
         if len(data) == length or not data:
             return data
@@ -53,9 +126,14 @@ def read_range(path: str, start: int, length: int) -> bytes:
         os.close(fd)
 
 
-def read_all(path: str) -> bytes:
-    """The whole file; unbuffered, so the result is sized by fstat and filled in place."""
-    with open(path, "rb", buffering=0) as f:
+def read_all(path: str, *, size: int | None = None) -> bytes:
+    """The whole file; unbuffered, so the result is sized by fstat and filled in place.
+
+    ``size``: the file's expected size; another raises ``SizeChanged``.
+    """
+    fd = open_regular(path)
+    with open(fd, "rb", buffering=0) as f:
+        _check_size(fd, size)
         return f.readall()
 
 

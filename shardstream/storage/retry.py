@@ -10,11 +10,20 @@
 # jitter, and a short or truncated body counts as a failed try like a 503 does.
 # (s3fs still sleeps 0.1 s after its one failed try before handing us the error; that
 # only adds to our backoff.)
+#
+# NOTE [ Bounded waits ]
+# Each try is bounded by the client's connect and read timeouts (botocore and s3fs:
+# ``storage_options={"config_kwargs": {"connect_timeout": 5, "read_timeout": 15}}``, the
+# defaults); the tries together by ``RetryPolicy.timeout``: no new try starts once that
+# many seconds have passed since the first (or would pass during the backoff), so an
+# endpoint that accepts connections and never answers fails one read in about
+# ``timeout`` + one try, not attempts x read_timeout. The error names both bounds.
 """
 
 from __future__ import annotations
 
 import errno
+import math
 import random
 import time
 from collections.abc import Callable
@@ -93,18 +102,22 @@ class RetryPolicy:
 
     ``attempts`` counts all tries (1 = no retry). Between tries the wait is drawn
     uniformly from ``[0, min(max_delay, base_delay * 2**n)]`` ("full jitter"), so many
-    ranks that failed together do not come back together.
+    ranks that failed together do not come back together. ``timeout``: seconds after
+    which no new try starts (None: no bound); see NOTE [ Bounded waits ].
     """
 
     attempts: int = 8
     base_delay: float = 0.05
     max_delay: float = 4.0
+    timeout: float | None = 60.0
 
     def __post_init__(self) -> None:
         if self.attempts < 1:
             raise UsageError(f"RetryPolicy.attempts must be at least 1, not {self.attempts}")
         if self.base_delay < 0 or self.max_delay < 0:
             raise UsageError(f"RetryPolicy delays must be >= 0, not {self.base_delay}, {self.max_delay}")
+        if self.timeout is not None and not (self.timeout > 0 and math.isfinite(self.timeout)):
+            raise UsageError(f"RetryPolicy.timeout must be > 0 seconds or None, not {self.timeout}")
 
     def delay(self, failures: int) -> float:
         """Seconds to wait after the ``failures``-th failed try (1-based)."""
@@ -205,25 +218,48 @@ def call_with_retry(
     url: str,
     rng: ByteRange | None = None,
     sleep: Callable[[float], object] | None = None,
+    timeouts: str = "",
 ) -> R:
     """Run ``operation`` until it succeeds, retrying transient errors per ``policy``.
 
-    A permanent error fails at once as a ``StorageError``; running out of tries raises
-    ``TransientStorageError``; both name ``url`` and the byte range.
+    A permanent error fails at once as a ``StorageError``; running out of tries (or of
+    ``policy.timeout``) raises ``TransientStorageError``; both name ``url`` and the byte
+    range. ``timeouts`` describes each try's own bounds, for the error after a timeout.
     """
     wait = sleep if sleep is not None else _sleep
+    started = time.monotonic()
     last: BaseException | None = None
-    for failures in range(1, policy.attempts + 1):
+    tries = 0
+    for tries in range(1, policy.attempts + 1):
         try:
             return operation()
         except Exception as error:
             if not is_transient(error):
                 raise permanent_error(error, what, url, rng) from error
             last = error
-            if failures < policy.attempts:
-                wait(policy.delay(failures))
+            if tries == policy.attempts:
+                break
+            delay = policy.delay(tries)
+            if policy.timeout is not None and time.monotonic() - started + delay > policy.timeout:
+                break  # NOTE [ Bounded waits ]
+            wait(delay)
+    elapsed = time.monotonic() - started
     raise TransientStorageError(
-        f"{what}{_where(rng)} failed after {policy.attempts} tries: {type(last).__name__}: {last}",
+        f"{what}{_where(rng)} failed after {tries} tries in {elapsed:.1f} s: {type(last).__name__}: {last}"
+        + _bounds(last, policy, timeouts),
         url=url,
         offset=rng.start if rng is not None else None,
     ) from last
+
+
+def _bounds(error: BaseException | None, policy: RetryPolicy, timeouts: str) -> str:
+    """What bounded the waits, said where a try timed out (NOTE [ Bounded waits ])."""
+    timed_out = error is not None and any(
+        isinstance(link, TimeoutError) or "timeout" in type(link).__name__.lower() or "timed out" in str(link)
+        for link in _chain(error)
+    )
+    if not timed_out:
+        return ""
+    each = f"each try: {timeouts}; " if timeouts else ""
+    total = "no bound" if policy.timeout is None else f"{policy.timeout:g} s"
+    return f" (timed out; {each}all tries: RetryPolicy.timeout {total})"

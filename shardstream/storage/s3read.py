@@ -24,6 +24,9 @@
 #   FileNotFoundError and PermissionError (as s3fs translates them), so Storage reports
 #   them the same way on every path; 416 (range starts past the end) reads as no bytes,
 #   which Storage turns into its "past the end of the object" error.
+# - Given the size the manifest says, every response's total is checked against it: a
+#   ranged GET's ``Content-Range: bytes a-b/TOTAL``, a whole GET's ``Content-Length``
+#   (NOTE [ Reads check the manifest ] in expect.py).
 """
 
 from __future__ import annotations
@@ -37,9 +40,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardstream.errors import TransientStorageError
+from shardstream.storage.expect import SizeChanged
 from shardstream.types import ByteRange
 
-__all__ = ["S3Reader", "s3_options"]
+__all__ = ["S3Reader", "s3_options", "timeouts_of"]
 
 # s3fs options that do not change how one object is read: the fast path ignores them.
 _FS_ONLY = frozenset(
@@ -112,6 +116,14 @@ def s3_options(options: Mapping[str, Any]) -> dict[str, Any]:
     config.setdefault("retries", {"total_max_attempts": 1})  # NOTE [ One retry layer ]
     result["config_kwargs"] = config
     return result
+
+
+def timeouts_of(options: Mapping[str, Any]) -> str:
+    """Each try's timeouts, in words for errors (NOTE [ Bounded waits ] in retry.py)."""
+    config = options.get("config_kwargs") or {}
+    connect = config.get("connect_timeout", _CONNECT_TIMEOUT)
+    read = config.get("read_timeout", _READ_TIMEOUT)
+    return f"connect_timeout {connect} s, read_timeout {read} s (storage_options config_kwargs)"
 
 
 def _supported(options: Mapping[str, Any]) -> bool:
@@ -217,8 +229,11 @@ class S3Reader:
         client = session.create_client("s3", config=botocore.config.Config(**config), **arguments)
         return client, _request_extras(options, client)
 
-    def read(self, bucket: str, key: str, rng: ByteRange | None) -> bytes:
-        """The object, or the bytes of ``rng`` (fewer only where the object ends first)."""
+    def read(self, bucket: str, key: str, rng: ByteRange | None, *, size: int | None = None) -> bytes:
+        """The object, or the bytes of ``rng`` (fewer only where the object ends first).
+
+        ``size``: the object's expected total size; another raises ``SizeChanged``.
+        """
         from botocore.exceptions import ClientError
 
         client = self.client
@@ -229,8 +244,11 @@ class S3Reader:
             response = client.get_object(**request)
         except ClientError as error:
             if _status(error) == 416:  # the range starts at or past the end: no bytes
+                _check_total(error.response.get("Error", {}).get("ActualObjectSize"), size)
                 return b""
             raise _translated(error) from error
+        if size is not None:
+            _check_total(_total_size(response), size)
         body = response["Body"]
         try:
             data = body.read()
@@ -268,6 +286,24 @@ def _loader(data_path: Any) -> Any:
     if loader is None:
         loader = _LOADERS[data_path] = botocore.loaders.create_loader(data_path)
     return loader
+
+
+def _total_size(response: Mapping[str, Any]) -> int | None:
+    """The object's total size: from ``Content-Range`` (``bytes a-b/TOTAL``) of a ranged
+    response, else ``Content-Length`` of a whole one; None where the server does not say."""
+    content_range = response.get("ContentRange")
+    if content_range:
+        total = str(content_range).rpartition("/")[2].strip()
+        return int(total) if total.isdigit() else None
+    if response["ResponseMetadata"].get("HTTPStatusCode") == 200:
+        length = response.get("ContentLength")
+        return int(length) if length is not None else None
+    return None
+
+
+def _check_total(total: Any, size: int | None) -> None:
+    if size is not None and total is not None and str(total).isdigit() and int(total) != size:
+        raise SizeChanged(int(total))
 
 
 def _status(error: Any) -> int:

@@ -1,0 +1,91 @@
+"""What the manifest says an object is, checked on every read (``Expected``).
+
+# NOTE [ Reads check the manifest ]
+# A dataset's shards are never rewritten in place by shardstream, but a user may run
+# ``pack --overwrite`` into the same folder, swap a file, or truncate one. Two rules keep
+# a reader from serving another dataset's bytes under this manifest:
+# - Every read given an ``Expected`` checks the object's total size: a local file's
+#   fstat, a ranged S3 GET's ``Content-Range: bytes a-b/TOTAL``, a whole GET's
+#   ``Content-Length`` (a HEAD on the fsspec path). A mismatch is a permanent
+#   ``StorageError`` ("changed since the manifest was written"), never retried.
+# - The shard cache keys an entry by the object's content (the shard's sha256; a
+#   sidecar by its shard's sha256, its path and its size, as the manifest holds no hash
+#   of its own), so an overwritten dataset never hits the old one's entries, and a
+#   downloaded shard is hashed and checked against the manifest before it is kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from shardstream.errors import StorageError
+from shardstream.types import ByteRange
+
+__all__ = ["Expected", "SizeChanged", "changed_error", "download", "size_changed_error"]
+
+
+@dataclass(frozen=True, slots=True)
+class Expected:
+    """An object as the manifest describes it.
+
+    ``size``: its total size in bytes (None: not known, not checked). ``sha256``: its
+    content hash (hex), if known: checked when the cache downloads it. ``version``: what
+    identifies its content for the cache when it has no hash of its own (a sidecar: its
+    shard's sha256).
+    """
+
+    size: int | None
+    sha256: str = ""
+    version: str = ""
+
+    @property
+    def content_key(self) -> str:
+        return f"{self.size}|{self.sha256}|{self.version}"
+
+
+class SizeChanged(Exception):
+    """The object's total size is ``actual``, not the expected one (``Storage`` names it)."""
+
+    def __init__(self, actual: int) -> None:
+        super().__init__(actual)
+        self.actual = actual
+
+
+def changed_error(url: str, shard: str, what: str, *, offset: int | None = None) -> StorageError:
+    """The permanent error for an object that is not what the manifest says."""
+    return StorageError(
+        f"{what}: changed since the manifest was written (was the dataset packed again? "
+        "open it again to read its new manifest)",
+        url=url,
+        shard=shard,
+        offset=offset,
+    )
+
+
+def size_changed_error(
+    url: str, shard: str, rng: ByteRange | None, actual: int, expected: int | None
+) -> StorageError:
+    """``changed_error`` for an object of ``actual`` bytes that the manifest says has ``expected``."""
+    start, end = (rng.start, rng.end) if rng is not None else (0, expected or 0)
+    if actual < end:
+        what = f"bytes [{start}, {end}) are past the end of the object ({actual} bytes, the manifest says {expected})"
+    else:
+        what = f"the object has {actual} bytes, the manifest says {expected}"
+    return changed_error(url, shard, what, offset=start)
+
+
+def download(read: Callable[[ByteRange], bytes], tmp: str, size: int, chunk: int, sha256: str) -> str | None:
+    """Write the object's ``size`` bytes to ``tmp`` in ranged reads of ``chunk`` bytes;
+    with ``sha256``, hash them as they come and return the hash if it differs (else None)."""
+    digest = hashlib.sha256() if sha256 else None
+    with open(tmp, "wb") as f:
+        for start in range(0, size, chunk):
+            data = read(ByteRange(start, min(size, start + chunk)))
+            f.write(data)
+            if digest is not None:
+                digest.update(data)
+    if digest is None or digest.hexdigest() == sha256.lower():
+        return None
+    return digest.hexdigest()
