@@ -59,6 +59,7 @@ from typing import Any, NamedTuple, Protocol
 from shardstream.errors import PackError, ShardstreamError
 from shardstream.manifest import ShardInfo
 from shardstream.pack.durable import ShardSync
+from shardstream.pack.lifeline import cap_workers, die_with_parent, usable_cores
 from shardstream.pack.options import PackOptions
 from shardstream.pack.shard import ShardOutput, ShardResult
 from shardstream.pack.sizing import sample_sizer
@@ -162,10 +163,7 @@ class JobContext:
 
 def default_workers() -> int:
     """The number of cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+    return usable_cores()
 
 
 class EntrySizer:
@@ -420,7 +418,8 @@ def write_job(
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(context: JobContext) -> None:
+def _init_worker(context: JobContext, parent: int) -> None:
+    die_with_parent(parent)  # NOTE [ Workers die with their pack ] in ``lifeline``
     gc.disable()  # NOTE [ Garbage collection during a pack ]
     _WORKER["context"] = context
     _WORKER["size"] = EntrySizer(context.source, context.options)
@@ -480,7 +479,9 @@ def run_jobs(
     """Write every shard of ``plan``; results in shard order. One worker: all in this process.
 
     Local shards are fsynced by ``sync`` as they are done (NOTE [ Durable before the manifest ]).
+    ``workers`` is capped at what can be used (``lifeline.cap_workers``), with a logged note.
     """
+    workers = cap_workers(workers, None if plan.stop is None else plan.stop - plan.start)
     with _collect_per_shard():
         return _run_jobs(plan, context, workers, sync, progress)
 
@@ -551,7 +552,7 @@ class _Pool:
         self.pool: ProcessPoolExecutor | None = None
         if children:
             self.pool = ProcessPoolExecutor(
-                children, mp_context=_mp_context(), initializer=_init_worker, initargs=(context,)
+                children, mp_context=_mp_context(), initializer=_init_worker, initargs=(context, os.getpid())
             )
             self.pool.submit(os.getpid)  # with fork, every worker starts at the first submit
 
