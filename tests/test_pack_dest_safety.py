@@ -374,3 +374,23 @@ def test_a_pack_that_fails_releases_its_lease_and_keeps_its_record(tmp_path):
         pack(tmp_path / "bad.jsonl", tmp_path / "ds", samples_per_shard=10, workers=1)
     assert not claims(str(tmp_path / "ds"))
     assert (tmp_path / "ds" / ".shardstream-pack.json").exists()
+
+
+def test_temp_files_of_a_killed_runs_lock_and_record_are_removed(tmp_path):
+    dest = tmp_path / "ds"
+    dest.mkdir()
+    left = [
+        ".shardstream-tmp-0123456789ab-.shardstream-lock." + "56" * 8 + ".json",
+        ".shardstream-tmp-ba9876543210-.shardstream-pack.json",
+    ]
+    other_part = ".shardstream-tmp-0123456789ab-.shardstream-lock-part-00001." + "78" * 8 + ".json"
+    for name in [*left, other_part]:
+        (dest / name).write_bytes(b"{")  # a SIGKILL mid-write leaves these
+    with ShardWriter(dest, samples_per_shard=4) as writer:
+        writer.write({"__key__": "k", "txt": "x"})
+    assert sorted(os.listdir(dest)) == [
+        other_part,
+        "manifest.json",
+        "shard-000000.tar",
+        "shard-000000.tar.idx",
+    ]

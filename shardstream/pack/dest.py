@@ -208,7 +208,8 @@ class DatasetTarget:
         )
 
     def _remove_stale_temp_files(self) -> None:
-        """Delete the temp files of this pack's shards that a killed run left (local folders only).
+        """Delete the temp files of this pack's shards, record and lock that a killed run left
+        (local folders only).
 
         Remote writes spool outside the dataset, so only a local destination can hold
         them; a part removes only its own, since other parts may be writing theirs.
@@ -223,11 +224,9 @@ class DatasetTarget:
             return
         for name in names:
             match = _TEMP_RE.match(name)
-            if (
-                match
-                and SHARD_NAME_RE.match(match.group(1))
-                and match.group(1).startswith(self.options.prefix)
-            ):
+            target = match.group(1) if match else ""
+            ours = SHARD_NAME_RE.match(target) and target.startswith(self.options.prefix)
+            if ours or target == self.record or self._lease.is_stale_claim(target):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(root, name))
 

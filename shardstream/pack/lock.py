@@ -223,6 +223,11 @@ class PackLease:
             self._held = False
             self.storage.delete(self.name)
 
+    def is_stale_claim(self, name: str) -> bool:
+        """Whether ``name`` is a claim of this scope but not this pack's (it held the scope before)."""
+        match = _CLAIM_RE.match(name)
+        return match is not None and (match.group(1) or "") == self.scope and name != self.name
+
     def _write(self, storage: Storage | None = None) -> None:
         doc = {
             "run": self.run,
@@ -239,7 +244,7 @@ class PackLease:
     def _renew(self, storage: Storage) -> None:
         try:
             while not self._stop.wait(self.seconds / 4):
-                with contextlib.suppress(ShardstreamError):  # a failed renewal shows in ``check``
+                with contextlib.suppress(Exception):  # a failed renewal shows in ``check``
                     self._write(storage)
         finally:
             storage.close()
