@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -145,3 +146,40 @@ def test_a_killed_pack_takes_its_workers_with_it(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+_ORPHAN = """
+import os, sys, time
+from shardstream.pack import lifeline
+if sys.argv[1] == "poll":
+    lifeline._death_signal = lambda: False  # as where there is no prctl: the watch thread
+parent = os.getpid()
+ready_r, ready_w = os.pipe()
+child = os.fork()
+if child == 0:
+    lifeline.die_with_parent(parent)
+    os.write(ready_w, b"x")
+    time.sleep(120)
+    os._exit(0)
+os.read(ready_r, 1)
+print(child, flush=True)
+os._exit(0)  # the parent dies; its child must follow
+"""
+
+
+@pytest.mark.parametrize("how", ["prctl", "poll"])
+def test_a_worker_ends_when_its_parent_dies(tmp_path, how):
+    run = subprocess.run([sys.executable, "-c", _ORPHAN, how], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    orphan = int(run.stdout)
+    try:
+        _wait_for(lambda: not _alive(orphan), f"process {orphan} to exit")
+    finally:
+        if _alive(orphan):
+            os.kill(orphan, signal.SIGKILL)
+
+
+def test_a_worker_whose_parent_died_before_it_started_ends_at_once():
+    code = "from shardstream.pack.lifeline import die_with_parent; die_with_parent(1); print('survived')"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (run.returncode, run.stdout) == (1, "")
