@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import multiprocessing
 import os
 import subprocess
 import tarfile
@@ -16,7 +17,7 @@ import pytest
 from shardstream.catalog import index_dataset, verify_dataset
 from shardstream.cli import main
 from shardstream.errors import PackError, UsageError
-from shardstream.pack import ShardWriter, pack
+from shardstream.pack import ShardWriter, pack, parallel
 from shardstream.pack.lock import LEASE_ENV, PackLease, host_id, lease_seconds
 from shardstream.storage import Storage
 from tests.test_pack import read_shards
@@ -394,3 +395,18 @@ def test_temp_files_of_a_killed_runs_lock_and_record_are_removed(tmp_path):
         "shard-000000.tar",
         "shard-000000.tar.idx",
     ]
+
+
+def test_the_lease_thread_does_not_stop_workers_being_forked(tmp_path, monkeypatch):
+    """The lease is taken at the first cut, once the workers exist: it never forces spawn."""
+    (tmp_path / "c.jsonl").write_text("".join(LINES))
+    chosen = []
+    choose = parallel._mp_context
+
+    def spy():
+        chosen.append(choose().get_start_method())
+        return multiprocessing.get_context(chosen[-1])
+
+    monkeypatch.setattr(parallel, "_mp_context", spy)
+    pack(tmp_path / "c.jsonl", tmp_path / "ds", samples_per_shard=10, workers=2)
+    assert chosen == ["fork"]
