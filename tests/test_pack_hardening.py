@@ -74,6 +74,20 @@ def test_folder_refuses_a_link_to_a_folder_saying_so(tmp_path):
     assert info.value.url == f"{src}/more"
 
 
+@pytest.mark.parametrize("suffix", ["parquet", "tar"])
+def test_a_folder_of_shards_refuses_a_fifo_among_them(tmp_path, suffix):
+    src = tmp_path / "src"
+    src.mkdir()
+    first = tmp_path / "first"
+    (tmp_path / "made").mkdir()
+    pack(_sample_folder(tmp_path / "made"), first, format=suffix, workers=1)
+    (src / f"a.{suffix}").write_bytes((first / f"shard-000000.{suffix}").read_bytes())
+    os.mkfifo(src / f"b.{suffix}")  # would be left out of the dataset (or block the pack when opened)
+    with pytest.raises(PackError, match="not a regular file") as info:
+        pack(src, tmp_path / "out", workers=1)
+    assert info.value.url == f"{src}/b.{suffix}"
+
+
 def _jsonl_with_a_deep_line(path, depth):
     with open(path, "w") as f:
         f.write('{"txt": "a"}\n\n{"txt": "b"}\n')

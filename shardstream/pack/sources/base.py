@@ -190,8 +190,10 @@ def _walk_local(directory: str, prefix: str) -> Iterator[tuple[str, str, int]]:
                 yield from _walk_local(item.path, f"{prefix}{item.name}/")
             elif item.is_file():
                 yield f"{prefix}{item.name}", item.path, item.stat().st_size
-            elif item.is_symlink():
-                raise PackError("cannot read file: broken symbolic link", url=item.path)
+            else:  # a FIFO, socket, device or broken link: refused, never skipped (nor opened)
+                broken = item.is_symlink() and not os.path.exists(item.path)
+                what = "broken symbolic link" if broken else "not a regular file"
+                raise PackError(f"cannot read file: {what}", url=item.path)
         except OSError as error:
             raise PackError(f"cannot read file: {error.strerror}", url=item.path) from None
 
