@@ -260,7 +260,8 @@ def foreign_tar(samples: list[dict]) -> bytes:
 
 
 def test_odd_field_names_from_another_tool_decode_as_written():
-    names = ["a'b", 'q"x', "back\\slash", "{brace}", "ünï", "__import__('os')", *INJECTIONS[:3]]
+    # a name starting with "_" (metadata, such as __key__) is refused by the index: see test_tar_hostile
+    names = ["a'b", 'q"x', "back\\slash", "{brace}", "ünï", "x=__import__('os')", *INJECTIONS[:3]]
     samples = [
         {"__key__": f"k{i:03d}", **{name: f"{i}:{j}".encode() * j for j, name in enumerate(names)}}
         for i in range(BLOCK + 5)

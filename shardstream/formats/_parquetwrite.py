@@ -27,7 +27,8 @@ from typing import IO, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shardstream.errors import PackError, UsageError
+from shardstream.errors import PackError, UsageError, shown
+from shardstream.formats._keys import check_key_path
 from shardstream.formats._parquetindex import KEY_COLUMN, MAGIC, ParquetIndex, parse_footer, row_group_spans
 from shardstream.formats.base import Sample, ShardEncoder
 
@@ -209,7 +210,8 @@ class ParquetEncoder(ShardEncoder):
             raise PackError(f"a sample must be a dict, not {type(sample).__name__}", shard=self._name)
         key = sample.get(KEY_COLUMN)
         if not isinstance(key, str):
-            raise PackError(f"sample key must be a str, not {key!r}", shard=self._name)
+            raise PackError(f"sample key must be a str, not {shown(key)}", shard=self._name)
+        check_key_path(key, self._name)  # the tar rule too: NOTE [ Safe sample keys ]
         if self._schema is not None:
             self._check_row(key, sample)
         else:

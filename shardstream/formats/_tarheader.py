@@ -18,7 +18,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from shardstream.errors import PackError
+from shardstream.errors import PackError, shown
+from shardstream.formats._keys import check_key_path
 from shardstream.formats.base import Sample
 
 __all__ = [
@@ -136,7 +137,7 @@ def encode_value(value: Any, key: str, field: str, shard: str | None) -> bytes:
             return value.encode("utf-8")
         except UnicodeEncodeError as error:
             raise PackError(
-                f"sample {key!r} field {field!r}: text is not valid Unicode ({error})", shard=shard
+                f"sample {shown(key)} field {shown(field)}: text is not valid Unicode ({error})", shard=shard
             ) from None
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value).encode()
@@ -144,7 +145,7 @@ def encode_value(value: Any, key: str, field: str, shard: str | None) -> bytes:
         return memoryview(value).tobytes()
     except TypeError:
         raise PackError(
-            f"sample {key!r} field {field!r}: a tar field must be bytes, str or int, not {type(value).__name__}",
+            f"sample {shown(key)} field {shown(field)}: a tar field must be bytes, str or int, not {type(value).__name__}",
             shard=shard,
         ) from None
 
@@ -152,35 +153,37 @@ def encode_value(value: Any, key: str, field: str, shard: str | None) -> bytes:
 def check_key(key: Any, shard: str | None) -> bytes:
     """The UTF-8 key, after checking it names members that split back to it in every reader."""
     if not isinstance(key, str) or not key:
-        raise PackError(f"sample key must be a non-empty str, not {key!r}", shard=shard)
+        raise PackError(f"sample key must be a non-empty str, not {shown(key)}", shard=shard)
+    check_key_path(key, shard)  # NOTE [ Safe sample keys ]
     base = key.rsplit("/", 1)[-1]
-    if not base or "." in base or "\0" in key:
+    if not base or "." in base:
         raise PackError(
-            f"sample key {key!r} is not usable in a tar shard: its last path part must be non-empty, "
-            "without '.' (the first dot starts the field name) and without NUL",
+            f"sample key {shown(key)} is not usable in a tar shard: its last path part must be non-empty "
+            "and without '.' (the first dot starts the field name)",
             shard=shard,
         )
     try:
         return key.encode("utf-8")
     except UnicodeEncodeError as error:
-        raise PackError(f"sample key {key!r} is not valid Unicode ({error})", shard=shard) from None
+        raise PackError(f"sample key {shown(key)} is not valid Unicode ({error})", shard=shard) from None
 
 
 def check_field(field: Any, key: str, shard: str | None) -> bytes | None:
     """``b"." + field`` in UTF-8, or None for a metadata field (leading ``_``) that is not written."""
     if not isinstance(field, str):
-        raise PackError(f"sample {key!r}: field names must be str, not {field!r}", shard=shard)
+        raise PackError(f"sample {shown(key)}: field names must be str, not {shown(field)}", shard=shard)
     if field.startswith("_"):
         return None
     if not field or "/" in field or "\0" in field:
         raise PackError(
-            f"sample {key!r}: field name {field!r} must be non-empty, without '/' or NUL", shard=shard
+            f"sample {shown(key)}: field name {shown(field)} must be non-empty, without '/' or NUL",
+            shard=shard,
         )
     try:
         return b"." + field.encode("utf-8")
     except UnicodeEncodeError as error:
         raise PackError(
-            f"sample {key!r}: field name {field!r} is not valid Unicode ({error})", shard=shard
+            f"sample {shown(key)}: field name {shown(field)} is not valid Unicode ({error})", shard=shard
         ) from None
 
 
@@ -198,17 +201,19 @@ def sample_members(sample: Sample, shard: str | None) -> tuple[str, bytes, list[
         name = (key_b + dot_field).decode("utf-8")
         if webdataset_skips(name):
             raise PackError(
-                f"sample {key!r}: member {name!r} would be skipped as metadata by webdataset", shard=shard
+                f"sample {shown(key)}: member {shown(name)} would be skipped as metadata by webdataset",
+                shard=shard,
             )
         split = KEY_FIELD_RE.match(name)
         if split is None or split.group(1) != key or split.group(2) != field:
             # e.g. a newline before a dotted directory: webdataset's regex would read another key
             raise PackError(
-                f"sample {key!r}: member {name!r} would not read back as this key and field", shard=shard
+                f"sample {shown(key)}: member {shown(name)} would not read back as this key and field",
+                shard=shard,
             )
         members.append((field, dot_field, encode_value(sample[field], key, field, shard)))
     if not members:
-        raise PackError(f"sample {key!r} has no fields; a tar sample needs at least one", shard=shard)
+        raise PackError(f"sample {shown(key)} has no fields; a tar sample needs at least one", shard=shard)
     return key, key_b, members
 
 
@@ -216,7 +221,7 @@ def _sorted_fields(sample: Sample, key: Any, shard: str | None) -> list:
     try:
         return sorted(sample)
     except TypeError:
-        raise PackError(f"sample {key!r}: field names must be str", shard=shard) from None
+        raise PackError(f"sample {shown(key)}: field names must be str", shard=shard) from None
 
 
 # NOTE [ Fast tar sample sizes ]
@@ -238,15 +243,18 @@ _SIZE_PLANS: dict[tuple[Any, ...], tuple[tuple[str, ...], int]] = {}
 
 def plain_key(key: object) -> bool:
     """A key the fast paths (sizing, encoding) take as it is: a non-empty ASCII str with no
-    dot, NUL, leading ``_`` or trailing ``/``. Any other key takes the slow path, which
-    validates it and names what is wrong."""
+    dot, NUL, backslash, leading ``_`` or ``/``, drive (``C:``) or trailing ``/``. Any other
+    key takes the slow path, which validates it and names what is wrong."""
     return (
         type(key) is str
         and bool(key)
         and "." not in key
         and "\0" not in key
+        and "\\" not in key
         and key[0] != "_"
+        and key[0] != "/"
         and key[-1] != "/"
+        and key[1:2] != ":"
         and key.isascii()
     )
 

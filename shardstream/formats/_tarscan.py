@@ -1,40 +1,83 @@
-"""Index any tar (ours, webdataset's, GNU tar's) in one sequential pass over its headers.
+"""Read any tar (ours, webdataset's, GNU tar's) in one sequential pass over its headers.
 
-Only headers are read; member data is skipped with ``seek`` when the file object can,
-read and dropped otherwise. Every malformed header, impossible size or early end is a
-``FormatError`` with the shard name and the byte offset of the offending block.
+``scan_tar`` indexes a shard: only headers are read, member data is skipped with ``seek``
+when the file object can, read and dropped otherwise. ``tar_members`` gives the members
+with their data, for ``pack`` to repack a tar. Every malformed header, impossible size or
+early end is a ``FormatError`` with the shard name and the byte offset of the offending
+block.
+
+# NOTE [ Bounded tar reading ]
+# Tars come from anywhere, so reading one must cost time and memory in proportion to its
+# bytes, never to what its headers claim (Python's tarfile does not: a sparse member
+# expands to the size it claims, a global PAX header is copied into every member that
+# follows, a PAX record of digits is parsed in quadratic time, CVE-2024-6232). So:
+# - an extended header (PAX, GNU long name) is read only up to _MAX_EXTENDED bytes, its
+#   records are parsed in one linear pass, lengths of at most 20 digits, and only the
+#   records that change a member's place or size (``path``, ``size``) are kept, so
+#   neither a big global header nor many of them grow what is held;
+# - sparse members (GNU type 'S', PAX ``GNU.sparse.*``) are refused: their data is a map
+#   of holes, and expanding it is what a 5 KB tar claiming 8 GiB relies on;
+# - member data is read in pieces of at most _PIECE bytes, and never past the end of a
+#   file whose size is known, so a size field alone allocates nothing;
+# - a field name starting with ``_`` is refused: it is metadata in webdataset's and our
+#   samples (``KEY.__key__`` would replace the sample's key).
+# A compressed file (gzip, bzip2, xz, zstd, lz4) is named as such when its first header
+# fails, rather than reported as a corrupt header.
 """
 
 from __future__ import annotations
 
 import io
 import struct
-from typing import IO
+from collections.abc import Iterator
+from typing import IO, NamedTuple
 
-from shardstream.errors import FormatError
+from shardstream.errors import FormatError, shown
 from shardstream.formats._tarheader import BLOCK
 from shardstream.formats._tarindex import TarIndex
 from shardstream.formats._tarwrite import KEY_FIELD_RE, webdataset_skips
 
-__all__ = ["scan_tar"]
+__all__ = ["TarMember", "check_fields", "check_uncompressed", "scan_tar", "tar_members"]
 
 _ZERO = bytes(BLOCK)
 _REGULAR = frozenset(b"07\0")  # typeflags (as ints) of regular files
 _NO_DATA = frozenset(b"123456")  # links, devices, directories, fifos: size is not data
+_SPARSE = 0x53  # GNU 'S'
 _MAX_EXTENDED = 1 << 20  # a PAX or GNU long-name header beyond this is garbage, not a name
+_PIECE = 1 << 20  # member data is read in pieces of this size (NOTE [ Bounded tar reading ])
+_KEPT_PAX = frozenset((b"path", b"size"))
 _SIGNED = struct.Struct("148b8x356b")
+_COMPRESSED = (
+    (b"\x1f\x8b", "gzip"),
+    (b"BZh", "bzip2"),
+    (b"\xfd7zXZ\x00", "xz"),
+    (b"\x28\xb5\x2f\xfd", "zstd"),
+    (b"\x04\x22\x4d\x18", "lz4"),
+    (b"PK\x03\x04", "zip"),
+)
+
+
+class TarMember(NamedTuple):
+    """A regular file in a tar: its name, where its headers start, where its data lies."""
+
+    name: str
+    start: int  # offset of its first header (a PAX or GNU long-name header when it has one)
+    data_offset: int
+    size: int
+    data: bytes | None  # its bytes, when asked for
 
 
 class _Reader:
     """Exact reads and bounded skips with a running offset."""
 
-    def __init__(self, fileobj: IO[bytes], name: str) -> None:
+    def __init__(self, fileobj: IO[bytes], name: str, sized: bool) -> None:
         self.file = fileobj
         self.name = name
         self.pos = 0
         self.size: int | None = None
+        self.head = b""  # the first bytes read, to name a compressed file
         try:
-            if fileobj.seekable():
+            if sized and fileobj.seekable():
                 here = fileobj.tell()
                 self.size = fileobj.seek(0, io.SEEK_END) - here
                 fileobj.seek(here)
@@ -47,15 +90,22 @@ class _Reader:
     def read(self, n: int, what: str) -> bytes:
         if self.size is not None and self.pos + n > self.size:
             raise self.error(f"truncated {what}: needs {n} bytes, {self.size - self.pos} left", self.pos)
-        data = self.file.read(n)
-        if len(data) != n:
-            raise self.error(f"truncated {what}: needs {n} bytes, got {len(data)}", self.pos)
+        pieces = []
+        left = n
+        while left:  # in pieces: a size field alone must not allocate (NOTE [ Bounded tar reading ])
+            piece = self.file.read(min(left, _PIECE))
+            if not piece:
+                raise self.error(f"truncated {what}: needs {n} bytes, got {n - left}", self.pos)
+            pieces.append(piece)
+            left -= len(piece)
         self.pos += n
-        return data
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def read_block(self) -> bytes | None:
         """The next header block; None at the end of the file."""
         data = self.file.read(BLOCK)
+        if self.pos == 0:
+            self.head = data
         if not data:
             return None
         if len(data) != BLOCK:
@@ -74,11 +124,27 @@ class _Reader:
             return
         left = n
         while left:
-            got = len(self.file.read(min(left, 1 << 20)))
+            got = len(self.file.read(min(left, _PIECE)))
             if not got:
                 raise self.error(f"truncated {what}: {left} bytes missing", self.pos)
             self.pos += got
             left -= got
+
+    def compressed(self) -> FormatError | None:
+        """The error for a compressed file, if the first bytes say it is one."""
+        return _compressed(self.head, self.name)
+
+
+def _compressed(head: bytes, name: str) -> FormatError | None:
+    for magic, kind in _COMPRESSED:
+        if head.startswith(magic):
+            return FormatError(
+                f"bad tar: this is {kind} data, not an uncompressed tar: shardstream reads uncompressed "
+                "tar (decompress it first; pack also reads .tar.gz, .tgz, .tar.bz2 and .tar.xz files)",
+                shard=name,
+                offset=0,
+            )
+    return None
 
 
 def _number(field: bytes) -> int:
@@ -105,20 +171,22 @@ def _check_header(block: bytes, reader: _Reader, offset: int) -> int:
     return size
 
 
-def _pax_records(data: bytes, reader: _Reader, offset: int) -> dict[str, bytes]:
+def _pax_records(data: bytes, reader: _Reader, offset: int) -> dict[bytes, bytes]:
+    """The ``path`` and ``size`` records of a PAX header, in one linear pass over it."""
     records = {}
-    pos = 0
-    while pos < len(data) and data[pos] != 0:
-        space = data.find(b" ", pos)
-        try:
-            length = int(data[pos:space]) if space > pos else 0
-        except ValueError:
-            length = 0
-        end = pos + length
-        if length <= 0 or end > len(data) or data[end - 1 : end] != b"\n" or b"=" not in data[space:end]:
-            raise reader.error("malformed PAX extended header record", offset)
-        key, _, value = data[space + 1 : end - 1].partition(b"=")
-        records[key.decode("utf-8", "surrogateescape")] = value
+    pos, n = 0, len(data)
+    while pos < n and data[pos] != 0:
+        space = data.find(b" ", pos, pos + 21)  # a length of at most 20 digits
+        digits = data[pos:space] if space > pos else b""
+        end = pos + int(digits) if digits.isdigit() else pos
+        equals = data.find(b"=", space, end) if end > space else -1
+        if equals < 0 or end > n or data[end - 1] != 0x0A:
+            raise reader.error("malformed PAX extended header record", offset + BLOCK + pos)
+        key = data[space + 1 : equals]
+        if key.startswith(b"GNU.sparse."):
+            raise reader.error(f"sparse member ({shown(key)} record): sparse files are not supported", offset)
+        if key in _KEPT_PAX:
+            records[key] = data[equals + 1 : end - 1]
         pos = end
     return records
 
@@ -129,6 +197,132 @@ def _extended(reader: _Reader, size: int, offset: int) -> bytes:
     data = reader.read(size, "extended header")
     reader.skip(-size % BLOCK, "extended header padding")
     return data
+
+
+def _decode_name(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def _ustar_name(block: bytes) -> str:
+    name = block[0:100].split(b"\0", 1)[0]
+    if block[257:263] == b"ustar\0":  # POSIX: a prefix field (GNU's "ustar  \0" has other data there)
+        prefix = block[345:500].split(b"\0", 1)[0]
+        if prefix:
+            name = prefix + b"/" + name
+    return _decode_name(name)
+
+
+class _Pending:
+    """What extended headers said about the next member, and where the first of them began."""
+
+    def __init__(self) -> None:
+        self.global_pax: dict[bytes, bytes] = {}
+        self.clear()
+
+    def clear(self) -> None:
+        self.pax: dict[bytes, bytes] = {}
+        self.long_name: str | None = None
+        self.start: int | None = None
+
+    def get(self, key: bytes) -> bytes | None:
+        value = self.pax.get(key)
+        return self.global_pax.get(key) if value is None else value
+
+
+def _name_and_size(
+    block: bytes, pending: _Pending, size: int, reader: _Reader, offset: int
+) -> tuple[str, int]:
+    """A member's name and size: PAX records first, then a GNU long name, then the ustar fields."""
+    pax_size = pending.get(b"size")
+    if pax_size is not None:
+        if not pax_size.isdigit() or len(pax_size) > 20:
+            raise reader.error(f"PAX size {shown(pax_size)} is not a number", offset)
+        size = int(pax_size)
+    path = pending.get(b"path")
+    if path is not None:
+        return _decode_name(path), size
+    return (pending.long_name if pending.long_name is not None else _ustar_name(block)), size
+
+
+def _header(reader: _Reader, offset: int) -> tuple[bytes, int] | None:
+    """The next header block and its size field; None at the end-of-archive block."""
+    try:
+        block = reader.read_block()
+        if block is None:
+            raise reader.error("truncated: no end-of-archive marker", offset)
+        if block == _ZERO:
+            return None
+        return block, _check_header(block, reader, offset)
+    except FormatError:
+        compressed = reader.compressed() if offset == 0 else None
+        if compressed is not None:
+            raise compressed from None
+        raise
+
+
+def _members(reader: _Reader, read_data: bool) -> Iterator[TarMember]:
+    """The regular files of the tar, in order; returns at the end-of-archive block."""
+    pending = _Pending()
+    while True:
+        offset = reader.pos
+        header = _header(reader, offset)
+        if header is None:
+            if pending.start is not None:
+                raise reader.error("extended header without a member", pending.start)
+            return
+        block, size = header
+        typeflag = block[156]
+        if typeflag in (0x78, 0x67):  # 'x' for the next member, 'g' for all that follow
+            records = _pax_records(_extended(reader, size, offset), reader, offset)
+            if typeflag == 0x67:
+                pending.global_pax.update(records)
+                continue
+            pending.pax.update(records)
+        elif typeflag in (0x4C, 0x4B):  # GNU 'L' long name, 'K' long link name
+            data = _extended(reader, size, offset)
+            if typeflag == 0x4C:
+                pending.long_name = _decode_name(data.split(b"\0", 1)[0])
+        else:
+            member = _member(reader, block, typeflag, size, pending, offset, read_data)
+            pending.clear()
+            if member is not None:
+                yield member
+            continue
+        pending.start = offset if pending.start is None else pending.start
+
+
+def _member(
+    reader: _Reader, block: bytes, typeflag: int, size: int, pending: _Pending, offset: int, read_data: bool
+) -> TarMember | None:
+    """The member whose (last) header is ``block`` if it is a regular file (else None); the
+    reader is left after its data."""
+    name, size = _name_and_size(block, pending, size, reader, offset)
+    start = offset if pending.start is None else pending.start
+    if typeflag == _SPARSE:
+        raise reader.error(f"member {shown(name)} is a sparse file: sparse files are not supported", start)
+    if typeflag in _NO_DATA:
+        return None
+    data_offset = reader.pos
+    regular = typeflag in _REGULAR and not name.endswith("/")
+    if regular and read_data:
+        data = reader.read(size, f"member {shown(name)}")
+        reader.skip(-size % BLOCK, f"padding of member {shown(name)}")
+    else:
+        data = None
+        reader.skip(size + (-size % BLOCK), f"member {shown(name)}")
+    return TarMember(name, start, data_offset, size, data) if regular else None
+
+
+def tar_members(
+    fileobj: IO[bytes], name: str, *, read_data: bool = True, sized: bool = True
+) -> Iterator[TarMember]:
+    """The regular files of the tar in ``fileobj``, from its current position to its end marker.
+
+    ``sized=False`` says ``fileobj`` should be read as a stream even if it can seek (a
+    decompressing file, whose size is only known by decompressing it all).
+    See NOTE [ Bounded tar reading ] for what is refused.
+    """
+    return _members(_Reader(fileobj, name, sized), read_data)
 
 
 class _Grouper:
@@ -146,29 +340,32 @@ class _Grouper:
         self.field_ids: dict[str, int] = {}
         self.current: set[str] = set()
 
-    def add(self, name: str, header_start: int, data_offset: int, size: int) -> None:
+    def add(self, member: TarMember) -> None:
+        name = member.name
         if webdataset_skips(name):
             return
         match = KEY_FIELD_RE.match(name)
         if match is None:
             return
         key, field = match.group(1), match.group(2)
+        if field.startswith("_"):
+            raise self.reader.error(metadata_field(name, field), member.start)
         if not self.keys or key != self.keys[-1]:
             if self.keys:
                 self.member_first.append(len(self.member_offset))
             self.keys.append(key)
-            self.sample_start.append(header_start)
+            self.sample_start.append(member.start)
             self.current = set()
         elif field in self.current:
-            raise self.reader.error(f"sample {key!r} has field {field!r} twice", header_start)
+            raise self.reader.error(f"sample {shown(key)} has field {shown(field)} twice", member.start)
         self.current.add(field)
         fid = self.field_ids.get(field)
         if fid is None:
             fid = self.field_ids[field] = len(self.fields)
             self.fields.append(field)
         self.member_field.append(fid)
-        self.member_offset.append(data_offset)
-        self.member_size.append(size)
+        self.member_offset.append(member.data_offset)
+        self.member_size.append(member.size)
 
     def index(self, archive_end: int) -> TarIndex:
         if self.keys:
@@ -186,72 +383,38 @@ class _Grouper:
         )
 
 
-def _decode_name(raw: bytes) -> str:
-    return raw.decode("utf-8", "surrogateescape")
+def metadata_field(member: str, field: str) -> str:
+    """Why a member whose field starts with ``_`` is refused (the index and pack say the same)."""
+    return (
+        f"member {shown(member)} has field {shown(field)}: a field starting with '_' is sample "
+        "metadata (such as __key__), not data, and would replace it"
+    )
 
 
-def _ustar_name(block: bytes) -> str:
-    name = block[0:100].split(b"\0", 1)[0]
-    if block[257:263] == b"ustar\0":  # POSIX: a prefix field (GNU's "ustar  \0" has other data there)
-        prefix = block[345:500].split(b"\0", 1)[0]
-        if prefix:
-            name = prefix + b"/" + name
-    return _decode_name(name)
+def check_fields(index: TarIndex) -> None:
+    """``FormatError`` if a sidecar (one written before the index refused them) has a metadata field."""
+    if not any(field.startswith("_") for field in index._fields):  # the names alone: cheap, per load
+        return
+    for field in index.fields:  # those members use
+        if field.startswith("_"):
+            raise FormatError(
+                f"tar sample index has field {shown(field)}: a field starting with '_' is sample metadata "
+                "(such as __key__) and would replace it; index the shard again",
+                shard=index.name,
+            )
 
 
-def _name_and_size(
-    block: bytes, records: dict[str, bytes], long_name: str | None, size: int, reader: _Reader, offset: int
-) -> tuple[str, int]:
-    """A member's name and size: PAX records first, then a GNU long name, then the ustar fields."""
-    if "size" in records:
-        if not records["size"].isdigit():
-            raise reader.error(f"PAX size {records['size']!r} is not a number", offset)
-        size = int(records["size"])
-    if "path" in records:
-        return _decode_name(records["path"]), size
-    return (long_name if long_name is not None else _ustar_name(block)), size
+def check_uncompressed(head: bytes, name: str) -> None:
+    """``FormatError`` if ``head``, a shard's first bytes, are those of a compressed file."""
+    error = _compressed(head, name)
+    if error is not None:
+        raise error
 
 
 def scan_tar(fileobj: IO[bytes], name: str) -> TarIndex:
     """The index of the tar in ``fileobj``, read from its current position to its end marker."""
-    reader = _Reader(fileobj, name)
+    reader = _Reader(fileobj, name, True)
     grouper = _Grouper(reader)
-    global_pax: dict[str, bytes] = {}
-    pax: dict[str, bytes] = {}
-    long_name: str | None = None
-    pending: int | None = None  # start of the extended headers that belong to the next member
-    while True:
-        offset = reader.pos
-        block = reader.read_block()
-        if block is None:
-            raise reader.error("truncated: no end-of-archive marker", offset)
-        if block == _ZERO:
-            if pending is not None:
-                raise reader.error("extended header without a member", pending)
-            return grouper.index(offset)
-        size = _check_header(block, reader, offset)
-        typeflag = block[156]
-        if typeflag in (0x78, 0x67):  # 'x' for the next member, 'g' for all that follow
-            records = _pax_records(_extended(reader, size, offset), reader, offset)
-            if typeflag == 0x67:
-                global_pax.update(records)
-            else:
-                pax.update(records)
-                pending = offset if pending is None else pending
-            continue
-        if typeflag in (0x4C, 0x4B):  # GNU 'L' long name, 'K' long link name
-            data = _extended(reader, size, offset)
-            if typeflag == 0x4C:
-                long_name = _decode_name(data.split(b"\0", 1)[0])
-            pending = offset if pending is None else pending
-            continue
-        records = {**global_pax, **pax} if global_pax else pax
-        member, size = _name_and_size(block, records, long_name, size, reader, offset)
-        start = offset if pending is None else pending
-        pax, long_name, pending = {}, None, None
-        if typeflag in _NO_DATA:
-            continue
-        data_offset = reader.pos
-        reader.skip(size + (-size % BLOCK), f"member {member!r}")
-        if typeflag in _REGULAR and not member.endswith("/"):
-            grouper.add(member, start, data_offset, size)
+    for member in _members(reader, False):
+        grouper.add(member)
+    return grouper.index(reader.pos - BLOCK)

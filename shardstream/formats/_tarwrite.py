@@ -13,7 +13,7 @@ from typing import IO, NamedTuple
 
 import numpy as np
 
-from shardstream.errors import PackError
+from shardstream.errors import PackError, shown
 from shardstream.formats._tarheader import (
     BLOCK,
     CHECKSUM_BASE,
@@ -234,7 +234,7 @@ class TarEncoder(ShardEncoder):
             raise PackError("write after close", shard=self._name, offset=self._pos)
         key, key_b, members = sample_members(sample, self._name)
         if key == self._prev_key:
-            raise PackError(f"sample key {key!r} repeats the previous sample's key", shard=self._name)
+            raise PackError(f"sample key {shown(key)} repeats the previous sample's key", shard=self._name)
         chunks: list[bytes] = []
         sizes: list[int] = []
         long_headers = {}

@@ -14,7 +14,7 @@ from typing import IO
 from shardstream.errors import UsageError
 from shardstream.formats._tarindex import TarIndex
 from shardstream.formats._tarread import tar_samples
-from shardstream.formats._tarscan import scan_tar
+from shardstream.formats._tarscan import check_fields, scan_tar
 from shardstream.formats._tarwrite import TarEncoder, sample_size
 from shardstream.formats.base import Sample, SampleIndex, ShardFormat, check_covers
 from shardstream.types import ByteRange
@@ -41,7 +41,9 @@ class TarFormat(ShardFormat):
         return index, index.fields
 
     def load_index(self, data: bytes, *, name: str) -> TarIndex:
-        return TarIndex.from_bytes(data, name=name)
+        index = TarIndex.from_bytes(data, name=name)
+        check_fields(index)
+        return index
 
     def decode(
         self,

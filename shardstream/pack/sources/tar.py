@@ -3,17 +3,34 @@
 Members are grouped as ``webdataset`` groups them: consecutive members whose names
 share the key (the name up to the first dot of its base name) form a sample. Folders
 and other non-file members are skipped. ``.tar.gz`` and ``.tgz`` are read too.
+
+Tars are read with shardstream's own bounded scanner, never with ``tarfile``: see
+NOTE [ Bounded tar reading ] in ``shardstream.formats._tarscan``.
 """
 
 from __future__ import annotations
 
-import tarfile
+import gzip
+import lzma
+import zlib
 from collections.abc import Iterator, Mapping
-from typing import Any
+from contextlib import nullcontext
+from typing import IO, Any, cast
 
-from shardstream.errors import PackError
+from shardstream.errors import FormatError, PackError, shown
+from shardstream.formats._keys import key_problem, unsafe_key
+from shardstream.formats._tarheader import MAX_USTAR_SIZE
+from shardstream.formats._tarscan import TarMember, metadata_field, tar_members
 from shardstream.formats.base import Sample
-from shardstream.pack.sources.base import Entry, Source, folder_of, has_suffix, open_file, source_files
+from shardstream.pack.sources.base import (
+    COMPRESSION_SUFFIXES,
+    Entry,
+    Source,
+    folder_of,
+    has_suffix,
+    open_file,
+    source_files,
+)
 
 __all__ = ["TarSource"]
 
@@ -44,46 +61,61 @@ class TarSource(Source):
 
 def _samples(path: str, storage_options: Mapping[str, Any]) -> Iterator[Sample]:
     """The samples of one tar file, in order."""
-    with open_file(path, storage_options) as f:
-        try:
-            archive = tarfile.open(fileobj=f, mode="r|*")  # noqa: SIM115 (closed by the with below)
-        except tarfile.TarError as error:
-            raise PackError(f"not a readable tar file: {error}", url=path) from None
-        sample: Sample | None = None
-        with archive:
-            for member, data in _members(archive, path):
-                slash = member.name.rfind("/") + 1
-                dot = member.name.find(".", slash)
-                if dot <= slash:
-                    raise PackError(
-                        f"member {member.name!r} has no extension to name its field",
-                        url=path,
-                        offset=member.offset,
-                    )
-                key, field = member.name[:dot], member.name[dot + 1 :]
-                if sample is not None and sample["__key__"] != key:
-                    yield sample
-                    sample = None
-                if sample is None:
-                    sample = {"__key__": key}
-                elif field in sample:
-                    raise PackError(
-                        f"sample {key!r} has two members for field {field!r}", url=path, offset=member.offset
-                    )
-                sample[field] = data
-        if sample is not None:
+    sample: Sample | None = None
+    for member in _members(path, storage_options):
+        key, field = _key_and_field(member, path)
+        if sample is not None and sample["__key__"] != key:
             yield sample
+            sample = None
+        if sample is None:
+            sample = {"__key__": key}
+        elif field in sample:
+            raise PackError(
+                f"sample {shown(key)} has two members for field {shown(field)}", url=path, offset=member.start
+            )
+        sample[field] = member.data
+    if sample is not None:
+        yield sample
 
 
-def _members(archive: tarfile.TarFile, path: str) -> Iterator[tuple[tarfile.TarInfo, bytes]]:
-    try:
-        for member in archive:
-            if not member.isfile():
-                continue
-            reader = archive.extractfile(member)
-            data = reader.read() if reader is not None else b""
-            if len(data) != member.size:
-                raise PackError(f"member {member.name!r} is truncated", url=path, offset=member.offset)
-            yield member, data
-    except (tarfile.TarError, EOFError, OSError) as error:
-        raise PackError(f"corrupt tar file: {error}", url=path) from None
+def _key_and_field(member: TarMember, path: str) -> tuple[str, str]:
+    """The sample key and field a member names; ``PackError`` if it names none, or an unsafe one."""
+    name = member.name
+    slash = name.rfind("/") + 1
+    dot = name.find(".", slash)
+    if dot <= slash:
+        raise PackError(
+            f"member {shown(name)} has no extension to name its field", url=path, offset=member.start
+        )
+    key, field = name[:dot], name[dot + 1 :]
+    if field.startswith("_"):
+        raise PackError(metadata_field(name, field), url=path, offset=member.start)
+    problem = key_problem(key)
+    if problem is not None:
+        raise PackError(unsafe_key(key, problem), url=path, offset=member.start)
+    return key, field
+
+
+def _members(path: str, storage_options: Mapping[str, Any]) -> Iterator[TarMember]:
+    name = path.rstrip("/").rsplit("/", 1)[-1].lower()
+    gzipped = name.endswith(".tgz")  # fsspec infers .gz, .bz2, .xz, ... but not .tgz
+    compressed = gzipped or name.endswith(COMPRESSION_SUFFIXES)
+    with open_file(path, storage_options) as raw, _gunzip(raw) if gzipped else nullcontext(raw) as f:
+        try:
+            for member in tar_members(f, path, sized=not compressed):
+                if member.size > MAX_USTAR_SIZE:
+                    raise PackError(
+                        f"member {shown(member.name)} of {member.size} bytes: members of 8 GiB or more "
+                        "are not supported",
+                        url=path,
+                        offset=member.start,
+                    )
+                yield member
+        except FormatError as error:
+            raise PackError(error.message, url=path, offset=error.offset) from None
+        except (OSError, EOFError, zlib.error, lzma.LZMAError) as error:  # a corrupt compressed stream
+            raise PackError(f"cannot read tar file: {error}", url=path) from None
+
+
+def _gunzip(raw: IO[bytes]) -> IO[bytes]:
+    return cast(IO[bytes], gzip.GzipFile(fileobj=raw, mode="rb"))

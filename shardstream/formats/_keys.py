@@ -1,0 +1,49 @@
+"""The rule every shard writer applies to sample keys (tar and Parquet alike).
+
+# NOTE [ Safe sample keys ]
+# A tar shard's member names are its samples' keys plus a field, and people extract
+# shards with GNU tar or Python's tarfile. A key that is an absolute path (``/etc/x``),
+# has a ``..`` part (``../../x``), or a drive (``C:x``) or backslash (Windows reads
+# ``..\\x`` as a path) would make that write outside the target folder, so no writer
+# takes one; NUL is refused too, as it ends a name in C and in the tar header. Parquet
+# shards take the same rule, so a dataset can move between the formats and the key a
+# reader gets means the same thing in both. ``.`` parts (``./a/b``, as ``tar -C dir .``
+# writes) and nested keys (``a/b/c``) are fine. Reading (``index``, streaming) never
+# writes a file, so it takes the keys of any tar as they are.
+"""
+
+from __future__ import annotations
+
+from shardstream.errors import PackError, shown
+
+__all__ = ["check_key_path", "key_problem", "unsafe_key"]
+
+
+def key_problem(key: str) -> str | None:
+    """Why ``key`` may not name a sample in a shard (see NOTE [ Safe sample keys ]), or None."""
+    if "\0" in key:
+        return "contains NUL"
+    if key.startswith("/"):
+        return "is an absolute path"
+    if "\\" in key:
+        return "contains a backslash, a path separator on Windows"
+    if key[1:2] == ":" and key[0].isascii() and key[0].isalpha():
+        return "starts with a Windows drive"
+    if ".." in key and ".." in key.split("/"):
+        return "has a '..' part"
+    return None
+
+
+def check_key_path(key: str, shard: str | None) -> None:
+    """``PackError`` naming ``key`` (cut) and ``shard`` if ``key`` breaks the rule."""
+    problem = key_problem(key)
+    if problem is not None:
+        raise PackError(unsafe_key(key, problem), shard=shard)
+
+
+def unsafe_key(key: str, problem: str) -> str:
+    """The message for ``key``, which breaks the rule as ``problem`` says."""
+    return (
+        f"sample key {shown(key)} {problem}: a key must be a relative path without '..' parts, "
+        "backslashes, a drive or NUL, so that extracting a shard stays inside its folder"
+    )
