@@ -25,6 +25,7 @@ import pytest
 from shardstream.catalog import index_dataset
 from shardstream.errors import FormatError, PackError, ShardstreamError
 from shardstream.formats import TarFormat
+from shardstream.formats._tarscan import tar_members
 from shardstream.formats.tar import TarIndex
 from shardstream.pack import ShardWriter, pack
 from shardstream.types import ByteRange
@@ -313,13 +314,7 @@ def test_impossible_sizes_are_refused_before_any_allocation(data, message):
     with pytest.raises(FormatError, match=message):
         FMT.build_index(io.BytesIO(data), name="h.tar")
     with pytest.raises(FormatError, match=message):
-        list(tar_members_of(data))
-
-
-def tar_members_of(data: bytes):
-    from shardstream.formats._tarscan import tar_members
-
-    return tar_members(io.BytesIO(data), "h.tar")
+        list(tar_members(io.BytesIO(data), "h.tar"))
 
 
 def test_repack_from_s3_reads_with_the_bounded_scanner(s3, tmp_path):
