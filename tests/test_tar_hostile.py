@@ -280,6 +280,8 @@ def pax_digits() -> bytes:
 def test_sparse_members_are_refused(tmp_path, build, message):
     (tmp_path / "in.tar").write_bytes(build())
     assert len(build()) < 10_000
+    with pytest.raises(FormatError, match=message):  # index skipped them, losing the member
+        FMT.build_index(io.BytesIO(build()), name="in.tar")
     out = pack_bounded(tmp_path / "in.tar", tmp_path / "out")
     assert out["error"] == "PackError", out
     assert message in out["message"]
