@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import io
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -22,9 +21,10 @@ from typing import IO, Any, TypeVar, cast
 
 from shardstream.errors import FormatError, ShardstreamError, StorageError, UsageError
 from shardstream.formats import SampleIndex, ShardFormat, get_format
+from shardstream.formats._checks import BlockHasher
 from shardstream.manifest import Manifest, ShardInfo
 from shardstream.pack.dest import PART_RECORD_RE, build_manifest
-from shardstream.pack.shard import ShardResult, fields_and_schema, sha256_of
+from shardstream.pack.shard import ShardResult, checks_of, fields_and_schema, sha256_of
 from shardstream.storage import Storage
 
 __all__ = [
@@ -57,7 +57,7 @@ class _OnePass(io.RawIOBase):
         super().__init__()
         self._file = file
         self._sequential = sequential
-        self._hash = hashlib.sha256()
+        self._hash = BlockHasher()  # sha256 and block CRCs (NOTE [ Checksummed reads ])
         self._pos = 0
         self.in_order = True
 
@@ -89,26 +89,27 @@ class _OnePass(io.RawIOBase):
         self._pos = self._file.seek(offset, whence)
         return self._pos
 
-    def finish(self) -> tuple[str, int] | None:
-        """(sha256, size) of the whole object if it was all read in order, else None."""
+    def finish(self) -> BlockHasher | None:
+        """The hashes of the whole object if it was all read in order, else None."""
         if not self.in_order:
             return None
         while self.read(_READ_CHUNK):
             pass
-        return self._hash.hexdigest(), self._pos
+        return self._hash
 
 
 def _read_shard(
     storage: Storage, fmt: ShardFormat, path: str
 ) -> tuple[SampleIndex, tuple[str, ...], str, int]:
-    """Index, fields, sha256 and size of a stored shard, read once where the format allows."""
+    """Index, fields, sha256 and size of a stored shard, read once where the format allows;
+    the index is tied to the shard's bytes (``SampleIndex.checks``)."""
     with storage.open(path) as f:
         reader = _OnePass(f, sequential=fmt.name == "tar")
         index, fields = fmt.build_index(cast(IO[bytes], reader), name=path)
         hashed = reader.finish()
-    if hashed is None:
-        hashed = sha256_of(storage, path), storage.size(path)
-    return index, fields, hashed[0], hashed[1]
+    checks = hashed.checks() if hashed is not None else checks_of(storage, path)
+    index.bind_checks(checks)
+    return index, fields, checks.sha256, checks.size
 
 
 def _map(function: Callable[[T], R], items: Iterable[T], threads: int) -> list[R]:
@@ -364,7 +365,8 @@ def _check_shard(storage: Storage, fmt: ShardFormat, info: ShardInfo) -> list[st
         problems.append(f"has sha256 {digest[:16]}..., the manifest says {info.sha256[:16]}...")
     if rebuilt is not None and rebuilt.num_samples != info.samples:
         problems.append(f"holds {rebuilt.num_samples} samples, the manifest says {info.samples}")
-    problems += _check_sidecar(storage, fmt, info, rebuilt)
+    # against other bytes a rebuilt index differs in its checks: the sha256 already says so
+    problems += _check_sidecar(storage, fmt, info, rebuilt if digest == info.sha256 else None)
     return problems
 
 
@@ -378,12 +380,29 @@ def _check_sidecar(
     if info.index_bytes and len(data) != info.index_bytes:
         return [f"sample index is {len(data)} bytes, the manifest says {info.index_bytes}"]
     try:
-        fmt.load_index(data, name=info.path)  # a sidecar that does not parse is named as corrupt
+        loaded = fmt.load_index(data, name=info.path)  # a sidecar that does not parse is named as corrupt
     except FormatError as error:
         return [f"sample index is corrupt: {error}"]
+    checks = loaded.checks
+    if checks is None:  # a version 1 sidecar (NOTE [ Checksummed reads ])
+        return _unchecked_sidecar(loaded, rebuilt)
+    if (checks.size, checks.sha256) != (info.bytes, info.sha256):
+        return [
+            f"sample index does not match the shard: it was written for another shard ({checks.size} bytes, sha256 {checks.sha256[:16]}...)"
+        ]
     if rebuilt is None or data == rebuilt.to_bytes():
         return []
     return ["sample index does not match the shard's contents"]
+
+
+def _unchecked_sidecar(loaded: SampleIndex, rebuilt: SampleIndex | None) -> list[str]:
+    problems = [
+        "sample index has no checksums (an older shardstream wrote it); `shardstream index` re-indexes it"
+    ]
+    old_bytes = loaded.to_bytes(with_checks=False)
+    if rebuilt is not None and old_bytes != rebuilt.to_bytes(with_checks=False):
+        problems.append("sample index does not match the shard's contents")
+    return problems
 
 
 def verify_dataset(

@@ -42,6 +42,7 @@ class DatasetConfig:
     cache_limit: int | None = None
     on_error: str = "raise"
     prefetch_windows: int = 1
+    verify_checksums: bool = True  # check each read's block CRCs (NOTE [ Checksummed reads ])
 
     def __post_init__(self) -> None:
         if not isinstance(self.url, str) or not self.url:
@@ -54,6 +55,10 @@ class DatasetConfig:
         _check_int("rank", self.rank, minimum=0, url=self.url, optional=True)
         _check_int("cache_limit", self.cache_limit, minimum=0, url=self.url, optional=True)
         _check_int("prefetch_windows", self.prefetch_windows, minimum=0, url=self.url)
+        if not isinstance(self.verify_checksums, bool):
+            raise UsageError(
+                f"verify_checksums must be True or False, got {self.verify_checksums!r}", url=self.url
+            )
         if self.transform is not None and not callable(self.transform):
             raise UsageError("transform must be callable", url=self.url)
 

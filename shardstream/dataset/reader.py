@@ -1,9 +1,10 @@
 """Reading the windows of an epoch plan: ranged reads, coalesced, prefetched.
 
 A window is a few runs of consecutive samples (``Run(shard, start, stop)``). For each run
-the reader asks the shard's sample index for the byte range of exactly those samples and
-reads it with one ranged read; close runs of one shard share a read (``plan_reads``). The
-sample indexes (sidecars) are loaded when first needed and kept in a small LRU. While the
+the reader asks the shard's sample index for the byte range of those samples, grown to
+whole check blocks (NOTE [ Checksummed reads ] in formats/_checks.py), reads it with one
+ranged read and checks its blocks' CRCs before decoding; close runs of one shard share a
+read (``plan_reads``). The sample indexes (sidecars) are loaded when first needed and kept in a small LRU. While the
 dataset decodes and yields one window, the bytes of the next one are read in a background
 thread (see NOTE [ Getting the bytes ] in fetch.py), so a worker holds at most its current
 window and what it prefetches, whatever the dataset's size.
@@ -23,6 +24,7 @@ from typing import Any, ClassVar, cast
 from shardstream.dataset.fetch import ByteFetcher
 from shardstream.errors import FormatError, StorageError
 from shardstream.formats import get_format
+from shardstream.formats._checks import BLOCK
 from shardstream.formats.base import Sample, SampleIndex
 from shardstream.manifest import Manifest, ShardInfo
 from shardstream.storage import Prefetcher, Storage
@@ -64,6 +66,11 @@ COALESCE_GAP = 256 * 1024
 # then slices it for every ranged GET (~10% of the throughput of 64 MB shards on loopback).
 # A run of a window that takes a whole shard (the usual case for large samples) is one.
 WHOLE_SHARD_SLACK = 64 * 1024
+
+
+# What a window's fetch gives per read: the read, its bytes, the shard's index, and the
+# offsets of check blocks that failed (left for decode to skip with on_error="skip").
+Fetched = tuple["Read", "bytes | memoryview", SampleIndex, tuple[int, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,16 +160,23 @@ class WindowReader:
     """
 
     def __init__(
-        self, storage: Storage, manifest: Manifest, *, on_error: str = "raise", prefetch: int = 1
+        self,
+        storage: Storage,
+        manifest: Manifest,
+        *,
+        on_error: str = "raise",
+        prefetch: int = 1,
+        verify_checksums: bool = True,
     ) -> None:
         self.storage = storage
         self.manifest = manifest
         self.format = get_format(manifest.format)
         self.on_error = on_error
         self.prefetch = prefetch
+        self.verify_checksums = verify_checksums
         self._holes = 0  # samples the format could not decode, replaced by None
         self._indexes = IndexCache.of(storage)
-        self._prefetcher: Prefetcher[Any, list[tuple[Read, bytes | memoryview, SampleIndex]]] | None = None
+        self._prefetcher: Prefetcher[Any, list[Fetched]] | None = None
         self.bytes = ByteFetcher(storage, manifest)  # reads are checked against the manifest
 
     # -- indexes -------------------------------------------------------------------------
@@ -181,9 +195,19 @@ class WindowReader:
     def _keep_index(self, shard: int, data: bytes | memoryview) -> SampleIndex:
         info = self.manifest.shards[shard]
         index = self.format.load_index(bytes(data), name=info.path)
+        # Before any window lays out this shard's samples: a manifest that claims more
+        # samples than the shard holds must not size anything (see Window.shards).
         if index.num_samples != info.samples:
             raise FormatError(
                 f"sample index has {index.num_samples} samples, the manifest says {info.samples}",
+                url=self.storage.full_url(info.index),
+                shard=info.path,
+            )
+        checks = index.checks
+        if checks is not None and (checks.size, checks.sha256) != (info.bytes, info.sha256):
+            raise FormatError(
+                f"sample index was written for another shard ({checks.size} bytes, sha256 "
+                f"{checks.sha256[:16]}...) than the manifest's ({info.bytes} bytes, sha256 {info.sha256[:16]}...)",
                 url=self.storage.full_url(info.index),
                 shard=info.path,
             )
@@ -207,21 +231,48 @@ class WindowReader:
 
     # -- one window ----------------------------------------------------------------------
 
-    def fetch(self, window: Any) -> list[tuple[Read, bytes | memoryview, SampleIndex]]:
-        """The bytes of ``window``, one ranged read per group of close runs of a shard.
+    def fetch(self, window: Any) -> list[Fetched]:
+        """The bytes of ``window``, one ranged read per group of close runs of a shard,
+        their check blocks checked.
 
-        Only I/O (and sidecars): it runs in the prefetch thread, where reading releases
-        the GIL, while the caller decodes the previous window (:meth:`decode`).
+        Only I/O, sidecars and CRCs: it runs in the prefetch thread, where reading and
+        ``zlib.crc32`` release the GIL, while the caller decodes the previous window
+        (:meth:`decode`). The window's sidecars are loaded (and their counts checked)
+        before its runs are laid out (``Window.shards``).
         """
+        indexes = self._load_indexes(_window_shards(window))
         runs = window.runs
-        indexes = self._load_indexes([run.shard for run in runs])
-        reads = plan_reads(runs, lambda shard, a, b: indexes[shard].byte_range(a, b), gap=COALESCE_GAP)
+        reads = plan_reads(runs, lambda shard, a, b: self._read_range(indexes[shard], a, b), gap=COALESCE_GAP)
         items = [self._item(read) for read in reads]
         fetched = self.bytes.read_all(items, self._storage_error)
         for read, item, data in zip(reads, items, fetched, strict=True):
             if item[1] is None and len(data) < read.rng.end:
                 self._too_short(read, len(data))
-        return [(read, data, indexes[read.shard]) for read, data in zip(reads, fetched, strict=True)]
+        return [
+            (read, data, indexes[read.shard], self._bad_blocks(read, data, indexes[read.shard]))
+            for read, data in zip(reads, fetched, strict=True)
+        ]
+
+    def _read_range(self, index: SampleIndex, start: int, stop: int) -> ByteRange:
+        return index.read_range(start, stop) if self.verify_checksums else index.byte_range(start, stop)
+
+    def _bad_blocks(self, read: Read, data: bytes | memoryview, index: SampleIndex) -> tuple[int, ...]:
+        """Offsets of the read's check blocks whose CRC fails; with ``on_error="raise"``
+        the first is a ``FormatError`` here, before anything is decoded."""
+        checks = index.checks
+        if checks is None or not self.verify_checksums or not read.rng.length:
+            return ()
+        bad = checks.bad_blocks(data, read.rng)
+        if bad and self.on_error != "skip":
+            path = self.manifest.shards[read.shard].path
+            raise FormatError(
+                f"checksum mismatch in bytes [{bad[0]}, {min(bad[0] + checks.block, checks.size)}): the "
+                "shard's bytes differ from those it was indexed with (corrupt, or rewritten)",
+                url=self.storage.full_url(path),
+                shard=path,
+                offset=bad[0],
+            )
+        return tuple(bad)
 
     def _item(self, read: Read) -> tuple[str, ByteRange | None]:
         """What to read for ``read``: the whole object where the read covers all of a shard
@@ -240,9 +291,7 @@ class WindowReader:
             offset=read.rng.start,
         )
 
-    def decode(
-        self, window: Any, fetched: list[tuple[Read, bytes | memoryview, SampleIndex]]
-    ) -> tuple[list[Sample | None], bool]:
+    def decode(self, window: Any, fetched: list[Fetched]) -> tuple[list[Sample | None], bool]:
         """The samples of ``window``'s runs from :meth:`fetch`'s bytes, concatenated in run
         order (not yet shuffled), and whether any is ``None`` (skipped as corrupt). Each
         read's bytes are let go as soon as they are decoded."""
@@ -250,10 +299,16 @@ class WindowReader:
         fetched.reverse()
         parts: dict[int, list[Sample | None]] = {}
         while fetched:
-            read, data, index = fetched.pop()
+            read, data, index, bad = fetched.pop()
             info = self.manifest.shards[read.shard]
             for number in read.runs:
                 run = runs[number]
+                if bad:  # on_error="skip": the samples of failed blocks are left out
+                    block = index.checks.block if index.checks is not None else BLOCK
+                    parts[number] = self._read_one_by_one(
+                        data, read.rng, index, run.start, run.stop, info.path, (bad, block)
+                    )
+                    continue
                 parts[number] = self._decode(data, read.rng, index, run.start, run.stop, info.path)
             del data
         if len(parts) == 1:  # the usual unshuffled case: one run
@@ -288,14 +343,23 @@ class WindowReader:
         return samples
 
     def _read_one_by_one(
-        self, data: bytes | memoryview, rng: ByteRange, index: SampleIndex, start: int, stop: int, name: str
+        self,
+        data: bytes | memoryview,
+        rng: ByteRange,
+        index: SampleIndex,
+        start: int,
+        stop: int,
+        name: str,
+        bad: tuple[tuple[int, ...], int] = ((), BLOCK),
     ) -> list[Sample | None]:
-        """``on_error="skip"``: decode sample by sample, ``None`` for each that fails."""
+        """``on_error="skip"``: decode sample by sample, ``None`` for each that fails or
+        has bytes in a check block of ``bad`` (its offsets, the block size)."""
         view = memoryview(data)
         out: list[Sample | None] = []
         for i in range(start, stop):
             one = index.byte_range(i, i + 1)
             try:
+                _check_blocks(one, *bad)
                 part = view[one.start - rng.start : one.end - rng.start]
                 out.extend(self.format.decode(part, one, index, i, i + 1, name=name))
             except FormatError as error:
@@ -341,7 +405,7 @@ class WindowReader:
             for window in windows:
                 yield (window, *self.decode(window, self.fetch(window)))
             return
-        prefetcher: Prefetcher[Any, list[tuple[Read, bytes | memoryview, SampleIndex]]] = Prefetcher(
+        prefetcher: Prefetcher[Any, list[Fetched]] = Prefetcher(
             self.fetch, threads=1, max_pending=self.prefetch
         )
         self._prefetcher = prefetcher
@@ -364,6 +428,18 @@ class WindowReader:
         if prefetcher is not None:
             prefetcher.close()
         self.bytes.close()
+
+
+def _window_shards(window: Any) -> list[int]:
+    """The shards a window reads, known before its runs are laid out when it says so."""
+    shards = getattr(window, "shards", None)
+    return list(shards) if shards is not None else [run.shard for run in window.runs]
+
+
+def _check_blocks(rng: ByteRange, bad: tuple[int, ...], block: int) -> None:
+    for offset in bad:
+        if offset < rng.end and rng.start < offset + block:
+            raise FormatError(f"checksum mismatch in bytes [{offset}, {offset + block})", offset=offset)
 
 
 _SKIPPED: collections.Counter[str] = collections.Counter()  # per shard URL, in this process

@@ -16,13 +16,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardstream.errors import FormatError, UsageError
+from shardstream.formats._checks import ShardChecks
 from shardstream.formats._sidecar import (
     array_section,
     pack_sidecar,
     pack_strings,
     read_array,
-    unpack_sidecar,
     unpack_strings,
+    unpack_versioned,
 )
 from shardstream.formats.base import SampleIndex
 from shardstream.types import ByteRange
@@ -32,7 +33,9 @@ __all__ = ["KEY_COLUMN", "ParquetIndex", "parse_footer", "row_group_spans"]
 KEY_COLUMN = "__key__"
 MAGIC = b"PAR1"
 _KIND = b"pq\0\0"
-_VERSION = 1
+_VERSION = 2  # 2: the shard's checks follow the index (NOTE [ Checksummed reads ]); 1 still loads
+_SECTIONS = {1: 5, 2: 8}
+_MAX_ROWS = 1 << 48  # rows in one shard beyond this are corruption, and would overflow sums
 
 
 def parse_footer(footer: bytes, *, name: str) -> pq.FileMetaData:
@@ -76,8 +79,10 @@ class ParquetIndex(SampleIndex):
         self._spans = np.asarray(spans, dtype=np.int64).reshape(-1, 4)
         self._keys = keys
         rows = self._spans[:, 1]
-        self._num_samples = int(rows.sum())
         problems = []
+        if len(rows) and (int(rows.min()) < 0 or sum(rows.tolist()) > _MAX_ROWS):
+            raise FormatError("inconsistent Parquet sample index: bad row counts", shard=name)
+        self._num_samples = int(rows.sum())  # no overflow: checked above
         if len(self._footer) + 12 > self._file_size:
             problems.append("footer larger than the file")
         if len(rows) and (
@@ -169,7 +174,8 @@ class ParquetIndex(SampleIndex):
         lo, hi = self.row_groups(start, stop)
         return ByteRange(int(self._spans[lo:hi, 2].min()), int(self._spans[lo:hi, 3].max()))
 
-    def to_bytes(self) -> bytes:
+    def to_bytes(self, *, with_checks: bool = True) -> bytes:
+        checks = self._checks if with_checks else None
         keys = self._keys or []
         key_blob, key_ends = pack_strings(keys)
         counts = [len(self._spans), self._file_size, int(self._keys is not None), len(keys)]
@@ -182,28 +188,39 @@ class ParquetIndex(SampleIndex):
                 array_section(self._spans, "<i8"),
                 key_blob,
                 key_ends,
+                *(checks.sections() if checks is not None else ShardChecks.empty_sections()),
             ],
         )
 
     @classmethod
     def from_bytes(cls, data: bytes | memoryview, *, name: str) -> ParquetIndex:
-        sections = unpack_sidecar(data, _KIND, _VERSION, name=name)
-        if len(sections) != 5:
-            raise FormatError(f"Parquet sample index has {len(sections)} sections, expected 5", shard=name)
+        version, sections = unpack_versioned(data, _KIND, (1, _VERSION), name=name)
+        if len(sections) != _SECTIONS[version]:
+            raise FormatError(
+                f"Parquet sample index has {len(sections)} sections, expected {_SECTIONS[version]}",
+                shard=name,
+            )
         groups, file_size, has_keys, num_keys = read_array(
             sections[0], "<i8", 4, name=name, what="counts"
         ).tolist()
         if min(groups, file_size, num_keys) < 0 or has_keys not in (0, 1):
             raise FormatError("Parquet sample index has bad counts", shard=name)
         spans = read_array(sections[2], "<i8", 4 * groups, name=name, what="row groups")
+        checks = ShardChecks.from_sections(sections[5:], name=name) if version > 1 else None
+        if checks is not None and checks.size != file_size:
+            raise FormatError(
+                f"Parquet sample index: checks of {checks.size} bytes, file of {file_size}", shard=name
+            )
         keys = unpack_strings(sections[3], sections[4], num_keys, name=name, what="keys")
-        return cls(
+        index = cls(
             name=name,
             file_size=file_size,
             footer=bytes(sections[1]),
             spans=spans,
             keys=keys if has_keys else None,
         )
+        index._checks = checks
+        return index
 
     def __repr__(self) -> str:
         return (

@@ -25,7 +25,15 @@ import numpy as np
 
 from shardstream.errors import FormatError
 
-__all__ = ["array_section", "pack_sidecar", "pack_strings", "read_array", "unpack_sidecar", "unpack_strings"]
+__all__ = [
+    "array_section",
+    "pack_sidecar",
+    "pack_strings",
+    "read_array",
+    "unpack_sidecar",
+    "unpack_strings",
+    "unpack_versioned",
+]
 
 MAGIC = b"SSINDEX\0"
 _HEAD = struct.Struct("<8s4sHHIQ")  # magic, kind, version, nsections, crc32, payload length
@@ -41,6 +49,13 @@ def pack_sidecar(kind: bytes, version: int, sections: Sequence[bytes]) -> bytes:
 
 def unpack_sidecar(data: bytes | memoryview, kind: bytes, version: int, *, name: str) -> list[memoryview]:
     """The sections of a sidecar; ``FormatError`` for any corruption or another kind."""
+    return unpack_versioned(data, kind, (version,), name=name)[1]
+
+
+def unpack_versioned(
+    data: bytes | memoryview, kind: bytes, versions: Sequence[int], *, name: str
+) -> tuple[int, list[memoryview]]:
+    """``(version, sections)`` of a sidecar of one of ``versions`` (the newest last)."""
     view = memoryview(data).cast("B")
     if len(view) < _HEAD.size:
         raise FormatError(f"sample index too short ({len(view)} bytes)", shard=name, offset=0)
@@ -49,9 +64,10 @@ def unpack_sidecar(data: bytes | memoryview, kind: bytes, version: int, *, name:
         raise FormatError("not a shardstream sample index (bad magic)", shard=name, offset=0)
     if got_kind != kind:
         raise FormatError(f"sample index is for format {got_kind!r}, expected {kind!r}", shard=name, offset=8)
-    if got_version != version:
+    if got_version not in versions:
         raise FormatError(
-            f"sample index version {got_version} is not supported (expected {version}); re-index the shard",
+            f"sample index version {got_version} is not supported (expected {versions[-1]}); "
+            "re-index the dataset with `shardstream index`",
             shard=name,
             offset=12,
         )
@@ -70,7 +86,7 @@ def unpack_sidecar(data: bytes | memoryview, kind: bytes, version: int, *, name:
         pos += n
     if pos != len(view):
         raise FormatError("sample index section lengths do not add up", shard=name, offset=pos)
-    return sections
+    return got_version, sections
 
 
 def array_section(values: np.ndarray | Sequence[int], dtype: str) -> bytes:

@@ -13,13 +13,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from shardstream.errors import FormatError, UsageError
+from shardstream.formats._checks import ShardChecks
 from shardstream.formats._sidecar import (
     array_section,
     pack_sidecar,
     pack_strings,
     read_array,
-    unpack_sidecar,
     unpack_strings,
+    unpack_versioned,
 )
 from shardstream.formats.base import SampleIndex
 from shardstream.types import ByteRange
@@ -27,7 +28,8 @@ from shardstream.types import ByteRange
 __all__ = ["TarIndex"]
 
 _KIND = b"tar\0"
-_VERSION = 1
+_VERSION = 2  # 2: the shard's checks follow the index (NOTE [ Checksummed reads ]); 1 still loads
+_SECTIONS = {1: 10, 2: 13}
 
 
 class TarIndex(SampleIndex):
@@ -114,11 +116,26 @@ class TarIndex(SampleIndex):
             int(self._member_field.max()) >= len(self._fields)
             or int(self._member_size.min()) < 0
             or int(self._member_offset.min()) < 0
+            or int(self._member_offset.max()) > self._archive_end
+            or int(self._member_size.max()) > self._archive_end  # before the sum: no int64 overflow
             or int((self._member_offset + self._member_size).max()) > self._archive_end
         ):
             problems.append("member fields or offsets out of range")
+        if not problems and n and not self._in_order():
+            problems.append("samples or members out of order")
         if problems:
             raise FormatError("inconsistent tar sample index: " + "; ".join(problems), shard=self._name)
+
+    def _in_order(self) -> bool:
+        """Members in shard order, each sample's first header before its data: so every
+        run's byte range is a real range (a hostile sidecar that passed its CRC)."""
+        starts, offsets = self._sample_start, self._member_offset
+        return (
+            int(starts.min()) >= 0
+            and not bool(np.any(np.diff(offsets) < 0))
+            and not bool(np.any(starts > offsets[self._member_first[:-1]]))
+            and not bool(np.any(np.diff(starts) < 0))
+        )
 
     @property
     def name(self) -> str:
@@ -191,7 +208,8 @@ class TarIndex(SampleIndex):
     def sample_counts(self, start: int, stop: int) -> list[int]:
         return np.diff(self._member_first[start : stop + 1]).tolist()
 
-    def to_bytes(self) -> bytes:
+    def to_bytes(self, *, with_checks: bool = True) -> bytes:
+        checks = self._checks if with_checks else None
         key_blob, key_ends = pack_strings(self._keys)
         field_blob, field_ends = pack_strings(self._fields)
         counts = np.array([len(self._keys), len(self._fields), len(self._member_offset), self._archive_end])
@@ -209,18 +227,26 @@ class TarIndex(SampleIndex):
                 array_section(self._member_field, "<u4"),
                 array_section(self._member_offset, "<i8"),
                 array_section(self._member_size, "<i8"),
+                *(checks.sections() if checks is not None else ShardChecks.empty_sections()),
             ],
         )
 
     @classmethod
     def from_bytes(cls, data: bytes | memoryview, *, name: str) -> TarIndex:
-        sections = unpack_sidecar(data, _KIND, _VERSION, name=name)
-        if len(sections) != 10:
-            raise FormatError(f"tar sample index has {len(sections)} sections, expected 10", shard=name)
+        version, sections = unpack_versioned(data, _KIND, (1, _VERSION), name=name)
+        if len(sections) != _SECTIONS[version]:
+            raise FormatError(
+                f"tar sample index has {len(sections)} sections, expected {_SECTIONS[version]}", shard=name
+            )
         n, nfields, m, archive_end = read_array(sections[0], "<i8", 4, name=name, what="counts").tolist()
         if min(n, nfields, m, archive_end) < 0:
             raise FormatError("tar sample index has negative counts", shard=name)
-        return cls(
+        checks = ShardChecks.from_sections(sections[10:], name=name) if version > 1 else None
+        if checks is not None and checks.size < archive_end:
+            raise FormatError(
+                f"tar sample index: members end past the shard's {checks.size} bytes", shard=name
+            )
+        index = cls(
             name=name,
             keys=unpack_strings(sections[1], sections[2], n, name=name, what="keys"),
             fields=unpack_strings(sections[3], sections[4], nfields, name=name, what="fields"),
@@ -231,6 +257,8 @@ class TarIndex(SampleIndex):
             member_size=read_array(sections[9], "<i8", m, name=name, what="member sizes"),
             archive_end=archive_end,
         )
+        index._checks = checks
+        return index
 
     def __repr__(self) -> str:
         return f"TarIndex(name={self._name!r}, samples={len(self._keys)}, members={len(self._member_offset)})"

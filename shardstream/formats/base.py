@@ -16,7 +16,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import IO, Any, ClassVar, cast
 
-from shardstream.errors import FormatError
+from shardstream.errors import FormatError, UsageError
+from shardstream.formats._checks import ShardChecks
 from shardstream.types import ByteRange
 
 __all__ = ["Sample", "SampleIndex", "ShardEncoder", "ShardFormat", "check_covers"]
@@ -25,7 +26,29 @@ Sample = dict[str, Any]
 
 
 class SampleIndex(ABC):
-    """Where each sample of one shard lies."""
+    """Where each sample of one shard lies, and (sidecar version 2) the shard's checks:
+    its size, sha256 and block CRCs (NOTE [ Checksummed reads ] in ``_checks``)."""
+
+    _checks: ShardChecks | None = None
+
+    @property
+    def checks(self) -> ShardChecks | None:
+        """The shard's size, sha256 and block CRCs; ``None`` for an index built from an
+        encoder alone or loaded from a version 1 sidecar."""
+        return self._checks
+
+    def bind_checks(self, checks: ShardChecks) -> None:
+        """Tie this index to its shard's bytes; done once, by whoever hashed the shard,
+        before the sidecar is written."""
+        if self._checks is not None and self._checks != checks:
+            raise UsageError("the sample index is already tied to other shard bytes", shard=self.name)
+        self._checks = checks
+
+    def read_range(self, start: int, stop: int) -> ByteRange:
+        """What to read to decode samples ``[start, stop)`` with their checks: their byte
+        range grown to whole check blocks (the byte range itself without checks)."""
+        rng = self.byte_range(start, stop)
+        return rng if self._checks is None else self._checks.widen(rng)
 
     @property
     @abstractmethod
@@ -41,8 +64,9 @@ class SampleIndex(ABC):
         """The smallest byte range of the shard holding samples ``[start, stop)``."""
 
     @abstractmethod
-    def to_bytes(self) -> bytes:
-        """The sidecar's content; ``ShardFormat.load_index`` reads it back."""
+    def to_bytes(self, *, with_checks: bool = True) -> bytes:
+        """The sidecar's content; ``ShardFormat.load_index`` reads it back. Without
+        ``with_checks``, the index alone (what a version 1 sidecar held)."""
 
     @property
     @abstractmethod

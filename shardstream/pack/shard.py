@@ -24,12 +24,13 @@ from typing import IO, Any, cast
 
 from shardstream.errors import ShardstreamError, StorageError, UsageError
 from shardstream.formats import SampleIndex, ShardFormat
+from shardstream.formats._checks import BlockHasher, ShardChecks
 from shardstream.formats.base import Sample
 from shardstream.manifest import ShardInfo
 from shardstream.storage import Storage
 from shardstream.storage.local import deferred_fsync
 
-__all__ = ["HashingSink", "ShardOutput", "ShardResult", "sha256_of", "write_shard"]
+__all__ = ["HashingSink", "ShardOutput", "ShardResult", "checks_of", "sha256_of", "write_shard"]
 
 _CHUNK = 4 << 20  # bytes gathered before one hash update and one write
 _QUEUED_CHUNKS = 3  # chunks waiting for the hashing thread, at most
@@ -42,15 +43,16 @@ class HashingSink:
 
     Encoders write a sample at a time; the sink gathers small writes into 4 MiB chunks
     (large ones go as they are), writes each chunk to the file and hands it to a helper
-    thread that hashes it. ``hashlib`` releases the GIL on large buffers, so hashing
-    runs on another core while this thread writes and encodes the next chunk. ``close``
+    thread that hashes it (sha256 and the block CRCs of NOTE [ Checksummed reads ]).
+    ``hashlib`` and ``zlib`` release the GIL on large buffers, so hashing runs on
+    another core while this thread writes and encodes the next chunk. ``close``
     (or ``hexdigest``) waits for the helper; it is a daemon thread, so a sink that is
     never closed cannot hang the program.
     """
 
     def __init__(self, file: IO[bytes]) -> None:
         self._file = file
-        self._hash = hashlib.sha256()
+        self._hash = BlockHasher()
         self._buffer = bytearray()
         self._written = 0
         self._error: BaseException | None = None
@@ -137,6 +139,11 @@ class HashingSink:
         self.close()
         return self._hash.hexdigest()
 
+    def checks(self) -> ShardChecks:
+        """The size, sha256 and block CRCs of everything written (closes the sink)."""
+        self.close()
+        return self._hash.checks()
+
 
 @dataclass(frozen=True, slots=True)
 class ShardResult:
@@ -213,6 +220,7 @@ class ShardOutput:
             self.abort()
             raise
         self._end(keep=not reused)
+        index.bind_checks(self._sink.checks())  # the sidecar names these bytes
         sidecar = index.to_bytes()
         info = ShardInfo(
             path=self.name,
@@ -281,6 +289,15 @@ def sha256_of(storage: Storage, path: str) -> str:
         while chunk := f.read(_READ_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def checks_of(storage: Storage, path: str) -> ShardChecks:
+    """The size, sha256 and block CRCs of a stored object, read once as a stream."""
+    hasher = BlockHasher()
+    with storage.open(path) as f:
+        while chunk := f.read(_READ_CHUNK):
+            hasher.update(chunk)
+    return hasher.checks()
 
 
 def _write_if_changed(storage: Storage, path: str, data: bytes) -> None:

@@ -3,17 +3,31 @@
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from shardstream.errors import PlanError
 
-__all__ = ["PlanConfig", "Run", "Window", "check_count", "default_window", "shard_sizes_array"]
+__all__ = [
+    "DEFAULT_WINDOW_MAX",
+    "MAX_WINDOW",
+    "PlanConfig",
+    "Run",
+    "Window",
+    "check_count",
+    "default_window",
+    "shard_sizes_array",
+]
 
-# The default window holds this many mean-sized shards.
+# The default window holds this many mean-sized shards, and at most DEFAULT_WINDOW_MAX
+# samples: a window's order is O(window) memory, and the mean comes from the manifest,
+# whose counts are only checked against a shard's sidecar when the shard is first read
+# (a manifest claiming 10^12 samples must not size an 8 TB array first).
 DEFAULT_WINDOW_SHARDS = 4
+DEFAULT_WINDOW_MAX = 1 << 22
+MAX_WINDOW = 1 << 26  # a shuffle_window a user may ask for: its order alone is 512 MiB
 
 
 def check_count(value: object, name: str, *, minimum: int | None = 0) -> int:
@@ -46,7 +60,7 @@ def default_window(sizes: np.ndarray) -> int:
     if nonempty == 0:
         return 1
     mean = -(-int(sizes.sum()) // nonempty)
-    return DEFAULT_WINDOW_SHARDS * mean
+    return min(DEFAULT_WINDOW_SHARDS * mean, DEFAULT_WINDOW_MAX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +80,10 @@ class PlanConfig:
         check_count(self.seed, "seed", minimum=None)
         if self.shuffle_window is not None:
             check_count(self.shuffle_window, "shuffle_window", minimum=1)
+            if self.shuffle_window > MAX_WINDOW:
+                raise PlanError(
+                    f"shuffle_window must be at most {MAX_WINDOW} samples, not {self.shuffle_window}"
+                )
 
     def window_for(self, sizes: np.ndarray) -> int:
         """The window in samples for a dataset of these shard sizes."""
@@ -87,16 +105,49 @@ class Run:
         return self.stop - self.start
 
 
-@dataclass(frozen=True, slots=True, eq=False)
 class Window:
     """One shuffle window of a worker.
 
     ``runs`` are exactly the samples the window yields, in read order; ``order`` is the
-    yield order, as indices into the concatenation of the runs' samples.
+    yield order, as indices into the concatenation of the runs' samples. ``shards`` are
+    the shards it reads: a window made by :meth:`lazy` knows them before it lays out its
+    runs and order (O(window) memory), so a reader checks those shards' sample counts
+    against their sidecars first.
     """
 
-    runs: tuple[Run, ...]
-    order: np.ndarray
+    __slots__ = ("_build", "_order", "_runs", "shards")
+
+    def __init__(self, runs: Sequence[Run], order: np.ndarray) -> None:
+        self._runs: tuple[Run, ...] | None = tuple(runs)
+        self._order: np.ndarray | None = order
+        self._build: Callable[[], tuple[tuple[Run, ...], np.ndarray]] | None = None
+        self.shards: tuple[int, ...] = tuple(dict.fromkeys(run.shard for run in self._runs))
+
+    @classmethod
+    def lazy(cls, shards: Sequence[int], build: Callable[[], tuple[tuple[Run, ...], np.ndarray]]) -> Window:
+        """A window reading only ``shards``, whose ``(runs, order)`` ``build`` makes on first use."""
+        window = cls.__new__(cls)
+        window._runs = window._order = None
+        window._build = build
+        window.shards = tuple(shards)
+        return window
+
+    def _made(self) -> tuple[tuple[Run, ...], np.ndarray]:
+        if self._build is not None:
+            self._runs, self._order = self._build()
+            self._build = None
+        return self._runs, self._order  # type: ignore[return-value]
+
+    @property
+    def runs(self) -> tuple[Run, ...]:
+        return self._made()[0]
+
+    @property
+    def order(self) -> np.ndarray:
+        return self._made()[1]
+
+    def __repr__(self) -> str:
+        return f"Window(shards={self.shards}, samples={len(self)})" if self._build is None else "Window(lazy)"
 
     def __len__(self) -> int:
         return len(self.order)

@@ -5,6 +5,7 @@ See DESIGN.md, "The epoch plan", NOTE [ Passes ] and NOTE [ Striped windows ].
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from shardstream.errors import PlanError, StateError
-from shardstream.plan.config import PlanConfig, Window, check_count, shard_sizes_array
+from shardstream.plan.config import PlanConfig, Run, Window, check_count, shard_sizes_array
 from shardstream.plan.intervals import from_points, points, shift
 from shardstream.plan.layout import lanes_for
 from shardstream.plan.passes import Pass, PassRecord, PassSetup, Remainder, Source
@@ -170,15 +171,11 @@ class EpochPlan:
         start = current.slice_start(rank, worker)
         first, used = layout.locate(self._used[worker])
         for index in range(first, layout.num_windows):
-            spans = layout.window(index)
-            order = current.order(rank, worker, index, int((spans[1] - spans[0]).sum()))
-            if index == first and used:
-                offsets = points(spans)
-                keep = np.sort(order[used:])
-                order = np.searchsorted(keep, order[used:])
-                spans = from_points(offsets[keep])
-            order.setflags(write=False)
-            yield Window(current.runs(shift(spans, start)), order)
+            spans = layout.window(index)  # O(lanes): the window's samples are laid out lazily
+            runs = current.runs(shift(spans, start))
+            skip = used if index == first else 0
+            build = functools.partial(_window_parts, current, rank, worker, index, spans, start, runs, skip)
+            yield Window.lazy(tuple(dict.fromkeys(run.shard for run in runs)), build)
 
     def worker_samples(self, rank: int, worker: int) -> Iterator[tuple[int, int]]:
         """``(shard, index in shard)`` of every sample of one worker, in yield order."""
@@ -232,6 +229,27 @@ class EpochPlan:
             raise PlanError(f"rank {rank!r} is not in a world of size {self.world_size}")
         if check_count(worker, "worker") >= self.num_workers:
             raise PlanError(f"worker {worker!r} is not one of {self.num_workers} workers")
+
+
+def _window_parts(
+    current: Pass,
+    rank: int,
+    worker: int,
+    index: int,
+    spans: tuple[np.ndarray, np.ndarray],
+    start: int,
+    runs: tuple[Run, ...],
+    used: int,
+) -> tuple[tuple[Run, ...], np.ndarray]:
+    """The runs and order of a window (O(window)), its first ``used`` samples left out."""
+    order = current.order(rank, worker, index, int((spans[1] - spans[0]).sum()))
+    if used:
+        offsets = points(spans)
+        keep = np.sort(order[used:])
+        order = np.searchsorted(keep, order[used:])
+        runs = current.runs(shift(from_points(offsets[keep]), start))
+    order.setflags(write=False)
+    return runs, order
 
 
 def _record(world_size: int, num_workers: int, batch_size: int) -> PassRecord:
