@@ -6,10 +6,10 @@ from __future__ import annotations
 import io
 import json
 import logging
-import multiprocessing
 import os
 import subprocess
 import tarfile
+import threading
 import time
 
 import pytest
@@ -398,15 +398,16 @@ def test_temp_files_of_a_killed_runs_lock_and_record_are_removed(tmp_path):
 
 
 def test_the_lease_thread_does_not_stop_workers_being_forked(tmp_path, monkeypatch):
-    """The lease is taken at the first cut, once the workers exist: it never forces spawn."""
+    """The lease is taken at the first cut, once the workers exist: its thread never forces spawn."""
     (tmp_path / "c.jsonl").write_text("".join(LINES))
-    chosen = []
+    seen = []
     choose = parallel._mp_context
 
     def spy():
-        chosen.append(choose().get_start_method())
-        return multiprocessing.get_context(chosen[-1])
+        seen.append([t.name for t in threading.enumerate()])
+        return choose()
 
     monkeypatch.setattr(parallel, "_mp_context", spy)
     pack(tmp_path / "c.jsonl", tmp_path / "ds", samples_per_shard=10, workers=2)
-    assert chosen == ["fork"]
+    assert len(seen) == 1
+    assert "shardstream-lease" not in seen[0]
