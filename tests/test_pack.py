@@ -108,7 +108,10 @@ def test_writer_output_reads_in_webdataset_and_sidecars_match(tmp_path):
     for shard in writer.manifest.shards:
         with open(tmp_path / "ds" / shard.path, "rb") as f:
             rebuilt, _ = fmt.build_index(f, name=shard.path)
-        assert (tmp_path / "ds" / shard.index).read_bytes() == rebuilt.to_bytes()
+        stored = fmt.load_index((tmp_path / "ds" / shard.index).read_bytes(), name=shard.path)
+        assert stored.to_bytes(with_checks=False) == rebuilt.to_bytes()  # the index, checks aside
+        assert stored.checks is not None
+        assert (stored.checks.size, stored.checks.sha256) == (shard.bytes, shard.sha256)
 
 
 def test_writer_failure_leaves_no_manifest_and_a_rerun_reuses_whole_shards(tmp_path):
