@@ -99,6 +99,12 @@ def bench(fmt_name: str, samples: list[dict], repeat: int, run: int) -> None:
                 repeat, lambda: sum(1 for _ in fmt.decode(view, whole, index, 0, n, name="bench"))
             )
             view.release()
+    from shardstream.formats._checks import BlockHasher
+
+    hasher = BlockHasher()
+    hasher.update(data)
+    checks = hasher.checks()
+    t_check = best(repeat, lambda: checks.bad_blocks(data, ByteRange(0, size)))  # what a read checks
     t_dec = best(repeat, decode_all)
     t_runs = best(repeat, decode_runs)
     t_index = best(repeat, lambda: fmt.build_index(io.BytesIO(data), name="bench"))
@@ -108,6 +114,7 @@ def bench(fmt_name: str, samples: list[dict], repeat: int, run: int) -> None:
     print(f"  decode whole shard {n / t_dec:>12,.0f} samples/s")
     print(f"  decode runs of {run:<4}{n / t_runs:>12,.0f} samples/s")
     print(f"  decode mapped file {n / t_mapped:>12,.0f} samples/s")
+    print(f"  block CRC check    {n / t_check:>12,.0f} samples/s (NOTE [ Checksummed reads ])")
     print(f"  build_index        {n / t_index:>12,.0f} samples/s")
 
 
