@@ -14,19 +14,17 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
-import threading
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, cast
+from typing import Any, cast
 
 from shardstream.dataset.fetch import ByteFetcher
+from shardstream.dataset.indexes import INDEX_CACHE_SIZE, IndexCache
 from shardstream.errors import FormatError, StorageError
 from shardstream.formats import get_format
 from shardstream.formats._checks import BLOCK
 from shardstream.formats.base import Sample, SampleIndex
-from shardstream.manifest import Manifest, ShardInfo
+from shardstream.manifest import Manifest
 from shardstream.storage import Prefetcher, Storage
 from shardstream.types import ByteRange
 
@@ -42,18 +40,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger("shardstream.dataset")
-# Sidecars kept per worker: a shuffled window stripes over 4 x its shards' worth, and the
-# next window is read while this one is decoded.
-INDEX_CACHE_SIZE = 48
-
-# NOTE [ Sidecars across epochs ]
-# Every iteration makes a new WindowReader, but the sidecars it loads are kept per
-# Storage (one per dataset and process), so the next epoch of a persistent DataLoader
-# worker or of an in-process loop does not read them again (on S3, one GET per shard per
-# epoch; measured ~7% of a 64 MB-shard epoch on moto). They are keyed by the shard's whole
-# manifest entry (paths, sizes, sha256), so another manifest never gets a stale index,
-# and held while the Storage lives: at most INDEX_CACHE_SIZE of them.
-
 # Runs of one shard closer than this share a read: a request costs more than this many
 # bytes on object storage (latency x bandwidth), and the read stays within the window.
 COALESCE_GAP = 256 * 1024
@@ -106,50 +92,6 @@ def plan_reads(
         reads.append(Read(shard, ByteRange(lo, hi), tuple(members)))
     reads.sort(key=lambda read: min(read.runs))
     return reads
-
-
-class IndexCache:
-    """A small thread-safe LRU of sample indexes; one per Storage (NOTE [ Sidecars across epochs ])."""
-
-    __slots__ = ("_items", "_lock", "size")
-    _by_storage: ClassVar[weakref.WeakKeyDictionary[Storage, IndexCache]] = weakref.WeakKeyDictionary()
-    _by_storage_lock: ClassVar[threading.Lock] = threading.Lock()
-
-    def __init__(self, size: int = INDEX_CACHE_SIZE) -> None:
-        self.size = size
-        self._items: collections.OrderedDict[ShardInfo, SampleIndex] = collections.OrderedDict()
-        self._lock = threading.Lock()
-
-    @classmethod
-    def of(cls, storage: Storage) -> IndexCache:
-        """The cache of ``storage``, made on first use; it goes when the Storage does."""
-        with cls._by_storage_lock:
-            cache = cls._by_storage.get(storage)
-            if cache is None:
-                cache = cls._by_storage[storage] = cls()
-            return cache
-
-    @classmethod
-    def _forget_all(cls) -> None:  # in a fork child: a parent's locks may be held, its Storages are not used
-        cls._by_storage = weakref.WeakKeyDictionary()
-        cls._by_storage_lock = threading.Lock()
-
-    def get(self, key: ShardInfo) -> SampleIndex | None:
-        with self._lock:
-            found = self._items.get(key)
-            if found is not None:
-                self._items.move_to_end(key)
-            return found
-
-    def put(self, key: ShardInfo, index: SampleIndex) -> None:
-        with self._lock:
-            self._items[key] = index
-            self._items.move_to_end(key)
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
-
-
-os.register_at_fork(after_in_child=IndexCache._forget_all)
 
 
 class WindowReader:
