@@ -286,6 +286,24 @@ def test_an_endpoint_that_never_answers_fails_within_the_bound_naming_it(reads):
     assert tries < 1000
 
 
+def test_the_bound_still_allows_a_second_try_after_a_long_one(monkeypatch):
+    from shardstream.storage import retry as retry_module
+
+    clock = [0.0]
+    monkeypatch.setattr(retry_module, "_clock", lambda: clock[0])
+    calls = []
+
+    def long_then_broken() -> bytes:  # each try runs 100 s (on the fake clock), then times out
+        calls.append(clock[0])
+        clock[0] += 100.0
+        raise TimeoutError("timed out")
+
+    policy = RetryPolicy(attempts=5, base_delay=0, timeout=10)
+    with pytest.raises(TransientStorageError, match=r"after 2 tries .*RetryPolicy\.timeout 10 s"):
+        retry_module.call_with_retry(long_then_broken, policy, what="read", url="u", sleep=lambda s: None)
+    assert calls == [0.0, 100.0]
+
+
 def test_retry_policy_timeout_is_validated():
     for bad in (0, -1, float("inf"), float("nan")):
         with pytest.raises(shardstream.errors.UsageError, match=r"RetryPolicy\.timeout"):
