@@ -2,9 +2,10 @@
 cut or inserted, give a ``ShardstreamError`` or a valid index, never another exception, a
 hang or unbounded memory.
 
-Bounded for CI: a few hundred examples each and a deadline per example. The inputs are
-a few KB, so an allocation that follows a size field instead of the file's bytes fails
-loudly (a ``MemoryError`` or the deadline), as would a loop that does not advance.
+Bounded for CI: a few hundred examples each, with no per-example deadline (timing is never
+asserted in tests). The inputs are a few KB, so an allocation that follows a size field
+instead of the file's bytes fails loudly (a ``MemoryError``), and a loop that does not
+advance hangs the run (pytest's timeout).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from tests.test_formats_tar import SAMPLES
 
 FMT = TarFormat()
 FUZZ = settings(
-    max_examples=300, deadline=2000, suppress_health_check=[HealthCheck.too_slow], derandomize=True
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
 )
 
 

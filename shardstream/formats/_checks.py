@@ -136,10 +136,9 @@ class BlockHasher:
         self._crc = 0
         self._fill = 0  # bytes of the current block seen so far
 
-    def update(self, data: bytes | memoryview, *, sha256: bool = True) -> None:
+    def update(self, data: bytes | memoryview) -> None:
         view = memoryview(data).cast("B")
-        if sha256:
-            self._hash.update(view)
+        self._hash.update(view)
         self.size += len(view)
         block, pos = self.block, 0
         while pos < len(view):
@@ -154,8 +153,7 @@ class BlockHasher:
     def hexdigest(self) -> str:
         return self._hash.hexdigest()
 
-    def checks(self, sha256: str | None = None) -> ShardChecks:
-        """The checks of what was fed (``sha256`` when the hash was taken elsewhere)."""
+    def checks(self) -> ShardChecks:
+        """The checks of what was fed."""
         crcs = self._crcs + ([self._crc] if self._fill else [])
-        digest = self.hexdigest() if sha256 is None else sha256
-        return ShardChecks(self.size, digest, self.block, np.array(crcs, dtype=np.uint32))
+        return ShardChecks(self.size, self.hexdigest(), self.block, np.array(crcs, dtype=np.uint32))

@@ -30,7 +30,6 @@ __all__ = [
     "pack_sidecar",
     "pack_strings",
     "read_array",
-    "unpack_sidecar",
     "unpack_strings",
     "unpack_versioned",
 ]
@@ -45,11 +44,6 @@ def pack_sidecar(kind: bytes, version: int, sections: Sequence[bytes]) -> bytes:
     tail = struct.pack("<Q", len(payload)) + lengths + payload
     crc = zlib.crc32(struct.pack("<HH", version, len(sections)) + tail)
     return MAGIC + kind + struct.pack("<HHI", version, len(sections), crc) + tail
-
-
-def unpack_sidecar(data: bytes | memoryview, kind: bytes, version: int, *, name: str) -> list[memoryview]:
-    """The sections of a sidecar; ``FormatError`` for any corruption or another kind."""
-    return unpack_versioned(data, kind, (version,), name=name)[1]
 
 
 def unpack_versioned(
