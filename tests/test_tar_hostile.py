@@ -329,3 +329,15 @@ def test_repack_from_s3_reads_with_the_bounded_scanner(s3, tmp_path):
     with pytest.raises(PackError, match="sparse") as error:
         pack(f"{base}/in/b.tar", tmp_path / "out2", workers=1, storage_options=options)
     assert error.value.url.endswith("b.tar")
+
+
+@pytest.mark.parametrize("key", ["BZhello", "PK\x03\x04zip", '\x04"M\x18lz4'])
+def test_a_shard_whose_first_key_starts_like_compressed_data_streams(tmp_path, key):
+    # the first bytes of a tar are its first member's name: a valid header is not compressed data
+    with ShardWriter(tmp_path / "ds", format="tar") as writer:
+        writer.write({"__key__": key, "txt": "first"})
+        writer.write({"__key__": "b", "txt": "second"})
+    assert [(s["__key__"], s["txt"]) for s in read_shards(tmp_path / "ds")] == [
+        (key, b"first"),
+        ("b", b"second"),
+    ]

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from shardstream.formats._tarheader import BLOCK as HEADER_BLOCK
 from shardstream.formats._tarindex import TarIndex
 from shardstream.formats._tarscan import check_uncompressed
 from shardstream.formats.base import Sample
@@ -57,7 +58,7 @@ def tar_samples(
     are cut lazily, a block at a time, so ``data`` must stay as it is until they are.
     """
     if base == 0:  # a shard replaced by its compressed self after indexing says so
-        check_uncompressed(bytes(data[:8]), index.name)
+        check_uncompressed(bytes(data[:HEADER_BLOCK]), index.name)
     m0, m1 = index.members(start, stop)
     cut = _Cutter(data)
     starts, ends = index.member_spans(m0, m1, base - cut.offset)

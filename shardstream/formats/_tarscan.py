@@ -156,6 +156,14 @@ def _number(field: bytes) -> int:
     return int(text, 8) if text else 0
 
 
+def _checksum_holds(block: bytes) -> bool:
+    try:
+        stored = _number(block[148:156])
+    except ValueError:
+        return False
+    return stored in (sum(block) - sum(block[148:156]) + 256, sum(_SIGNED.unpack(block)) + 256)
+
+
 def _check_header(block: bytes, reader: _Reader, offset: int) -> int:
     """Verify the checksum; return the member's size field."""
     try:
@@ -405,7 +413,12 @@ def check_fields(index: TarIndex) -> None:
 
 
 def check_uncompressed(head: bytes, name: str) -> None:
-    """``FormatError`` if ``head``, a shard's first bytes, are those of a compressed file."""
+    """``FormatError`` if ``head``, a shard's first bytes, are those of a compressed file.
+
+    A tar's first bytes are its first member's name (``BZhello.txt``), so a first block
+    whose header checksum holds is a tar, whatever it starts with."""
+    if len(head) >= BLOCK and _checksum_holds(head[:BLOCK]):
+        return
     error = _compressed(head, name)
     if error is not None:
         raise error
