@@ -11,7 +11,6 @@ import numpy as np
 from shardstream.errors import PlanError
 
 __all__ = [
-    "DEFAULT_WINDOW_MAX",
     "MAX_WINDOW",
     "PlanConfig",
     "Run",
@@ -21,13 +20,18 @@ __all__ = [
     "shard_sizes_array",
 ]
 
-# The default window holds this many mean-sized shards, and at most DEFAULT_WINDOW_MAX
-# samples: a window's order is O(window) memory, and the mean comes from the manifest,
-# whose counts are only checked against a shard's sidecar when the shard is first read
-# (a manifest claiming 10^12 samples must not size an 8 TB array first).
+# NOTE [ Window size ]
+# The default window holds DEFAULT_WINDOW_SHARDS mean-sized shards, exactly as in every
+# release before: a resume state records its window and must match it, and the window
+# decides the epoch's order, so a default that moved would refuse saved states and
+# silently reorder existing datasets. It is not capped. A window's order is O(window)
+# memory, but it is laid out lazily (``Window.lazy``), only after the sample counts of
+# its shards were checked against their sidecars, so a manifest claiming 10^12 samples
+# fails as a FormatError before anything of that size is allocated; an honest dataset
+# gets the window it always had. ``MAX_WINDOW`` only refuses values no machine can hold
+# (a 2^40-sample order is 8 TiB), so any window a real run ever used stays accepted.
 DEFAULT_WINDOW_SHARDS = 4
-DEFAULT_WINDOW_MAX = 1 << 22
-MAX_WINDOW = 1 << 26  # a shuffle_window a user may ask for: its order alone is 512 MiB
+MAX_WINDOW = 1 << 40
 
 
 def check_count(value: object, name: str, *, minimum: int | None = 0) -> int:
@@ -60,7 +64,7 @@ def default_window(sizes: np.ndarray) -> int:
     if nonempty == 0:
         return 1
     mean = -(-int(sizes.sum()) // nonempty)
-    return min(DEFAULT_WINDOW_SHARDS * mean, DEFAULT_WINDOW_MAX)
+    return DEFAULT_WINDOW_SHARDS * mean  # NOTE [ Window size ]: never capped
 
 
 @dataclass(frozen=True, slots=True)
