@@ -24,8 +24,13 @@ __all__ = [
 # megabyte (a GNU long-name or PAX header). An error shows ``shown(name)``: its repr, cut
 # to the first _SHOWN characters and the name's length. As a last guard a message longer
 # than _MAX_MESSAGE keeps its head and tail, so no error ever carries a whole such name.
+# ``shard`` and ``url`` come from the data too (a manifest entry's path): one longer than
+# _MAX_LOCATION becomes ``shown(value, _SHOWN_LOCATION)``, short enough not to be cut
+# again when the error is rebuilt in another process.
 _SHOWN = 200
 _MAX_MESSAGE = 4096
+_MAX_LOCATION = 1024
+_SHOWN_LOCATION = 960
 
 
 def shown(name: object, limit: int = _SHOWN) -> str:
@@ -58,8 +63,8 @@ class ShardstreamError(Exception):
             cut = len(message) - _MAX_MESSAGE
             message = f"{message[: _MAX_MESSAGE - 1024]}... ({cut} characters cut) ...{message[-1024:]}"
         self.message = message
-        self.url = url
-        self.shard = shard
+        self.url = _location(url)
+        self.shard = _location(shard)
         self.offset = offset
         self.line = line
         super().__init__(message)
@@ -79,6 +84,13 @@ class ShardstreamError(Exception):
     def __reduce__(self):  # keep the context when errors cross DataLoader workers
         kwargs = {"url": self.url, "shard": self.shard, "offset": self.offset, "line": self.line}
         return (_rebuild, (type(self), self.message, kwargs))
+
+
+def _location(value: str | None) -> str | None:
+    """``value`` as it is, or cut when it is longer than _MAX_LOCATION (NOTE [ Names in error messages ])."""
+    if not isinstance(value, str) or len(value) <= _MAX_LOCATION:
+        return value
+    return shown(value, _SHOWN_LOCATION)
 
 
 def _rebuild(cls: type[ShardstreamError], message: str, kwargs: dict) -> ShardstreamError:

@@ -8,12 +8,13 @@ person or a broken tool would, then read the ways a user reads it (``Manifest.fr
 from __future__ import annotations
 
 import json
+import pickle
 
 import pytest
 
 from shardstream import StreamingDataset
 from shardstream.catalog import index_dataset, verify_dataset
-from shardstream.errors import ManifestError
+from shardstream.errors import ManifestError, ShardstreamError
 from shardstream.manifest import Manifest
 from shardstream.pack import ShardWriter, pack
 
@@ -162,3 +163,26 @@ def test_a_deeply_nested_manifest_is_a_manifest_error(packed, nested):
     refused(packed, "nests too deeply")
     with pytest.raises(ManifestError, match="nests too deeply"):
         Manifest.from_json(nested.encode())
+
+
+def test_an_error_naming_a_huge_shard_path_or_url_stays_short(packed):
+    huge = "p/" + "x" * 600_000 + ".tar"
+
+    def long_path(data):
+        data["shards"][0]["path"] = huge
+        data["shards"][0]["sha256"] = "not hex"
+
+    edit(packed, long_path)
+    error = refused(packed, "64 hex digits")
+    assert len(str(error)) < 6000
+    assert error.shard.startswith(repr(huge[:200])[:200])
+    assert f"({len(huge)} characters)" in error.shard
+    url = "s3://bucket/" + "u" * 600_000
+    cut = ShardstreamError("gone", url=url, shard="s.tar")
+    assert len(str(cut)) < 6000
+    assert cut.url.startswith(repr(url)[:200])
+    assert cut.shard == "s.tar"
+    assert f"({len(url)} characters)" in str(cut)
+    assert str(pickle.loads(pickle.dumps(cut))) == str(cut)  # cut once, not again when rebuilt
+    short = "s3://bucket/" + "k" * 900  # a long but real location is kept whole
+    assert ShardstreamError("gone", url=short).url == short
