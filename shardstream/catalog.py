@@ -21,7 +21,7 @@ from typing import IO, Any, TypeVar, cast
 
 from shardstream.errors import FormatError, ShardstreamError, StorageError, UsageError
 from shardstream.formats import SampleIndex, ShardFormat, get_format
-from shardstream.formats._checks import BlockHasher
+from shardstream.formats._checks import BlockHasher, ShardChecks
 from shardstream.manifest import Manifest, ShardInfo
 from shardstream.pack.dest import PART_RECORD_RE, build_manifest
 from shardstream.pack.shard import ShardResult, checks_of, fields_and_schema, sha256_of
@@ -328,7 +328,12 @@ class ShardProblem:
 
 @dataclass(frozen=True, slots=True)
 class VerifyReport:
-    """What ``verify_dataset`` found; ``ok`` when no shard has a problem."""
+    """What ``verify_dataset`` found; ``ok`` when no shard has a problem.
+
+    ``unchecked`` names the shards whose sidecars are of version 1 (no checksums, NOTE
+    [ Checksummed reads ]): they stream, unchecked, and ``shardstream index`` adds the
+    checksums; that is a notice, not a problem, so an old dataset still verifies.
+    """
 
     url: str
     num_shards: int
@@ -336,6 +341,7 @@ class VerifyReport:
     num_bytes: int
     problems: tuple[ShardProblem, ...] = ()
     unlisted: tuple[str, ...] = field(default=())  # shard files the manifest does not list
+    unchecked: tuple[str, ...] = field(default=())  # shards whose sidecars have no checksums
 
     @property
     def ok(self) -> bool:
@@ -346,12 +352,12 @@ class VerifyReport:
         return sorted({p.shard for p in self.problems})
 
 
-def _check_shard(storage: Storage, fmt: ShardFormat, info: ShardInfo) -> list[str]:
-    """Problems of one shard (empty when it is sound)."""
+def _check_shard(storage: Storage, fmt: ShardFormat, info: ShardInfo) -> tuple[list[str], bool]:
+    """Problems of one shard (empty when it is sound), and whether its sidecar is unchecked."""
     try:
         size = storage.size(info.path)
     except StorageError as error:
-        return [f"cannot be read: {error.message}"]
+        return [f"cannot be read: {error.message}"], False
     problems = []
     if size != info.bytes:
         problems.append(f"is {size} bytes, the manifest says {info.bytes}")
@@ -366,26 +372,35 @@ def _check_shard(storage: Storage, fmt: ShardFormat, info: ShardInfo) -> list[st
     if rebuilt is not None and rebuilt.num_samples != info.samples:
         problems.append(f"holds {rebuilt.num_samples} samples, the manifest says {info.samples}")
     # against other bytes a rebuilt index differs in its checks: the sha256 already says so
-    problems += _check_sidecar(storage, fmt, info, rebuilt if digest == info.sha256 else None)
-    return problems
+    sidecar, unchecked = _check_sidecar(storage, fmt, info, rebuilt if digest == info.sha256 else None)
+    return problems + sidecar, unchecked
 
 
 def _check_sidecar(
     storage: Storage, fmt: ShardFormat, info: ShardInfo, rebuilt: SampleIndex | None
-) -> list[str]:
+) -> tuple[list[str], bool]:
     try:
         data = storage.read(info.index)
     except StorageError as error:
-        return [f"sample index {info.index} cannot be read: {error.message}"]
+        return [f"sample index {info.index} cannot be read: {error.message}"], False
     if info.index_bytes and len(data) != info.index_bytes:
-        return [f"sample index is {len(data)} bytes, the manifest says {info.index_bytes}"]
+        return [f"sample index is {len(data)} bytes, the manifest says {info.index_bytes}"], False
     try:
         loaded = fmt.load_index(data, name=info.path)  # a sidecar that does not parse is named as corrupt
     except FormatError as error:
-        return [f"sample index is corrupt: {error}"]
+        return [f"sample index is corrupt: {error}"], False
     checks = loaded.checks
-    if checks is None:  # a version 1 sidecar (NOTE [ Checksummed reads ])
-        return _unchecked_sidecar(loaded, rebuilt)
+    if checks is None:  # a version 1 sidecar (NOTE [ Checksummed reads ]): sound if it matches
+        old_bytes = loaded.to_bytes(with_checks=False)
+        if rebuilt is not None and old_bytes != rebuilt.to_bytes(with_checks=False):
+            return ["sample index does not match the shard's contents"], True
+        return [], True
+    return _check_checked_sidecar(data, checks, info, rebuilt), False
+
+
+def _check_checked_sidecar(
+    data: bytes, checks: ShardChecks, info: ShardInfo, rebuilt: SampleIndex | None
+) -> list[str]:
     if (checks.size, checks.sha256) != (info.bytes, info.sha256):
         return [
             f"sample index does not match the shard: it was written for another shard ({checks.size} bytes, sha256 {checks.sha256[:16]}...)"
@@ -393,16 +408,6 @@ def _check_sidecar(
     if rebuilt is None or data == rebuilt.to_bytes():
         return []
     return ["sample index does not match the shard's contents"]
-
-
-def _unchecked_sidecar(loaded: SampleIndex, rebuilt: SampleIndex | None) -> list[str]:
-    problems = [
-        "sample index has no checksums (an older shardstream wrote it); `shardstream index` re-indexes it"
-    ]
-    old_bytes = loaded.to_bytes(with_checks=False)
-    if rebuilt is not None and old_bytes != rebuilt.to_bytes(with_checks=False):
-        problems.append("sample index does not match the shard's contents")
-    return problems
 
 
 def verify_dataset(
@@ -417,13 +422,16 @@ def verify_dataset(
         manifest = storage.read_manifest()
         fmt = get_format(manifest.format)
 
-        def one(info: ShardInfo) -> list[ShardProblem]:
+        def one(info: ShardInfo) -> tuple[list[ShardProblem], bool]:
             try:
-                return [ShardProblem(info.path, p) for p in _check_shard(storage, fmt, info)]
+                found, unchecked = _check_shard(storage, fmt, info)
             except ShardstreamError as error:
-                return [ShardProblem(info.path, f"cannot be checked: {error}")]
+                return [ShardProblem(info.path, f"cannot be checked: {error}")], False
+            return [ShardProblem(info.path, p) for p in found], unchecked
 
-        problems = [p for found in _map(one, manifest.shards, threads) for p in found]
+        results = _map(one, manifest.shards, threads)
+        problems = [p for found, _ in results for p in found]
+        unchecked = tuple(info.path for info, (_, old) in zip(manifest.shards, results, strict=True) if old)
         listed = {s.path for s in manifest.shards}
         unlisted = tuple(
             f for f in storage.list_files() if f.endswith(fmt.suffix) and f not in listed and not _hidden(f)
@@ -439,6 +447,7 @@ def verify_dataset(
             num_bytes=manifest.num_bytes,
             problems=tuple(problems),
             unlisted=unlisted,
+            unchecked=unchecked,
         )
     finally:
         storage.close()

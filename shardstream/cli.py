@@ -234,6 +234,7 @@ def run_verify(args: argparse.Namespace) -> int:
                     "bad_shards": report.bad_shards,
                     "problems": [{"shard": p.shard, "problem": p.problem} for p in report.problems],
                     "unlisted": list(report.unlisted),
+                    "unchecked": list(report.unchecked),
                 },
                 indent=1,
             )
@@ -243,6 +244,11 @@ def run_verify(args: argparse.Namespace) -> int:
             print(f"BAD {problem.shard}: {problem.problem}")
         for path in report.unlisted:
             print(f"note: {path} looks like a shard but the manifest does not list it")
+        if report.unchecked:
+            print(
+                f"note: {len(report.unchecked)} shards have sample indexes without checksums (an older "
+                f"shardstream wrote them), so reads of them are not checked; `shardstream index {args.url}` adds them"
+            )
         bad = len(report.bad_shards)
         verdict = "OK" if report.ok else f"{bad} of {report.num_shards} shards bad"
         print(f"verify: {report.num_shards} shards, {report.num_samples:,} samples checked: {verdict}")

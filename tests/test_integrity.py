@@ -21,6 +21,7 @@ import pytest
 
 import shardstream
 from shardstream.catalog import index_dataset, verify_dataset
+from shardstream.cli import main
 from shardstream.errors import FormatError, ShardstreamError
 from shardstream.formats import get_format
 from shardstream.formats._checks import BLOCK
@@ -206,10 +207,11 @@ def test_version_1_sidecars_stream_verify_names_them_and_index_rewrites_them(tmp
     to_version_1(url, fmt)
     assert stream(url) == expected
     report = verify_dataset(url)
-    assert not report.ok
-    assert all("no checksums" in p.problem and "shardstream index" in p.problem for p in report.problems)
+    assert report.ok, report.problems  # an old dataset is sound, only unchecked when streamed
+    assert report.unchecked == tuple(info["path"] for info in manifest(url)["shards"])
     index_dataset(url)
     assert verify_dataset(url).ok
+    assert verify_dataset(url).unchecked == ()
     assert stream(url) == expected
     flip(os.path.join(url, manifest(url)["shards"][0]["path"]), data_offset(url, fmt))
     with pytest.raises(FormatError, match="checksum mismatch"):
@@ -280,3 +282,35 @@ def test_a_window_is_laid_out_lazily_whatever_the_manifest_claims():
     assert plan.shuffle_window > 10**15
     with pytest.raises(shardstream.errors.PlanError, match="at most"):
         PlanConfig(shuffle_window=MAX_WINDOW + 1)
+
+
+@pytest.mark.parametrize("fmt", ["tar", "parquet"])
+def test_a_version_1_sidecar_of_another_shard_is_still_a_problem(tmp_path, fmt):
+    url = str(tmp_path / "ds")
+    write(url, fmt)
+    to_version_1(url, fmt)
+    data = manifest(url)
+    first, second = data["shards"][0], data["shards"][1]
+    for key in ("index", "index_bytes"):
+        first[key], second[key] = second[key], first[key]
+    pathlib.Path(url, "manifest.json").write_text(json.dumps(data))
+    report = verify_dataset(url)
+    assert not report.ok
+    assert report.bad_shards == sorted([first["path"], second["path"]])
+    assert all("does not match the shard's contents" in p.problem for p in report.problems)
+    assert set(report.unchecked) == {info["path"] for info in data["shards"]}
+
+
+def test_cli_verify_of_an_old_dataset_exits_0_with_a_note(tmp_path, capsys):
+    url = str(tmp_path / "ds")
+    write(url, "tar")
+    to_version_1(url, "tar")
+    assert main(["verify", url]) == 0
+    out = capsys.readouterr().out
+    assert f"{SHARDS} shards have sample indexes without checksums" in out
+    assert "shardstream index" in out
+    assert out.strip().endswith(": OK")
+    assert main(["verify", url, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["ok"]
+    assert len(shown["unchecked"]) == SHARDS
