@@ -88,6 +88,8 @@ class Storage:
         self._cache = ShardCache(cache_dir, cache_limit) if cache_dir and not self._is_local else None
         self._fs: Any = None
         self._fs_pid = -1
+        self._sizes: dict[str, int] = {}
+        self._sizes_pid = -1
         # Object reads on s3:// skip s3fs; see NOTE [ S3 reads without s3fs ] in s3read.py.
         self._s3 = S3Reader.create(self._options) if self._protocol in _S3_PROTOCOLS else None
 
@@ -211,7 +213,7 @@ class Storage:
             else:
                 data = self._read_fsspec(fspath, rng, size)
             if rng is None and size is not None and len(data) != size:
-                raise SizeChanged(len(data))
+                self._short_whole_read(path, fspath, len(data), size)
         except SizeChanged as changed:
             raise self._changed(path, rng, changed.actual, size) from None
         if rng is not None and len(data) != rng.length:
@@ -219,13 +221,33 @@ class Storage:
         return data
 
     def _read_fsspec(self, fspath: str, rng: ByteRange | None, size: int | None) -> bytes:
-        if size is not None:  # fsspec's cat_file does not say the object's size: ask
+        # fsspec's cat_file does not say the object's size, so a ranged read asks (a HEAD),
+        # once per path and process: NOTE [ One size check per object ]. A whole read is
+        # checked by its length instead (_read_once).
+        if rng is None:
+            return bytes(self.fs.cat_file(fspath))
+        if size is not None and self._sizes_checked.get(fspath) != size:
             actual = self._size_once(fspath)
             if actual != size:
                 raise SizeChanged(actual)
-        if rng is None:
-            return bytes(self.fs.cat_file(fspath))
+            self._sizes_checked[fspath] = size
         return bytes(self.fs.cat_file(fspath, start=rng.start, end=rng.end))
+
+    @property
+    def _sizes_checked(self) -> dict[str, int]:
+        """The objects whose size this process checked, and that size (reset after fork)."""
+        pid = os.getpid()
+        if self._sizes_pid != pid:
+            self._sizes, self._sizes_pid = {}, pid
+        return self._sizes
+
+    def _short_whole_read(self, path: str, fspath: str, got: int, size: int) -> None:
+        """A whole read of ``got`` bytes of an object the manifest says has ``size``: an
+        object of another size, or (the object still has ``size`` bytes) a cut transfer."""
+        actual = self._size_once(fspath)
+        if actual != size:
+            raise SizeChanged(actual)
+        raise TransientStorageError(f"short read: {got} of {size} bytes", url=self.full_url(path))
 
     def _changed(self, path: str, rng: ByteRange | None, actual: int, expected: int | None) -> StorageError:
         return size_changed_error(self.full_url(path), path, rng, actual, expected)
@@ -400,6 +422,7 @@ class Storage:
         self._forget_cached(path)
 
     def _forget_cached(self, path: str) -> None:
+        self._sizes_checked.pop(self._fspath(path), None)
         if self._cache is not None:
             self._cache.forget(self._cache_key(path))
 

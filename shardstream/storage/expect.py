@@ -12,6 +12,15 @@
 #   sidecar by its shard's sha256, its path and its size, as the manifest holds no hash
 #   of its own), so an overwritten dataset never hits the old one's entries, and a
 #   downloaded shard is hashed and checked against the manifest before it is kept.
+#
+# NOTE [ One size check per object ]
+# Only the fsspec path (not s3://, not local files) has no total size in its responses,
+# so there the size costs a HEAD. It is asked once per object and process (a fork asks
+# again, and a write or delete through the Storage forgets it), before the first ranged
+# read; later ranged reads rely on the sidecar's block CRCs, which a reader checks on
+# every range. A whole read is checked by its length: a shorter body is a HEAD then,
+# and if the object still has the manifest's size the transfer was cut (transient,
+# retried), else the object changed (permanent).
 """
 
 from __future__ import annotations
