@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardstream.errors import PackError, UsageError, shown
-from shardstream.formats._keys import check_key_path
+from shardstream.formats._keys import check_key_value
 from shardstream.formats._parquetindex import KEY_COLUMN, MAGIC, ParquetIndex, parse_footer, row_group_spans
 from shardstream.formats.base import Sample, ShardEncoder
 
@@ -211,7 +211,7 @@ class ParquetEncoder(ShardEncoder):
         key = sample.get(KEY_COLUMN)
         if not isinstance(key, str):
             raise PackError(f"sample key must be a str, not {shown(key)}", shard=self._name)
-        check_key_path(key, self._name)  # the tar rule too: NOTE [ Safe sample keys ]
+        check_key_value(key, self._name)  # a value, not a path: NOTE [ Safe sample keys ]
         if self._schema is not None:
             self._check_row(key, sample)
         else:

@@ -174,9 +174,10 @@ def check_field(field: Any, key: str, shard: str | None) -> bytes | None:
         raise PackError(f"sample {shown(key)}: field names must be str, not {shown(field)}", shard=shard)
     if field.startswith("_"):
         return None
-    if not field or "/" in field or "\0" in field:
+    if not field or "/" in field or "\\" in field or "\0" in field:  # NOTE [ Safe sample keys ]
         raise PackError(
-            f"sample {shown(key)}: field name {shown(field)} must be non-empty, without '/' or NUL",
+            f"sample {shown(key)}: field name {shown(field)} must be non-empty, without '/', backslash "
+            "or NUL (it ends a member name, which extracting a shard reads as a path)",
             shard=shard,
         )
     try:
