@@ -177,9 +177,16 @@ class Storage:
             )
 
     def _retry(self, operation: Callable[[], R], what: str, path: str, rng: ByteRange | None = None) -> R:
-        timeouts = timeouts_of(self._options) if self._protocol in _S3_PROTOCOLS else ""
+        options = self._options
+        timeouts = (lambda: timeouts_of(options)) if self._protocol in _S3_PROTOCOLS else ""
         return call_with_retry(
-            operation, self.retry, what=what, url=self.full_url(path), rng=rng, timeouts=timeouts
+            operation,
+            self.retry,
+            what=what,
+            url=self.full_url(path),
+            rng=rng,
+            timeouts=timeouts,  # made only for an error that timed out
+            bounded=what != "write",  # uploads keep their attempts: NOTE [ Bounded waits ]
         )
 
     # -- reading -------------------------------------------------------------------

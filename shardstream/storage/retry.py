@@ -19,7 +19,10 @@
 # endpoint that accepts connections and never answers fails one read in about
 # ``timeout`` + one try, not attempts x read_timeout. A second try is always made (when
 # ``attempts`` allows): a long transfer (a whole shard on a slow link) that breaks after
-# ``timeout`` seconds is still retried once. The error names both bounds.
+# ``timeout`` seconds is still retried once. The error names both bounds. Uploads are
+# not bounded by ``timeout``: a shard upload may take longer than it in every try, and
+# cutting its retries would fail a pack that a slow link completes; each of its tries is
+# still bounded by the client's timeouts.
 """
 
 from __future__ import annotations
@@ -221,13 +224,16 @@ def call_with_retry(
     url: str,
     rng: ByteRange | None = None,
     sleep: Callable[[float], object] | None = None,
-    timeouts: str = "",
+    timeouts: str | Callable[[], str] = "",
+    bounded: bool = True,
 ) -> R:
     """Run ``operation`` until it succeeds, retrying transient errors per ``policy``.
 
     A permanent error fails at once as a ``StorageError``; running out of tries (or of
     ``policy.timeout``) raises ``TransientStorageError``; both name ``url`` and the byte
-    range. ``timeouts`` describes each try's own bounds, for the error after a timeout.
+    range. ``timeouts`` describes each try's own bounds (or makes that text, asked only
+    for the error after a timeout). ``bounded=False``: ``policy.timeout`` does not apply
+    (uploads: see NOTE [ Bounded waits ]).
     """
     wait = sleep if sleep is not None else _sleep
     started = _clock()
@@ -243,7 +249,12 @@ def call_with_retry(
             if tries == policy.attempts:
                 break
             delay = policy.delay(tries)
-            if tries > 1 and policy.timeout is not None and _clock() - started + delay > policy.timeout:
+            if (
+                bounded
+                and tries > 1
+                and policy.timeout is not None
+                and _clock() - started + delay > policy.timeout
+            ):
                 break  # NOTE [ Bounded waits ]
             wait(delay)
     elapsed = _clock() - started
@@ -255,7 +266,7 @@ def call_with_retry(
     ) from last
 
 
-def _bounds(error: BaseException | None, policy: RetryPolicy, timeouts: str) -> str:
+def _bounds(error: BaseException | None, policy: RetryPolicy, timeouts: str | Callable[[], str]) -> str:
     """What bounded the waits, said where a try timed out (NOTE [ Bounded waits ])."""
     timed_out = error is not None and any(
         isinstance(link, TimeoutError) or "timeout" in type(link).__name__.lower() or "timed out" in str(link)
@@ -263,6 +274,8 @@ def _bounds(error: BaseException | None, policy: RetryPolicy, timeouts: str) -> 
     )
     if not timed_out:
         return ""
+    if callable(timeouts):
+        timeouts = timeouts()
     each = f"each try: {timeouts}; " if timeouts else ""
     total = "no bound" if policy.timeout is None else f"{policy.timeout:g} s"
     return f" (timed out; {each}all tries: RetryPolicy.timeout {total})"
