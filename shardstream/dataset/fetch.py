@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from shardstream.errors import StorageError
@@ -41,8 +43,28 @@ READ_THREADS = 4  # concurrent ranged reads per DataLoader worker, on object sto
 Item = tuple[str, "ByteRange | None"]  # (path, byte range or None for the whole file)
 
 
-def expectations(manifest: Manifest) -> dict[str, Expected]:
-    """What ``manifest`` says of each object it names: shards, then sidecars (by path)."""
+# Every iteration makes a new reader, so the Expected of a manifest (two per shard) are
+# made once and shared by identity, not remade per worker per epoch (O(shards) each).
+_SHARED_MAX = 4
+_shared: list[tuple[Manifest, Mapping[str, Expected]]] = []
+_shared_lock = threading.Lock()
+
+
+def expectations(manifest: Manifest) -> Mapping[str, Expected]:
+    """What ``manifest`` says of each object it names: shards, then sidecars (by path);
+    made once per manifest object (a read-only mapping, shared)."""
+    with _shared_lock:
+        for known, expected in _shared:
+            if known is manifest:
+                return expected
+    made = MappingProxyType(_expectations(manifest))
+    with _shared_lock:
+        _shared.insert(0, (manifest, made))
+        del _shared[_SHARED_MAX:]
+    return made
+
+
+def _expectations(manifest: Manifest) -> dict[str, Expected]:
     expected: dict[str, Expected] = {}
     for info in manifest.shards:
         expected.setdefault(info.path, Expected(info.bytes, info.sha256))
@@ -65,7 +87,7 @@ class ByteFetcher:
         self.storage = storage
         self.threads = threads
         self.local = storage.local_files
-        self._expected = expectations(manifest) if manifest is not None else {}
+        self._expected: Mapping[str, Expected] = expectations(manifest) if manifest is not None else {}
         self._pool: Prefetcher[Item, bytes | memoryview] | None = None
 
     def read_all(
