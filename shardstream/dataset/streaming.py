@@ -243,14 +243,16 @@ class StreamingDataset(IterableDataset):
             raise StateError(
                 f"state of epoch {epoch} holds a plan of epoch {_brief(plan_epoch)}", url=self.url
             )
+        before = (self.epoch, self._resume, self._progress)
         self.set_epoch(epoch)
         self._resume = self.make_state(dict(plan))
         self._progress = None
         try:
             self.make_plan(consume=False)  # validate now, not in a worker
             self._check_fingerprint(state.get("dataset_fingerprint"))
-        except StateError:
-            self._resume = None
+        except Exception:  # a refused state changes nothing: not the epoch, nor a loaded state
+            self.set_epoch(before[0])
+            self._resume, self._progress = before[1], before[2]
             raise
 
     def _check_fingerprint(self, saved: object) -> None:
