@@ -367,3 +367,14 @@ def test_a_shard_whose_first_key_starts_like_compressed_data_streams(tmp_path, k
         (key, b"first"),
         ("b", b"second"),
     ]
+
+
+def test_a_gzipped_member_claiming_8_gib_is_refused_on_its_header(tmp_path):
+    """A .tar.gz is read as a stream: the size check must come before the member's data is read."""
+    data = tar(header(b"k.txt", 8 << 30) + bytes(4 << 20))  # 4 MiB of its 8 GiB: it needs none
+    (tmp_path / "in.tar.gz").write_bytes(gzip.compress(data))
+    with pytest.raises(PackError, match=r"member 'k\.txt' of 8589934592 bytes: .*not supported") as error:
+        pack(tmp_path / "in.tar.gz", tmp_path / "out", workers=1)
+    assert error.value.offset == 0
+    with pytest.raises(FormatError, match="not supported"):
+        list(tar_members(io.BytesIO(data), "h.tar", sized=False, max_size=1 << 20))

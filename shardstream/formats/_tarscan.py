@@ -268,7 +268,7 @@ def _header(reader: _Reader, offset: int) -> tuple[bytes, int] | None:
         raise
 
 
-def _members(reader: _Reader, read_data: bool) -> Iterator[TarMember]:
+def _members(reader: _Reader, read_data: bool, max_size: int | None = None) -> Iterator[TarMember]:
     """The regular files of the tar, in order; returns at the end-of-archive block."""
     pending = _Pending()
     while True:
@@ -291,7 +291,7 @@ def _members(reader: _Reader, read_data: bool) -> Iterator[TarMember]:
             if typeflag == 0x4C:
                 pending.long_name = _decode_name(data.split(b"\0", 1)[0])
         else:
-            member = _member(reader, block, typeflag, size, pending, offset, read_data)
+            member = _member(reader, block, typeflag, size, pending, offset, read_data, max_size)
             pending.clear()
             if member is not None:
                 yield member
@@ -300,7 +300,14 @@ def _members(reader: _Reader, read_data: bool) -> Iterator[TarMember]:
 
 
 def _member(
-    reader: _Reader, block: bytes, typeflag: int, size: int, pending: _Pending, offset: int, read_data: bool
+    reader: _Reader,
+    block: bytes,
+    typeflag: int,
+    size: int,
+    pending: _Pending,
+    offset: int,
+    read_data: bool,
+    max_size: int | None = None,
 ) -> TarMember | None:
     """The member whose (last) header is ``block`` if it is a regular file (else None); the
     reader is left after its data."""
@@ -312,6 +319,11 @@ def _member(
         return None
     data_offset = reader.pos
     regular = typeflag in _REGULAR and not name.endswith("/")
+    if regular and max_size is not None and size > max_size:  # refused on its header, before any read
+        raise reader.error(
+            f"member {shown(name)} of {size} bytes: members of more than {max_size} bytes are not supported",
+            start,
+        )
     if regular and read_data:
         data = reader.read(size, f"member {shown(name)}")
         reader.skip(-size % BLOCK, f"padding of member {shown(name)}")
@@ -322,15 +334,16 @@ def _member(
 
 
 def tar_members(
-    fileobj: IO[bytes], name: str, *, read_data: bool = True, sized: bool = True
+    fileobj: IO[bytes], name: str, *, read_data: bool = True, sized: bool = True, max_size: int | None = None
 ) -> Iterator[TarMember]:
     """The regular files of the tar in ``fileobj``, from its current position to its end marker.
 
     ``sized=False`` says ``fileobj`` should be read as a stream even if it can seek (a
-    decompressing file, whose size is only known by decompressing it all).
+    decompressing file, whose size is only known by decompressing it all). A regular
+    member larger than ``max_size`` bytes is refused on its header, before its data is read.
     See NOTE [ Bounded tar reading ] for what is refused.
     """
-    return _members(_Reader(fileobj, name, sized), read_data)
+    return _members(_Reader(fileobj, name, sized), read_data, max_size)
 
 
 class _Grouper:

@@ -102,15 +102,8 @@ def _members(path: str, storage_options: Mapping[str, Any]) -> Iterator[TarMembe
     compressed = gzipped or name.endswith(COMPRESSION_SUFFIXES)
     with open_file(path, storage_options) as raw, _gunzip(raw) if gzipped else nullcontext(raw) as f:
         try:
-            for member in tar_members(f, path, sized=not compressed):
-                if member.size > MAX_USTAR_SIZE:
-                    raise PackError(
-                        f"member {shown(member.name)} of {member.size} bytes: members of 8 GiB or more "
-                        "are not supported",
-                        url=path,
-                        offset=member.start,
-                    )
-                yield member
+            # members of 8 GiB or more are refused on their header, before their data fills memory
+            yield from tar_members(f, path, sized=not compressed, max_size=MAX_USTAR_SIZE)
         except FormatError as error:
             raise PackError(error.message, url=path, offset=error.offset) from None
         except (OSError, EOFError, zlib.error, lzma.LZMAError) as error:  # a corrupt compressed stream
