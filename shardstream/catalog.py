@@ -24,6 +24,7 @@ from shardstream.formats import SampleIndex, ShardFormat, get_format
 from shardstream.formats._checks import BlockHasher, ShardChecks
 from shardstream.manifest import Manifest, ShardInfo
 from shardstream.pack.dest import PART_RECORD_RE, build_manifest
+from shardstream.pack.lock import PackLease
 from shardstream.pack.shard import ShardResult, checks_of, fields_and_schema, sha256_of
 from shardstream.storage import Storage
 
@@ -42,6 +43,7 @@ R = TypeVar("R")
 _SUFFIX_FORMATS = {".tar": "tar", ".parquet": "parquet"}
 _COMPRESSED_TAR = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst", ".tar.lz4")
 _PART_SHARD_RE = re.compile(r"^part-(\d{5})-shard-\d{6}\.")
+_PACK_RECORD_RE = re.compile(r"^\.shardstream-pack(?:-part-(\d{5}))?\.json$")
 _READ_CHUNK = 8 << 20
 _DEFAULT_THREADS = 4
 
@@ -199,11 +201,16 @@ def index_dataset(
 
     Shards are the ``*.tar`` or ``*.parquet`` files under ``url`` (recursive, sorted by
     path). Shards listed in the records of finished ``pack --part`` jobs are taken from
-    the records (unless ``rehash``); every other shard is read once.
+    the records (unless ``rehash``); every other shard is read once. ``index`` holds the
+    whole destination's lease, as a pack without ``--part`` does (NOTE [ One pack per
+    destination ]), and refuses a folder that an unfinished pack left.
     """
     storage = Storage(url, storage_options)
+    lease = PackLease(storage)
     try:
+        lease.acquire()
         files = storage.list_files()
+        _refuse_unfinished_packs(storage, files)
         visible = [f for f in files if not _hidden(f)]
         candidates = [f for f in visible if f.lower().endswith((*_SUFFIX_FORMATS, *_COMPRESSED_TAR))]
         format = _shard_format(candidates, storage.url)
@@ -225,10 +232,33 @@ def index_dataset(
             return _index_one(storage, fmt, path)
 
         manifest = build_manifest(format, _map(one, shards, threads))
+        lease.check()
         storage.write_manifest(manifest)
+        lease.release()
         return manifest
     finally:
+        lease.release(cleanup=True)
         storage.close()
+
+
+def _refuse_unfinished_packs(storage: Storage, files: list[str]) -> None:
+    """Refuse the record of a pack in progress (NOTE [ Packs in progress ] in ``pack.dest``).
+
+    The record of a part whose part record is there too is of a rerun of a finished
+    part without ``overwrite`` (one with it deletes the part record first), which can
+    only rewrite the part's shards as they were: that part is joined as finished.
+    """
+    finished = {m.group(1) for f in files if (m := PART_RECORD_RE.match(f))}
+    for name in files:
+        match = _PACK_RECORD_RE.match(name)
+        if match is None or (match.group(1) is not None and match.group(1) in finished):
+            continue
+        raise UsageError(
+            f"an unfinished pack left {name} here: its shards may be missing or half replaced; "
+            "rerun that pack (it resumes where it stopped), then index (or, if you know its shards are "
+            "whole, delete that record to index them as they are)",
+            url=storage.url,
+        )
 
 
 # -- inspect ----------------------------------------------------------------------

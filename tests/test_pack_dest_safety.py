@@ -317,7 +317,7 @@ def test_a_live_claim_from_another_machine_refuses_and_an_expired_one_is_taken_o
 def test_claims_of_other_parts_do_not_block(tmp_path):
     storage = Storage(str(tmp_path / "ds"))
     storage.write(".shardstream-lock-part-00001." + "cd" * 8 + ".json", claim_doc())
-    storage.write(".shardstream-lock." + "ef" * 8 + ".json", claim_doc())
+    storage.write(".shardstream-lock-part-00002." + "ef" * 8 + ".json", claim_doc())
     lease = PackLease(storage, "-part-00000")
     lease.acquire()
     try:

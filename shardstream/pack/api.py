@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from functools import partial
 from typing import Any, Protocol
 
-from shardstream.errors import PackError, UsageError
+from shardstream.errors import PackError
 from shardstream.manifest import Manifest
 from shardstream.pack.dest import DatasetTarget
 from shardstream.pack.durable import ShardSync
-from shardstream.pack.options import PackOptions, Part
+from shardstream.pack.options import PackOptions, Part, check_count
 from shardstream.pack.parallel import JobContext, Packed, ShardJob, ShardPlan, default_workers, run_jobs
 from shardstream.pack.sources import Source, open_source
 from shardstream.pack.sources.base import Entry, is_local
@@ -77,31 +78,45 @@ def pack(
         part=part,
         overwrite=overwrite,
     )
-    if workers is not None and (isinstance(workers, bool) or int(workers) < 1):
-        raise UsageError(f"workers must be a positive integer, not {workers!r}")
+    if workers is not None:
+        workers = check_count("workers", workers)
     src = (
         source if isinstance(source, Source) else _open(source, source_type, storage_options, source_options)
     )
-    storage = Storage(os.fspath(dest), storage_options)
-    sync = ShardSync(storage.url)
-    target = DatasetTarget(storage, options, origin=src.url)
-    try:
-        start, stop, total = _slice(src, options.part, want_total=_shows(progress))
-        if progress is not None:
-            progress.set_total(total)
-        plan = ShardPlan(src, options, partial(_job, options, target), start, stop)
-        context = JobContext(storage, src, options)
-        if storage.url.startswith("memory://"):
-            workers = 1  # a memory:// file system lives in one process: other processes cannot write it
-        results = run_jobs(plan, context, workers or default_workers(), sync, progress)
-        if not results and options.part is None:
-            raise PackError("the source holds no samples", url=src.url)
-        target.prepare_once()
-        return target.finish(results, sync)
-    finally:
-        target.close()  # the lease, if finish did not release it (NOTE [ One pack per destination ])
-        sync.close()
-        storage.close()
+    with contextlib.ExitStack() as cleanup:
+        storage = Storage(os.fspath(dest), storage_options)
+        cleanup.callback(storage.close)
+        sync = ShardSync(storage.url)
+        cleanup.callback(sync.close)
+        target = DatasetTarget(storage, options, origin=src.url)
+        # the lease, if finish did not release it (NOTE [ One pack per destination ])
+        cleanup.callback(target.close, cleanup=True)
+        manifest = _run(src, options, storage, sync, target, workers, progress)
+    return manifest
+
+
+def _run(
+    src: Source,
+    options: PackOptions,
+    storage: Storage,
+    sync: ShardSync,
+    target: DatasetTarget,
+    workers: int | None,
+    progress: PackProgress | None,
+) -> Manifest:
+    """Cut and write the shards, then the manifest (``pack`` owns and closes what is passed)."""
+    start, stop, total = _slice(src, options.part, want_total=_shows(progress))
+    if progress is not None:
+        progress.set_total(total)
+    plan = ShardPlan(src, options, partial(_job, options, target), start, stop)
+    context = JobContext(storage, src, options)
+    if storage.url.startswith("memory://"):
+        workers = 1  # a memory:// file system lives in one process: other processes cannot write it
+    results = run_jobs(plan, context, workers or default_workers(), sync, progress)
+    if not results and options.part is None:
+        raise PackError("the source holds no samples", url=src.url)
+    target.prepare_once()
+    return target.finish(results, sync)
 
 
 def _open(

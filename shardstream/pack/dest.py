@@ -13,8 +13,10 @@ Rules (``pack`` and ``ShardWriter`` alike):
   shard that would differ from the manifest's (or a shard it does not list) is refused
   before anything changes;
 - ``overwrite``: the manifest is deleted first (from then on no half dataset is
-  readable), and the old dataset's shards that the new one does not reuse are deleted
-  at the end.
+  readable; a part deletes its part record too, so ``index`` sees it unfinished), and
+  the old dataset's shards that the new one does not reuse are deleted at the end; a
+  part deletes only its own shards and a whole dataset's, never another part's, which
+  another machine may be writing at the same time.
 Only names that shardstream writes are ever deleted.
 
 # NOTE [ Packs in progress ]
@@ -60,6 +62,7 @@ __all__ = ["SHARD_NAME_RE", "DatasetTarget", "build_manifest", "writer_name"]
 # Every name a shardstream pack writes at the top of a dataset folder.
 SHARD_NAME_RE = re.compile(r"^(?:part-\d{5}-)?shard-\d{6}\.(?:tar|parquet)(?:\.idx)?$")
 PART_RECORD_RE = re.compile(r"^part-(\d{5})-of-(\d{5})\.json$")
+_PART_SHARD_RE = re.compile(r"^part-\d{5}-shard-")
 # What ``Storage.writer`` names a local file in flight: the prefix, a random part, the target's name.
 _TEMP_RE = re.compile(re.escape(TEMP_PREFIX) + r"[0-9a-f]+-(.+)$")
 
@@ -117,38 +120,56 @@ class DatasetTarget:
         self._prepared = True
         self._lease.acquire()
         try:
-            self._remove_stale_temp_files()
-            found = self._old_manifest()
-            name, old = found if found is not None else (None, None)
-            record = self._read_record()
-            same_pack = record is not None and record.get("pack") == self._identity()
-            if not self.options.overwrite:
-                self._refuse_foreign(old, record, same_pack)
-            if same_pack and record is not None:
-                replaces = record.get("replaces")
-                self._old = (
-                    {p for p in replaces if isinstance(p, str)} if isinstance(replaces, list) else set()
-                )
-            if old is not None and self.options.overwrite:
-                self._old |= {path for s in old.shards for path in (s.path, s.index)}
-            self._write_record()
-            if old is None or name is None:
-                return
-            if self.options.overwrite:
-                self.storage.delete(name)
-                return
-            if old.format != self.options.format:
+            self._prepare()
+        except BaseException:
+            self.close(cleanup=True)
+            raise
+
+    def _prepare(self) -> None:
+        self._remove_stale_temp_files()
+        found = self._old_manifest()
+        name, old = found if found is not None else (None, None)
+        record = self._read_record()
+        same_pack = record is not None and record.get("pack") == self._identity()
+        if not self.options.overwrite:
+            self._refuse_foreign(old, record, same_pack)
+            if old is not None and old.format != self.options.format:
                 raise self._refusal(
                     f"it holds a {old.format} dataset and this pack writes {self.options.format}"
                 )
-            self._protected = {s.path: s for s in old.shards}
-        except BaseException:
-            self.close()
-            raise
+        if same_pack and record is not None:
+            replaces = record.get("replaces")
+            self._old = {p for p in replaces if isinstance(p, str)} if isinstance(replaces, list) else set()
+        if old is not None and self.options.overwrite:
+            self._old |= {path for s in old.shards for path in (s.path, s.index)}
+        self._old = {p for p in self._old if self._may_replace(p)}
+        self._write_record()  # after every refusal: a refused pack leaves no record
+        if old is None or name is None:
+            return
+        if self.options.overwrite:
+            self._lease.ensure()
+            self.storage.delete(name)
+            if self.options.part is not None:  # the part is unfinished now: ``index`` must not join it
+                self.storage.delete(self.options.part.record)
+            return
+        self._protected = {s.path: s for s in old.shards}
 
-    def close(self) -> None:
-        """Release the lease (the record of the pack in progress stays: a rerun resumes)."""
-        self._lease.release()
+    def _may_replace(self, path: str) -> bool:
+        """Whether an old dataset's file is this pack's to delete: a part deletes only its own
+        shards and a whole dataset's, never another part's (which may be being written now)."""
+        part = self.options.part
+        return part is None or path.startswith(self.options.prefix) or not _PART_SHARD_RE.match(path)
+
+    def close(self, *, cleanup: bool = False) -> None:
+        """Release the lease (the record of the pack in progress stays: a rerun resumes).
+
+        ``cleanup``: on an error path, a claim that cannot be deleted is logged, not raised.
+        """
+        self._lease.release(cleanup=cleanup)
+
+    def fence(self) -> None:
+        """Raise, with no I/O, once this pack's lease lags (before a shard is stored or reused)."""
+        self._lease.ensure()
 
     def _identity(self) -> dict[str, Any]:
         """What decides this pack's shards: a rerun with the same may take over its files."""
@@ -253,6 +274,7 @@ class DatasetTarget:
 
     def expected(self, name: str) -> ShardInfo | None:
         """The old manifest's entry that shard ``name`` must match, if the old dataset must stay."""
+        self._lease.ensure()  # before each shard is stored or reused (NOTE [ One pack per destination ])
         if self._protected is None:
             return None
         info = self._protected.get(name)
@@ -276,6 +298,7 @@ class DatasetTarget:
             stale = SHARD_NAME_RE.match(path) and (path.startswith(prefix) or path in self._old)
             record = self.options.part is None and bool(self._old) and PART_RECORD_RE.match(path)
             if (stale and path not in names) or record:
+                self._lease.ensure()
                 self.storage.delete(path)
         sync.finish(names)  # NOTE [ Durable before the manifest ] in ``durable``
         part = self.options.part

@@ -16,13 +16,14 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import sys
 import threading
 import time
 
-__all__ = ["cap_workers", "die_with_parent", "usable_cores"]
+__all__ = ["cap_workers", "cgroup_cpu_quota", "die_with_parent", "usable_cores"]
 
 _log = logging.getLogger("shardstream.pack")
 
@@ -30,12 +31,31 @@ _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 _POLL_SECONDS = 0.5  # how often the fallback thread looks at its parent
 
 
+_CPU_MAX = "/sys/fs/cgroup/cpu.max"
+
+
 def usable_cores() -> int:
-    """The number of cores this process may run on."""
+    """The number of cores this process may run on: its CPU affinity, capped by a cgroup
+    CPU quota (a container given 2 CPUs of a 64-core machine sees 64 in its affinity)."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = cgroup_cpu_quota()
+    return max(1, min(cores, quota)) if quota is not None else cores
+
+
+def cgroup_cpu_quota(path: str | None = None) -> int | None:
+    """The CPUs a cgroup v2 quota allows (``quota period`` in ``cpu.max``, rounded up), or None."""
+    try:
+        with open(path or _CPU_MAX) as f:
+            fields = f.read().split()
+        quota, period = int(fields[0]), int(fields[1])
+    except (OSError, ValueError, IndexError):  # no cgroup v2, or "max": no quota
+        return None
+    if quota <= 0 or period <= 0:
+        return None
+    return max(1, math.ceil(quota / period))
 
 
 def cap_workers(asked: int, samples: int | None = None) -> int:

@@ -25,9 +25,23 @@
 # that its claim is still there and alone: a pack paused for longer than its lease (and
 # so taken over) fails instead of writing a manifest over another's dataset.
 # Scopes: ``--part I/N`` packs write disjoint names, so each part has its own scope and
-# N machines can pack N parts into one folder at once; two packs of the same part, or
-# two whole-dataset packs, exclude each other. The lease is ``SHARDSTREAM_PACK_LEASE``
-# seconds (default 60).
+# N machines can pack N parts into one folder at once; two packs of the same part
+# exclude each other. The whole-dataset scope ``""`` (a pack without ``--part``, and
+# ``shardstream index``) conflicts with every scope: it deletes or joins what parts
+# write, so it treats every claim as a rival, and every part treats its claims as
+# rivals. The lease is ``SHARDSTREAM_PACK_LEASE`` seconds (default 60).
+# Fencing: ``check`` lists the claims (I/O) and runs before the manifest; ``ensure``
+# costs no I/O and runs before each shard is stored or reused and before each
+# deletion: once the last stored renewal is older than half the lease, the pack stops
+# (another pack may take it over once the whole lease ran out, by its clock). The
+# renewing thread's storage gives up retrying after a quarter of the lease (its
+# ``RetryPolicy.timeout``), so one slow renewal does not outlast the next; a renewal
+# that still hangs only lets ``ensure`` stop the pack, the safe side.
+# A claim that cannot be parsed, or whose values are impossible (not finite, a lease
+# outside 0.1 s to 1 day, renewed further in the future than its lease), is taken over
+# at once with a warning naming it: claims are written atomically (a temp file renamed,
+# or one PUT), so no live pack's claim reads like that, and a claim that can never run
+# out must not block a destination forever.
 """
 
 from __future__ import annotations
@@ -35,16 +49,17 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import secrets
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
-from shardstream.errors import ShardstreamError, UsageError
+from shardstream.errors import ShardstreamError, StorageError, UsageError
 from shardstream.storage import Storage
 from shardstream.storage.local import deferred_fsync
 
@@ -126,7 +141,7 @@ class Claim:
     def parse(cls, name: str, data: bytes) -> Claim | None:
         try:
             doc = json.loads(data)
-            return cls(
+            claim = cls(
                 name,
                 str(doc["run"]),
                 str(doc["host"]),
@@ -134,8 +149,12 @@ class Claim:
                 float(doc["lease"]),
                 float(doc["renewed"]),
             )
-        except (ValueError, TypeError, KeyError, RecursionError):
+        except (ValueError, TypeError, KeyError, RecursionError, OverflowError):
             return None
+        lease, renewed = claim.lease, claim.renewed
+        if not (math.isfinite(renewed) and 0.1 <= lease <= 86400) or renewed > time.time() + lease:
+            return None  # could never run out: see NOTE [ One pack per destination ]
+        return claim
 
     def stale(self, now: float) -> str | None:
         """Why the claim's pack is gone, or None while it may still be running."""
@@ -194,7 +213,11 @@ class PackLease:
             )
             self.storage.delete(name)
         # its own Storage: the renewing thread never shares a client with the pack's thread
-        renewing = Storage(self.storage.url, self.storage.storage_options, retry=self.storage.retry)
+        retry = self.storage.retry
+        bound = self.seconds / 4 if retry.timeout is None else min(retry.timeout, self.seconds / 4)
+        renewing = Storage(
+            self.storage.url, self.storage.storage_options, retry=replace(retry, timeout=bound)
+        )
         self._thread = threading.Thread(
             target=self._renew, args=(renewing,), name="shardstream-lease", daemon=True
         )
@@ -204,24 +227,47 @@ class PackLease:
         """Raise unless this pack still holds its scope alone (called before the manifest)."""
         if not self._held:
             return
-        lost = time.monotonic() - self._renewed > self.seconds
+        self.ensure()
         others = [c for c in self._claims() if not isinstance(c, Claim) or c.run != self.run]
-        if lost or self.name not in self._names() or others:
-            raise UsageError(
-                f"this pack lost its lock {self.name} (paused or cut off for longer than its lease of "
-                f"{self.seconds:g} s, so another pack may have taken over); no manifest was written",
-                url=self.storage.url,
-            )
+        if self.name not in self._names() or others:
+            raise self._lost("another pack may have taken over")
 
-    def release(self) -> None:
-        """Stop renewing and delete the claim (safe to call twice)."""
+    def ensure(self) -> None:
+        """Raise, with no I/O, once the last stored renewal is older than half the lease."""
+        if self._held and time.monotonic() - self._renewed > self.seconds / 2:
+            raise self._lost(f"its claim was last renewed {time.monotonic() - self._renewed:.0f} s ago")
+
+    def _lost(self, why: str) -> UsageError:
+        return UsageError(
+            f"this pack lost its lock {self.name} (paused or cut off for longer than half its lease of "
+            f"{self.seconds:g} s: {why}); it stopped, and no manifest was written",
+            url=self.storage.url,
+        )
+
+    def release(self, *, cleanup: bool = False) -> None:
+        """Stop renewing and delete the claim (safe to call twice).
+
+        ``cleanup``: on the way out of an error, a claim that cannot be deleted is logged,
+        not raised, so it neither hides that error nor stops the rest of the cleanup
+        (the claim then runs out with its lease).
+        """
         thread, self._thread = self._thread, None
         self._stop.set()
         if thread is not None:
             thread.join()
         if self._held:
             self._held = False
-            self.storage.delete(self.name)
+            try:
+                self.storage.delete(self.name)
+            except StorageError as error:
+                if not cleanup:
+                    raise
+                _log.warning(
+                    "shardstream pack: cannot delete its lock %s (%s); it runs out in %g s",
+                    self.storage.full_url(self.name),
+                    error,
+                    self.seconds,
+                )
 
     def is_stale_claim(self, name: str) -> bool:
         """Whether ``name`` is a claim of this scope but not this pack's (it held the scope before)."""
@@ -250,10 +296,11 @@ class PackLease:
             storage.close()
 
     def _names(self) -> list[str]:
+        """The claims that conflict with this scope: all for the whole dataset, else its own and the whole's."""
         return [
             p
             for p in self.storage.list_files()
-            if (m := _CLAIM_RE.match(p)) and (m.group(1) or "") == self.scope
+            if (m := _CLAIM_RE.match(p)) and (not self.scope or (m.group(1) or "") in ("", self.scope))
         ]
 
     def _claims(self) -> list[Claim | str]:

@@ -22,7 +22,9 @@ with ``ShardOutput``.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import weakref
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -79,13 +81,20 @@ class ShardWriter:
             part=part,
             overwrite=overwrite,
         )
+        self._budget, self._max_samples = self.options.limits()  # refused before any lease is taken
+        self._fmt = self.options.fmt
+        self._size = sample_sizer(self._fmt) if self.options.shard_size is not None else None
         self._own_storage = not isinstance(dest, Storage)
         self._storage = Storage(os.fspath(dest), storage_options) if not isinstance(dest, Storage) else dest
-        self._fmt = self.options.fmt
-        self._target = DatasetTarget(self._storage, self.options)
-        self._target.prepare()
-        self._budget, self._max_samples = self.options.limits()
-        self._size = sample_sizer(self._fmt) if self.options.shard_size is not None else None
+        try:
+            self._target = DatasetTarget(self._storage, self.options)
+            self._target.prepare()  # releases the lease itself if it fails
+        except BaseException:
+            if self._own_storage:
+                self._storage.close()
+            raise
+        # A writer dropped without close or abort: its lease must not renew for ever.
+        self._finalizer = weakref.finalize(self, _release, self._target)
         self._results: list[ShardResult] = []
         self._output: ShardOutput | None = None
         self._sync = ShardSync(self._storage.url)
@@ -157,6 +166,7 @@ class ShardWriter:
         output, self._output = self._output, None
         if output is not None:
             self._put = self._closed_put
+            self._target.fence()
             self._results.append(output.finish())
             self._done += self._count
 
@@ -174,20 +184,21 @@ class ShardWriter:
         if self._closed:
             raise PackError("close of a ShardWriter that was aborted", url=self._storage.url)
         self._closed = True
-        try:
-            self._finish_shard()
-            if not self._results and self.options.part is None:
-                raise PackError(
-                    "no samples were written: a dataset needs at least one", url=self._storage.url
-                )
-            self.manifest = self._target.finish(self._results, self._sync)
-        except BaseException:
-            self.abort()
-            raise
-        finally:
-            self._sync.close()
+        with contextlib.ExitStack() as cleanup:
             if self._own_storage:
-                self._storage.close()
+                cleanup.callback(self._storage.close)
+            cleanup.callback(self._sync.close)
+            try:
+                self._finish_shard()
+                if not self._results and self.options.part is None:
+                    raise PackError(
+                        "no samples were written: a dataset needs at least one", url=self._storage.url
+                    )
+                self.manifest = self._target.finish(self._results, self._sync)
+            except BaseException:
+                self.abort()
+                raise
+            self._finalizer.detach()
         return self.manifest
 
     def abort(self) -> None:
@@ -195,12 +206,13 @@ class ShardWriter:
         output, self._output = self._output, None
         self._put = self._closed_put
         self._closed = True
-        try:
+        self._finalizer.detach()
+        with contextlib.ExitStack() as cleanup:
+            cleanup.callback(self._sync.close)
+            # the lease; the record of the pack in progress stays for a rerun
+            cleanup.callback(self._target.close, cleanup=True)
             if output is not None:
                 output.abort()
-        finally:
-            self._target.close()  # the lease; the record of the pack in progress stays for a rerun
-            self._sync.close()
 
     def __enter__(self) -> ShardWriter:
         return self
@@ -211,6 +223,12 @@ class ShardWriter:
         if exc_type is None:
             self.close()
         else:
-            self.abort()
-            if self._own_storage:
-                self._storage.close()
+            with contextlib.ExitStack() as cleanup:
+                if self._own_storage:
+                    cleanup.callback(self._storage.close)
+                self.abort()
+
+
+def _release(target: DatasetTarget) -> None:
+    """The lease of a writer that was never closed (at its garbage collection, or at exit)."""
+    target.close(cleanup=True)
