@@ -66,10 +66,10 @@ class ShardCache:
         except OSError as error:
             raise StorageError(f"cannot use cache directory: {error}", url=self.directory) from error
 
-    def entry_path(self, key: str) -> str:
-        """Where the cached copy of the object named ``key`` lives (it may not exist)."""
-        digest = hashlib.sha256(key.encode()).hexdigest()[:40]
-        return os.path.join(self.directory, f"sscache-{digest}")
+    def entry_path(self, key: str, content: str = "") -> str:
+        """Where the cached copy of the object named ``key`` lives (it may not exist):
+        one entry per ``content`` (what identifies the object's bytes, if known)."""
+        return os.path.join(self.directory, f"{_object_prefix(key)}{_digest(f'{key}|{content}', 20)}")
 
     def fetch(
         self,
@@ -78,14 +78,15 @@ class ShardCache:
         download: Callable[[str, int], None],
         *,
         url: str | None = None,
+        content: str = "",
     ) -> str:
         """The path of a complete local copy of ``key``, downloading it if needed.
 
         ``size()`` gives the object's size (asked once per entry and process);
         ``download(temp_path, size)`` writes the whole object to ``temp_path``; ``url``
-        names the object in errors (else ``key``).
+        names the object in errors (else ``key``); ``content`` as for ``entry_path``.
         """
-        path = self.entry_path(key)
+        path = self.entry_path(key, content)
         name = os.path.basename(path)
         expected = self._sizes.get(name)
         if expected is None:
@@ -112,11 +113,19 @@ class ShardCache:
         )
 
     def forget(self, key: str) -> None:
-        """Drop the cached copy of ``key`` (after the object was deleted or rewritten)."""
-        path = self.entry_path(key)
-        self._sizes.pop(os.path.basename(path), None)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+        """Drop every cached copy of ``key``, whatever its content (after the object was
+        deleted or rewritten)."""
+        prefix = _object_prefix(key)
+        try:
+            with os.scandir(self.directory) as scan:
+                names = [e.name for e in scan if e.name.startswith(prefix) and _ENTRY.fullmatch(e.name)]
+        except FileNotFoundError:
+            return
+        for name in names:
+            self._sizes.pop(name, None)
+            for victim in (name, name + ".lock"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.directory, victim))
 
     def _is_complete(self, path: str, expected: int) -> bool:
         try:
@@ -202,6 +211,16 @@ class _CacheDiskError(Exception):
     def __init__(self, error: OSError) -> None:
         super().__init__(error)
         self.error = error
+
+
+def _digest(text: str, length: int) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+def _object_prefix(key: str) -> str:
+    # An entry's name starts with its object's digest, so ``forget`` finds every content
+    # cached of one object; the rest is the content's (still ``sscache-<40 hex>``).
+    return f"sscache-{_digest(key, 20)}"
 
 
 def _touch(path: str) -> None:

@@ -284,10 +284,10 @@ class Storage:
             return data
         return self._read_direct(path, rng, expect)
 
-    def _cache_key(self, path: str, expect: Expected | None = None) -> str:
-        key = f"{self._fs_options().get('endpoint_url') or ''}|{self.full_url(path)}"
-        # By content where the manifest names it: NOTE [ Reads check the manifest ].
-        return key if expect is None else f"{key}|{expect.content_key}"
+    def _cache_key(self, path: str) -> str:
+        """The object's name in the cache; its entries are also keyed by content where the
+        manifest names it (NOTE [ Reads check the manifest ])."""
+        return f"{self._fs_options().get('endpoint_url') or ''}|{self.full_url(path)}"
 
     def _cached_path(self, path: str, expect: Expected | None = None) -> str:
         cache = self._cache
@@ -295,10 +295,11 @@ class Storage:
             raise UsageError("no cache_dir set", url=self.url)
         known = expect.size if expect is not None else None
         return cache.fetch(
-            self._cache_key(path, expect),
+            self._cache_key(path),
             (lambda: known) if known is not None else (lambda: self.size(path)),
             lambda tmp, n: self._download(path, tmp, n, expect),
             url=self.full_url(path),
+            content=expect.content_key if expect is not None else "",
         )
 
     def _download(self, path: str, tmp: str, size: int, expect: Expected | None) -> None:
