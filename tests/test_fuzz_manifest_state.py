@@ -218,4 +218,5 @@ def test_fuzz_plan_and_sampler_states(streamed, data):
         plan = EpochPlan.resume(SIZES, PlanConfig(seed=3, shuffle_window=6), document, world_size=world)
     except ShardstreamError:
         return
-    assert list(itertools.islice(plan.worker_samples(world - 1, 0), 50)) is not None
+    samples = list(itertools.islice(plan.worker_samples(world - 1, 0), 50))
+    assert all(0 <= shard < len(SIZES) and 0 <= index < SIZES[shard] for shard, index in samples)
