@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from shardstream import __version__
+from shardstream.counts import check_count
 from shardstream.errors import ShardstreamError, UsageError
 from shardstream.progress import Progress, human_bytes
 
@@ -38,24 +39,12 @@ def _common() -> argparse.ArgumentParser:
     return common
 
 
-_MAX_COUNT = 2**63 - 1  # as shardstream.pack.options.MAX_COUNT (not imported: it imports the formats)
-
-
 def _count(text: str) -> int:
-    """A count from 1 to ``_MAX_COUNT`` (argparse type): a clear usage error, never an OverflowError."""
-    digits = text.strip()
-    if not digits.isdecimal():
-        raise argparse.ArgumentTypeError(f"must be a positive whole number, not {text[:40]!r}")
-    significant = digits.lstrip("0")
-    if len(significant) > 19 or int(significant or "0") > _MAX_COUNT:  # int() of 5000 digits fails
-        shown = (
-            significant if len(significant) <= 40 else f"{significant[:20]}... ({len(significant)} digits)"
-        )
-        raise argparse.ArgumentTypeError(f"{shown} is too large (at most {_MAX_COUNT})")
-    value = int(significant or "0")
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive whole number, not {text!r}")
-    return value
+    """A count from 1 to ``MAX_COUNT`` (argparse type): a clear usage error, never an OverflowError."""
+    try:
+        return check_count("a count", text)
+    except UsageError as error:
+        raise argparse.ArgumentTypeError(error.message) from None
 
 
 # -- pack ---------------------------------------------------------------------------

@@ -6,12 +6,13 @@ Shared by ``pack`` and ``ShardWriter`` so that both cut and name shards the same
 from __future__ import annotations
 
 import io
-import operator
 import re
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cache
 
+from shardstream.counts import MAX_COUNT, check_count
+from shardstream.counts import brief as _short
 from shardstream.errors import ShardstreamError, UsageError
 from shardstream.formats import ShardFormat, get_format
 
@@ -42,9 +43,6 @@ _UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
-# The largest shard size or sample count accepted: what a signed 64-bit field (a tar or
-# Parquet size, numpy's counts in the plan) holds; far above anything a shard can be.
-MAX_COUNT = 2**63 - 1
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _PART_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 
@@ -67,42 +65,6 @@ def parse_size(text: str | int) -> int:
     if value > MAX_COUNT:
         raise UsageError(f"size {_short(text)} is too large: at most {MAX_COUNT} bytes")
     return value
-
-
-def check_count(name: str, value: object) -> int:
-    """``value`` as a count from 1 to ``MAX_COUNT`` (samples per shard, workers), or a UsageError."""
-    number = _whole(value)
-    if number is None:
-        raise UsageError(f"{name} must be a positive integer, not {_short(value)}")
-    if number <= 0:
-        raise UsageError(f"{name} must be a positive integer, not {number}")
-    if number > MAX_COUNT:
-        raise UsageError(f"{name} is too large: {_short(value)} (at most {MAX_COUNT})")
-    return number
-
-
-def _whole(value: object) -> int | None:
-    """An int from an int-like value (numpy's too), a whole float or decimal text; else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, float):
-        return int(value) if value.is_integer() else None
-    if isinstance(value, str):
-        text = value.strip()
-        # int() of thousands of digits is slow (and refused past 4300): any such count is too large
-        return (MAX_COUNT + 1 if len(text) > 40 else int(text)) if text.isdecimal() else None
-    try:
-        return operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        return None
-
-
-def _short(value: object) -> str:
-    """``repr(value)``, cut to a readable length (a number of 400 digits says nothing more)."""
-    if isinstance(value, int) and value.bit_length() > 128:  # str() refuses ints past 4300 digits
-        return f"a number of about {value.bit_length() * 30103 // 100000 + 1} digits"
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:20]}...{text[-10:]} ({len(text)} characters)"
 
 
 @dataclass(frozen=True, slots=True)
