@@ -23,7 +23,7 @@ from shardstream.errors import FormatError, ShardstreamError, StorageError, Usag
 from shardstream.formats import SampleIndex, ShardFormat, get_format
 from shardstream.formats._checks import BlockHasher, ShardChecks
 from shardstream.manifest import Manifest, ShardInfo
-from shardstream.pack.dest import PART_RECORD_RE, build_manifest
+from shardstream.pack.dest import PACK_RECORD_RE, PART_RECORD_RE, build_manifest
 from shardstream.pack.lock import PackLease
 from shardstream.pack.shard import ShardResult, checks_of, fields_and_schema, sha256_of
 from shardstream.storage import Storage
@@ -43,7 +43,6 @@ R = TypeVar("R")
 _SUFFIX_FORMATS = {".tar": "tar", ".parquet": "parquet"}
 _COMPRESSED_TAR = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst", ".tar.lz4")
 _PART_SHARD_RE = re.compile(r"^part-(\d{5})-shard-\d{6}\.")
-_PACK_RECORD_RE = re.compile(r"^\.shardstream-pack(?:-part-(\d{5}))?\.json$")
 _READ_CHUNK = 8 << 20
 _DEFAULT_THREADS = 4
 
@@ -250,7 +249,7 @@ def _refuse_unfinished_packs(storage: Storage, files: list[str]) -> None:
     """
     finished = {m.group(1) for f in files if (m := PART_RECORD_RE.match(f))}
     for name in files:
-        match = _PACK_RECORD_RE.match(name)
+        match = PACK_RECORD_RE.match(name)
         if match is None or (match.group(1) is not None and match.group(1) in finished):
             continue
         raise UsageError(
@@ -431,10 +430,9 @@ def _check_sidecar(
 def _check_checked_sidecar(
     data: bytes, checks: ShardChecks, info: ShardInfo, rebuilt: SampleIndex | None
 ) -> list[str]:
-    if (checks.size, checks.sha256) != (info.bytes, info.sha256):
-        return [
-            f"sample index does not match the shard: it was written for another shard ({checks.size} bytes, sha256 {checks.sha256[:16]}...)"
-        ]
+    other = checks.other_shard(info.bytes, info.sha256)
+    if other is not None:
+        return [f"sample index does not match the shard: {other}"]
     if rebuilt is None or data == rebuilt.to_bytes():
         return []
     return ["sample index does not match the shard's contents"]

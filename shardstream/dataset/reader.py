@@ -22,7 +22,7 @@ from shardstream.dataset.fetch import ByteFetcher
 from shardstream.dataset.indexes import INDEX_CACHE_SIZE, IndexCache
 from shardstream.errors import FormatError, StorageError
 from shardstream.formats import get_format
-from shardstream.formats._checks import BLOCK
+from shardstream.formats._checks import BLOCK, ShardChecks
 from shardstream.formats.base import Sample, SampleIndex
 from shardstream.manifest import Manifest
 from shardstream.storage import Prefetcher, Storage
@@ -145,14 +145,9 @@ class WindowReader:
                 url=self.storage.full_url(info.index),
                 shard=info.path,
             )
-        checks = index.checks
-        if checks is not None and (checks.size, checks.sha256) != (info.bytes, info.sha256):
-            raise FormatError(
-                f"sample index was written for another shard ({checks.size} bytes, sha256 "
-                f"{checks.sha256[:16]}...) than the manifest's ({info.bytes} bytes, sha256 {info.sha256[:16]}...)",
-                url=self.storage.full_url(info.index),
-                shard=info.path,
-            )
+        other = index.checks.other_shard(info.bytes, info.sha256) if index.checks is not None else None
+        if other is not None:
+            raise FormatError(other, url=self.storage.full_url(info.index), shard=info.path)
         self._indexes.put(info, index)
         return index
 
@@ -177,8 +172,8 @@ class WindowReader:
         """The bytes of ``window``, one ranged read per group of close runs of a shard,
         their check blocks checked.
 
-        Only I/O, sidecars and CRCs: it runs in the prefetch thread, where reading and
-        ``zlib.crc32`` release the GIL, while the caller decodes the previous window
+        Only I/O, sidecars and CRCs: it runs in the prefetch thread, where reading and the
+        CRC release the GIL, while the caller decodes the previous window
         (:meth:`decode`). The window's sidecars are loaded (and their counts checked)
         before its runs are laid out (``Window.shards``).
         """
@@ -245,8 +240,8 @@ class WindowReader:
             info = self.manifest.shards[read.shard]
             for number in read.runs:
                 run = runs[number]
-                if bad:  # on_error="skip": the samples of failed blocks are left out
-                    block = index.checks.block if index.checks is not None else BLOCK
+                if bad:  # on_error="skip": the samples of failed blocks are left out (bad implies checks)
+                    block = cast(ShardChecks, index.checks).block
                     parts[number] = self._read_one_by_one(
                         data, read.rng, index, run.start, run.stop, info.path, (bad, block)
                     )

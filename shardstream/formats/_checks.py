@@ -66,6 +66,16 @@ class ShardChecks:
 
     __hash__ = None  # type: ignore[assignment]
 
+    def other_shard(self, size: int, sha256: str) -> str | None:
+        """Why these checks are not of a shard of ``size`` bytes with ``sha256`` (the
+        manifest's entry), or None when they are."""
+        if (self.size, self.sha256) == (size, sha256):
+            return None
+        return (
+            f"sample index was written for another shard ({self.size} bytes, sha256 {self.sha256[:16]}...) "
+            f"than the manifest's ({size} bytes, sha256 {sha256[:16]}...)"
+        )
+
     def sections(self) -> list[bytes]:
         """The three sidecar sections that hold these checks."""
         head = np.array([self.size, self.block], dtype="<i8").tobytes()

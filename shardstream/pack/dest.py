@@ -62,6 +62,8 @@ __all__ = ["SHARD_NAME_RE", "DatasetTarget", "build_manifest", "writer_name"]
 # Every name a shardstream pack writes at the top of a dataset folder.
 SHARD_NAME_RE = re.compile(r"^(?:part-\d{5}-)?shard-\d{6}\.(?:tar|parquet)(?:\.idx)?$")
 PART_RECORD_RE = re.compile(r"^part-(\d{5})-of-(\d{5})\.json$")
+# The record of a pack in progress (NOTE [ Packs in progress ]), of a part if it names one.
+PACK_RECORD_RE = re.compile(r"^\.shardstream-pack(?:-part-(\d{5}))?\.json$")
 _PART_SHARD_RE = re.compile(r"^part-\d{5}-shard-")
 # What ``Storage.writer`` names a local file in flight: the prefix, a random part, the target's name.
 _TEMP_RE = re.compile(re.escape(TEMP_PREFIX) + r"[0-9a-f]+-(.+)$")
