@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import operator
 
-from shardstream.errors import UsageError
+from shardstream.errors import UsageError, shown
 
-__all__ = ["MAX_COUNT", "brief", "check_count"]
+__all__ = ["MAX_COUNT", "check_count"]
 
 # The largest shard size or sample count accepted: what a signed 64-bit field (a tar or
 # Parquet size, numpy's counts in the plan) holds; far above anything a shard can be.
@@ -18,11 +18,11 @@ def check_count(name: str, value: object) -> int:
     """``value`` as a count from 1 to ``MAX_COUNT`` (samples per shard, workers), or a UsageError."""
     number = _whole(value)
     if number is None:
-        raise UsageError(f"{name} must be a positive integer, not {brief(value)}")
+        raise UsageError(f"{name} must be a positive integer, not {shown(value, 40)}")
     if number <= 0:
         raise UsageError(f"{name} must be a positive integer, not {number}")
     if number > MAX_COUNT:
-        raise UsageError(f"{name} is too large: {brief(value)} (at most {MAX_COUNT})")
+        raise UsageError(f"{name} is too large: {shown(value, 40)} (at most {MAX_COUNT})")
     return number
 
 
@@ -40,11 +40,3 @@ def _whole(value: object) -> int | None:
         return operator.index(value)  # type: ignore[arg-type]
     except TypeError:
         return None
-
-
-def brief(value: object) -> str:
-    """``repr(value)``, cut to a readable length (a number of 400 digits says nothing more)."""
-    if isinstance(value, int) and value.bit_length() > 128:  # str() refuses ints past 4300 digits
-        return f"a number of about {value.bit_length() * 30103 // 100000 + 1} digits"
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:20]}...{text[-10:]} ({len(text)} characters)"

@@ -6,6 +6,8 @@ byte offset or the line, whichever apply. ``str(error)`` shows them.
 
 from __future__ import annotations
 
+import reprlib
+
 __all__ = [
     "FormatError",
     "ManifestError",
@@ -31,11 +33,20 @@ _SHOWN = 200
 _MAX_MESSAGE = 4096
 _MAX_LOCATION = 1024
 _SHOWN_LOCATION = 960
+_CONTAINERS = reprlib.Repr()  # bounded depth and items; strings inside cut by ``shown``'s limit
+_CONTAINERS.maxstring = _CONTAINERS.maxother = _SHOWN
 
 
 def shown(name: object, limit: int = _SHOWN) -> str:
-    """``repr(name)`` for an error message, cut after ``limit`` characters (see NOTE above)."""
-    text = repr(name)
+    """``repr(name)`` for an error message, cut after ``limit`` characters (see NOTE above).
+
+    Safe for any value, hostile ones too: a container is shown a few levels and items
+    deep (a plain ``repr`` of a 100k-deep list recurses past the limit), an integer of
+    thousands of digits by its length (``str`` refuses it past 4300 digits).
+    """
+    if isinstance(name, int) and name.bit_length() > 4 * max(limit, 64):
+        return f"a number of about {name.bit_length() * 30103 // 100000 + 1} digits"
+    text = repr(name) if isinstance(name, (str, bytes, bytearray, int, float)) else _CONTAINERS.repr(name)
     if len(text) <= limit:
         return text
     if isinstance(name, (bytes, bytearray)):

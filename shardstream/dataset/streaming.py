@@ -11,7 +11,6 @@ from __future__ import annotations
 import multiprocessing.context
 import numbers
 import os
-import reprlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -20,7 +19,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from shardstream.dataset.config import DatasetConfig
 from shardstream.dataset.decode import Decoder
 from shardstream.dataset.reader import WindowReader, report_skip
-from shardstream.errors import FormatError, StateError
+from shardstream.errors import FormatError, StateError, shown
 from shardstream.manifest import Manifest, dataset_fingerprint
 from shardstream.plan import EpochPlan, PlanConfig
 from shardstream.storage import Storage
@@ -134,7 +133,7 @@ class StreamingDataset(IterableDataset):
         """Use the plan of ``epoch`` from the next iteration on; a loaded state for
         another epoch is discarded."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise StateError(f"epoch must be a non-negative integer, got {_brief(epoch)}", url=self.url)
+            raise StateError(f"epoch must be a non-negative integer, got {shown(epoch)}", url=self.url)
         self._epoch = epoch
         if self._epoch_cell is not None:
             self._epoch_cell.value = epoch
@@ -228,7 +227,7 @@ class StreamingDataset(IterableDataset):
         version = state.get("version") if isinstance(state, Mapping) else None
         if isinstance(version, bool) or not isinstance(version, numbers.Integral) or version != STATE_VERSION:
             raise StateError(
-                f"unknown state version {_brief(version)} (expected {STATE_VERSION})", url=self.url
+                f"unknown state version {shown(version)} (expected {STATE_VERSION})", url=self.url
             )
         epoch, plan = state.get("epoch"), state.get("plan")
         if (
@@ -241,7 +240,7 @@ class StreamingDataset(IterableDataset):
         plan_epoch = plan.get("epoch", epoch)
         if type(plan_epoch) is not int or plan_epoch != epoch:
             raise StateError(
-                f"state of epoch {epoch} holds a plan of epoch {_brief(plan_epoch)}", url=self.url
+                f"state of epoch {epoch} holds a plan of epoch {shown(plan_epoch)}", url=self.url
             )
         before = (self.epoch, self._resume, self._progress)
         self.set_epoch(epoch)
@@ -261,7 +260,7 @@ class StreamingDataset(IterableDataset):
         if saved is None or (isinstance(saved, str) and saved == self.fingerprint):
             return
         raise StateError(
-            f"the state is of another dataset: it was saved on one with fingerprint {_brief(saved)}, "
+            f"the state is of another dataset: it was saved on one with fingerprint {shown(saved)}, "
             f"this one has {self.fingerprint!r}: the same shard sample counts, but other shard paths or "
             "contents (sha256s in the manifest)",
             url=self.url,
@@ -345,13 +344,6 @@ class StreamingDataset(IterableDataset):
         """Read the epoch from ``cell`` (a shared ``multiprocessing`` value) from now on."""
         cell.value = self.epoch
         self._epoch_cell = cell
-
-
-def _brief(value: object) -> str:
-    """``repr`` of a value from a state, short and bounded in depth (states can be hostile)."""
-    if isinstance(value, str) and len(value) <= 64:
-        return repr(value)
-    return reprlib.repr(value)
 
 
 class _Progress:

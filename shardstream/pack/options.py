@@ -12,8 +12,7 @@ from fractions import Fraction
 from functools import cache
 
 from shardstream.counts import MAX_COUNT, check_count
-from shardstream.counts import brief as _short
-from shardstream.errors import ShardstreamError, UsageError
+from shardstream.errors import ShardstreamError, UsageError, shown
 from shardstream.formats import ShardFormat, get_format
 
 __all__ = [
@@ -55,15 +54,15 @@ def parse_size(text: str | int) -> int:
         match = _SIZE_RE.match(str(text))
         unit = _UNITS.get(match.group(2).lower()) if match else None
         if match is None or unit is None:
-            raise UsageError(f"bad size {_short(text)}: use bytes or a unit, as in 256MB, 64MiB, 1GB")
+            raise UsageError(f"bad size {shown(text, 40)}: use bytes or a unit, as in 256MB, 64MiB, 1GB")
         digits = match.group(1)
         if len(digits) > 40:  # exact arithmetic below, but not on thousands of digits
-            raise UsageError(f"size {_short(text)} is too large: at most {MAX_COUNT} bytes")
+            raise UsageError(f"size {shown(text, 40)} is too large: at most {MAX_COUNT} bytes")
         value = int(Fraction(digits) * unit)  # exact: a float turns 400 digits into infinity
     if value <= 0:
-        raise UsageError(f"a size must be positive, not {_short(text)}")
+        raise UsageError(f"a size must be positive, not {shown(text, 40)}")
     if value > MAX_COUNT:
-        raise UsageError(f"size {_short(text)} is too large: at most {MAX_COUNT} bytes")
+        raise UsageError(f"size {shown(text, 40)} is too large: at most {MAX_COUNT} bytes")
     return value
 
 
