@@ -177,7 +177,7 @@ class WindowReader:
         (:meth:`decode`). The window's sidecars are loaded (and their counts checked)
         before its runs are laid out (``Window.shards``).
         """
-        indexes = self._load_indexes(_window_shards(window))
+        indexes = self._load_indexes(list(window.shards))  # before window.runs lays anything out
         runs = window.runs
         reads = plan_reads(runs, lambda shard, a, b: self._read_range(indexes[shard], a, b), gap=COALESCE_GAP)
         items = [self._item(read) for read in reads]
@@ -365,12 +365,6 @@ class WindowReader:
         if prefetcher is not None:
             prefetcher.close()
         self.bytes.close()
-
-
-def _window_shards(window: Any) -> list[int]:
-    """The shards a window reads, known before its runs are laid out when it says so."""
-    shards = getattr(window, "shards", None)
-    return list(shards) if shards is not None else [run.shard for run in window.runs]
 
 
 def _check_blocks(rng: ByteRange, bad: tuple[int, ...], block: int) -> None:
