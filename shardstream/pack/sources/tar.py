@@ -19,7 +19,7 @@ from typing import IO, Any, cast
 
 from shardstream.errors import FormatError, PackError, shown
 from shardstream.formats._keys import key_problem, unsafe_key
-from shardstream.formats._tarheader import MAX_USTAR_SIZE
+from shardstream.formats._tarheader import KEY_FIELD_RE, MAX_USTAR_SIZE
 from shardstream.formats._tarscan import TarMember, metadata_field, tar_members
 from shardstream.formats.base import Sample
 from shardstream.pack.sources.base import (
@@ -81,13 +81,12 @@ def _samples(path: str, storage_options: Mapping[str, Any]) -> Iterator[Sample]:
 def _key_and_field(member: TarMember, path: str) -> tuple[str, str]:
     """The sample key and field a member names; ``PackError`` if it names none, or an unsafe one."""
     name = member.name
-    slash = name.rfind("/") + 1
-    dot = name.find(".", slash)
-    if dot <= slash:
+    match = KEY_FIELD_RE.match(name)  # the rule ``index`` splits member names by
+    if match is None:
         raise PackError(
             f"member {shown(name)} has no extension to name its field", url=path, offset=member.start
         )
-    key, field = name[:dot], name[dot + 1 :]
+    key, field = match.group(1), match.group(2)
     if field.startswith("_"):
         raise PackError(metadata_field(name, field), url=path, offset=member.start)
     problem = key_problem(key)
