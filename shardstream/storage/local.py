@@ -18,6 +18,7 @@ __all__ = [
     "TEMP_PREFIX",
     "atomic_writer",
     "deferred_fsync",
+    "file_kind",
     "fsync_path",
     "list_files",
     "open_file",
@@ -59,19 +60,23 @@ def open_regular(path: str) -> int:
     os.close(fd)
     if stat.S_ISDIR(mode):
         raise IsADirectoryError(f"is a directory: {path}")
-    raise StorageError(f"not a regular file ({_kind(mode)}): refusing to read it", url=path)
+    raise StorageError(f"not a regular file ({file_kind(mode)}): refusing to read it", url=path)
 
 
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return f"mode {stat.filemode(mode)}"
+_KINDS = {
+    stat.S_IFREG: "a regular file",
+    stat.S_IFDIR: "a folder",
+    stat.S_IFLNK: "a symbolic link",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
+
+
+def file_kind(mode: int) -> str:
+    """What a file of ``mode`` (``st_mode``) is, in words: "a FIFO", "a socket", ..."""
+    return _KINDS.get(stat.S_IFMT(mode), f"mode {stat.filemode(mode)}")
 
 
 def _check_size(fd: int, size: int | None) -> None:

@@ -32,6 +32,7 @@ from shardstream.errors import PackError
 from shardstream.formats.base import Sample, ShardFormat
 from shardstream.pack.sizing import file_sample_sizer
 from shardstream.pack.sources.base import Entry, Source, is_local, list_files, walk
+from shardstream.storage import file_kind
 from shardstream.storage.local import local_path
 
 __all__ = ["FolderSource"]
@@ -286,24 +287,14 @@ def _kind(path: str) -> str:
         mode = os.lstat(path).st_mode
         if stat.S_ISLNK(mode):
             try:
-                return (
-                    f"a symbolic link to {_KINDS.get(stat.S_IFMT(os.stat(path).st_mode), 'a special file')}"
-                )
+                target = os.stat(path).st_mode
             except OSError:
                 return "a broken symbolic link"
+            unfollowed = " (links to folders are not followed)" if stat.S_ISDIR(target) else ""
+            return f"a symbolic link to {file_kind(target)}{unfollowed}"
     except OSError as error:
         return f"a file that cannot be read ({error.strerror})"
-    return _KINDS.get(stat.S_IFMT(mode), "a special file")
-
-
-_KINDS = {
-    stat.S_IFREG: "a regular file",
-    stat.S_IFDIR: "a folder (links to folders are not followed)",
-    stat.S_IFIFO: "a FIFO (named pipe)",
-    stat.S_IFSOCK: "a socket",
-    stat.S_IFCHR: "a character device",
-    stat.S_IFBLK: "a block device",
-}
+    return file_kind(mode)
 
 
 def _count_keys(directory: str) -> int:
