@@ -12,8 +12,9 @@ from shardstream.errors import PackError
 from shardstream.manifest import Manifest
 from shardstream.pack.dest import DatasetTarget
 from shardstream.pack.durable import ShardSync
+from shardstream.pack.lifeline import usable_cores
 from shardstream.pack.options import PackOptions, Part, check_count
-from shardstream.pack.parallel import JobContext, Packed, ShardJob, ShardPlan, default_workers, run_jobs
+from shardstream.pack.parallel import JobContext, Packed, ShardJob, ShardPlan, run_jobs
 from shardstream.pack.sources import Source, open_source
 from shardstream.pack.sources.base import Entry, is_local
 from shardstream.storage import Storage
@@ -112,7 +113,7 @@ def _run(
     context = JobContext(storage, src, options)
     if storage.url.startswith("memory://"):
         workers = 1  # a memory:// file system lives in one process: other processes cannot write it
-    results = run_jobs(plan, context, workers or default_workers(), sync, progress)
+    results = run_jobs(plan, context, workers or usable_cores(), sync, progress)
     if not results and options.part is None:
         raise PackError("the source holds no samples", url=src.url)
     target.prepare_once()

@@ -59,7 +59,7 @@ from typing import Any, NamedTuple, Protocol
 from shardstream.errors import PackError, ShardstreamError
 from shardstream.manifest import ShardInfo
 from shardstream.pack.durable import ShardSync
-from shardstream.pack.lifeline import cap_workers, die_with_parent, usable_cores
+from shardstream.pack.lifeline import cap_workers, die_with_parent
 from shardstream.pack.options import PackOptions
 from shardstream.pack.shard import ShardOutput, ShardResult
 from shardstream.pack.sizing import sample_sizer
@@ -67,7 +67,7 @@ from shardstream.pack.sources.base import Entry, Source, tar_ready
 from shardstream.pack.writer import oversize_error
 from shardstream.storage import Storage
 
-__all__ = ["JobContext", "ShardJob", "ShardPlan", "default_workers", "run_jobs"]
+__all__ = ["JobContext", "ShardJob", "ShardPlan", "run_jobs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,11 +159,6 @@ class JobContext:
     storage: Storage
     source: Source
     options: PackOptions
-
-
-def default_workers() -> int:
-    """The number of cores this process may run on."""
-    return usable_cores()
 
 
 class EntrySizer:
