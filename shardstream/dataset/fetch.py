@@ -50,6 +50,14 @@ _shared: list[tuple[Manifest, Mapping[str, Expected]]] = []
 _shared_lock = threading.Lock()
 
 
+def _new_lock_in_child() -> None:  # a fork child: another thread of the parent may have held it
+    global _shared_lock
+    _shared_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
 def expectations(manifest: Manifest) -> Mapping[str, Expected]:
     """What ``manifest`` says of each object it names: shards, then sidecars (by path);
     made once per manifest object (a read-only mapping, shared)."""
