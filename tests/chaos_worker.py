@@ -5,7 +5,9 @@
 
 Streams one epoch through ``shardstream.DataLoader`` and checkpoints after every step:
 rank r appends ``{"step": k, "keys": [...], "state": ...}`` to ``OUT/rank-r.jsonl`` and
-flushes, as a training loop that saves its data state with each checkpoint would. With
+flushes, as a training loop that saves its data state with each checkpoint would; the
+ranks then meet at a barrier, in lockstep as DDP keeps them (else one rank could crash
+before the other took a step, and the run would test nothing). With
 ``--kill worker:R:N`` DataLoader worker 0 of rank R kills itself (SIGKILL) when it makes
 its N-th batch; with ``--kill rank:R:N`` rank R kills itself after N steps. The run then
 ends as a real crash does: torchrun tears the other rank down and exits non-zero.
@@ -74,6 +76,7 @@ def main() -> int:
             record = {"step": step, "keys": batch, "state": loader.state_dict()}
             log.write(json.dumps(record) + "\n")
             log.flush()
+            dist.barrier()  # ranks step in lockstep, as DDP's gradient all-reduce makes them
             if mine and kind == "rank" and step == int(at):
                 os.kill(os.getpid(), signal.SIGKILL)
     dist.destroy_process_group()
