@@ -58,9 +58,9 @@ from shardstream.layout import (
     part_scope,
     writer_name,
 )
+from shardstream.lock import PackLease, write_unsynced
 from shardstream.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from shardstream.pack.durable import ShardSync
-from shardstream.pack.lock import PackLease, write_unsynced
 from shardstream.pack.options import PackOptions
 from shardstream.pack.sources.base import is_local
 from shardstream.storage import Storage
