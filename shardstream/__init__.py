@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from shardstream._version import __version__
 
 _EXPORTS = {
     "pack": "shardstream.pack",

@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from shardstream import __version__
+from shardstream._version import __version__
 from shardstream.counts import check_count
 from shardstream.errors import ShardstreamError, UsageError
 from shardstream.progress import Progress, human_bytes

@@ -13,7 +13,7 @@ import webdataset as wds
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardstream import catalog
+from shardstream.catalog import index as catalog_index
 from shardstream.catalog import index_dataset, verify_dataset
 from shardstream.errors import PackError, UsageError
 from shardstream.formats import get_format
@@ -226,7 +226,7 @@ def test_parts_then_index_make_one_dataset(tmp_path, monkeypatch):
         index_dataset(str(tmp_path / "parts"))
     pack(tmp_path / "c.jsonl", tmp_path / "parts", samples_per_shard=4, part=(1, 3), workers=1)
     with monkeypatch.context() as patch:  # the parts' records are used: no shard is read again
-        patch.setattr(catalog, "_index_one", lambda *args: pytest.fail(f"shard read again: {args[2]}"))
+        patch.setattr(catalog_index, "_index_one", lambda *args: pytest.fail(f"shard read again: {args[2]}"))
         joined = index_dataset(str(tmp_path / "parts"))
     assert [s.path for s in joined.shards][:3] == [
         "part-00000-shard-000000.tar",

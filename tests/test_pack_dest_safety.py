@@ -17,8 +17,8 @@ import pytest
 from shardstream.catalog import index_dataset, verify_dataset
 from shardstream.cli import main
 from shardstream.errors import PackError, UsageError
+from shardstream.lock import LEASE_ENV, PackLease, host_id, lease_seconds
 from shardstream.pack import ShardWriter, pack, parallel
-from shardstream.pack.lock import LEASE_ENV, PackLease, host_id, lease_seconds
 from shardstream.storage import Storage
 from tests.test_pack import read_shards
 from tests.test_pack_restart import console_script, kill, snapshot, wait_for

@@ -12,10 +12,11 @@ import time
 
 import pytest
 
+from shardstream import lock
 from shardstream.catalog import index_dataset, verify_dataset
 from shardstream.errors import PackError, StorageError, UsageError
-from shardstream.pack import ShardWriter, api, lifeline, lock, pack
-from shardstream.pack.lock import LEASE_ENV, PackLease
+from shardstream.lock import LEASE_ENV, PackLease
+from shardstream.pack import ShardWriter, api, lifeline, pack
 from shardstream.storage import Storage
 from tests.test_pack import read_shards
 from tests.test_pack_dest_safety import LINES, claim_doc, claims

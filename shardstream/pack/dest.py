@@ -46,50 +46,39 @@ import os
 import re
 from typing import Any
 
-from shardstream import __version__
 from shardstream.errors import ManifestError, ShardstreamError, UsageError
+from shardstream.layout import (
+    PACK_RECORD_RE,
+    PART_RECORD_RE,
+    PART_SHARD_RE,
+    SHARD_NAME_RE,
+    ShardResult,
+    build_manifest,
+    pack_record_name,
+    part_scope,
+    writer_name,
+)
+from shardstream.lock import PackLease, write_unsynced
 from shardstream.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from shardstream.pack.durable import ShardSync
-from shardstream.pack.lock import PackLease, write_unsynced
 from shardstream.pack.options import PackOptions
-from shardstream.pack.shard import ShardResult
 from shardstream.pack.sources.base import is_local
 from shardstream.storage import Storage
 from shardstream.storage.local import TEMP_PREFIX, local_path
 
-__all__ = ["SHARD_NAME_RE", "DatasetTarget", "build_manifest", "writer_name"]
+# The names a pack writes are rules of ``shardstream.layout``, which ``index`` reads back
+# too; those ``index`` imported from here before stay importable.
+__all__ = [
+    "PACK_RECORD_RE",
+    "PART_RECORD_RE",
+    "SHARD_NAME_RE",
+    "DatasetTarget",
+    "build_manifest",
+    "writer_name",
+]
 
-# Every name a shardstream pack writes at the top of a dataset folder.
-SHARD_NAME_RE = re.compile(r"^(?:part-\d{5}-)?shard-\d{6}\.(?:tar|parquet)(?:\.idx)?$")
-PART_RECORD_RE = re.compile(r"^part-(\d{5})-of-(\d{5})\.json$")
-# The record of a pack in progress (NOTE [ Packs in progress ]), of a part if it names one.
-PACK_RECORD_RE = re.compile(r"^\.shardstream-pack(?:-part-(\d{5}))?\.json$")
-_PART_SHARD_RE = re.compile(r"^part-\d{5}-shard-")
 # What ``Storage.writer`` names a local file in flight: the prefix, a random part, the target's name.
 _TEMP_RE = re.compile(re.escape(TEMP_PREFIX) + r"[0-9a-f]+-(.+)$")
-
-
-def writer_name() -> str:
-    return f"shardstream {__version__}"
-
-
-def build_manifest(format: str, results: list[ShardResult]) -> Manifest:
-    """The manifest of shards ``results`` (in order): fields are the union over shards."""
-    fields: set[str] = set()
-    schema: dict[str, str] = {}
-    for result in results:
-        fields.update(result.fields)
-        for column, kind in result.schema.items():
-            schema.setdefault(column, kind)
-    key_column = "__key__" if "__key__" in schema else None
-    return Manifest(
-        format=format,
-        shards=tuple(r.info for r in results),
-        fields=tuple(sorted(fields - {"__key__"})),
-        schema=schema,
-        key_column=key_column,
-        writer=writer_name(),
-    )
 
 
 class DatasetTarget:
@@ -108,8 +97,8 @@ class DatasetTarget:
         self._old: set[str] = set()  # files of an old dataset being overwritten
         self._prepared = False
         part = options.part
-        scope = "" if part is None else f"-part-{part.index:05d}"
-        self.record = f".shardstream-pack{scope}.json"
+        scope = part_scope(None if part is None else part.index)
+        self.record = pack_record_name(scope)
         self._lease = PackLease(storage, scope)
 
     def prepare_once(self) -> None:
@@ -160,7 +149,7 @@ class DatasetTarget:
         """Whether an old dataset's file is this pack's to delete: a part deletes only its own
         shards and a whole dataset's, never another part's (which may be being written now)."""
         part = self.options.part
-        return part is None or path.startswith(self.options.prefix) or not _PART_SHARD_RE.match(path)
+        return part is None or path.startswith(self.options.prefix) or not PART_SHARD_RE.match(path)
 
     def close(self, *, cleanup: bool = False) -> None:
         """Release the lease (the record of the pack in progress stays: a rerun resumes).

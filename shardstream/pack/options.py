@@ -14,6 +14,7 @@ from functools import cache
 from shardstream.counts import MAX_COUNT, check_count
 from shardstream.errors import ShardstreamError, UsageError, shown
 from shardstream.formats import ShardFormat, get_format
+from shardstream.layout import SHARD_PREFIX, part_prefix, part_record_name, shard_name
 
 __all__ = [
     "DEFAULT_SHARD_SIZE",
@@ -80,12 +81,12 @@ class Part:
     @property
     def prefix(self) -> str:
         """The start of this part's shard names."""
-        return f"part-{self.index:05d}-shard-"
+        return part_prefix(self.index)
 
     @property
     def record(self) -> str:
         """The file listing this part's shards, written when the part is whole."""
-        return f"part-{self.index:05d}-of-{self.count:05d}.json"
+        return part_record_name(self.index, self.count)
 
     def slice(self, total: int) -> tuple[int, int]:
         """Samples ``[start, stop)`` of a source of ``total`` samples that belong to this part."""
@@ -155,10 +156,10 @@ class PackOptions:
 
     @property
     def prefix(self) -> str:
-        return self.part.prefix if self.part is not None else "shard-"
+        return self.part.prefix if self.part is not None else SHARD_PREFIX
 
     def shard_name(self, number: int) -> str:
-        return f"{self.prefix}{number:06d}{self.fmt.suffix}"
+        return shard_name(self.prefix, number, self.fmt.suffix)
 
     def limits(self) -> tuple[int, int]:
         """(byte budget for the samples of a shard, samples per shard); huge when unlimited.

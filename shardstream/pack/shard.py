@@ -14,18 +14,20 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import queue
 import threading
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
 from typing import IO, Any, cast
 
+# ShardResult, checks_of and sha256_of live below pack, since catalog needs them too; they
+# stay importable from here
+from shardstream.digests import checks_of, sha256_of
 from shardstream.errors import ShardstreamError, StorageError, UsageError
-from shardstream.formats import SampleIndex, ShardFormat
+from shardstream.formats import ShardFormat
 from shardstream.formats._checks import BlockHasher, ShardChecks
 from shardstream.formats.base import Sample
+from shardstream.layout import ShardResult, fields_and_schema, sidecar_name
 from shardstream.manifest import ShardInfo
 from shardstream.storage import Storage
 from shardstream.storage.local import deferred_fsync
@@ -35,7 +37,6 @@ __all__ = ["HashingSink", "ShardOutput", "ShardResult", "checks_of", "sha256_of"
 _CHUNK = 4 << 20  # bytes gathered before one hash update and one write
 _QUEUED_CHUNKS = 3  # chunks waiting for the hashing thread, at most
 _DIRECT = 256 << 10  # writes this large skip the buffer
-_READ_CHUNK = 8 << 20
 
 
 class HashingSink:
@@ -145,16 +146,6 @@ class HashingSink:
         return self._hash.checks()
 
 
-@dataclass(frozen=True, slots=True)
-class ShardResult:
-    """What writing one shard gave: its manifest entry, fields and (Parquet) schema."""
-
-    info: ShardInfo
-    fields: tuple[str, ...] = ()
-    schema: dict[str, str] = field(default_factory=dict)
-    reused: bool = False
-
-
 class _Discard(Exception):
     """Thrown into a storage writer to make it drop what was written."""
 
@@ -227,7 +218,7 @@ class ShardOutput:
             samples=index.num_samples,
             bytes=size,
             sha256=digest,
-            index=self.name + ".idx",
+            index=sidecar_name(self.name),
             index_bytes=len(sidecar),
         )
         with self._durability():
@@ -273,31 +264,6 @@ class ShardOutput:
         except StorageError:  # not there (or not readable: then it is written again)
             return False
         return sha256_of(storage, self.name) == digest
-
-
-def fields_and_schema(index: SampleIndex) -> tuple[tuple[str, ...], dict[str, str]]:
-    """The fields (and Parquet schema) a format's index knows, if it exposes them."""
-    fields = tuple(getattr(index, "fields", ()) or ())
-    schema = getattr(index, "schema", None)
-    return fields, dict(schema) if isinstance(schema, dict) else {}
-
-
-def sha256_of(storage: Storage, path: str) -> str:
-    """The sha256 of a stored object, read as a stream."""
-    digest = hashlib.sha256()
-    with storage.open(path) as f:
-        while chunk := f.read(_READ_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def checks_of(storage: Storage, path: str) -> ShardChecks:
-    """The size, sha256 and block CRCs of a stored object, read once as a stream."""
-    hasher = BlockHasher()
-    with storage.open(path) as f:
-        while chunk := f.read(_READ_CHUNK):
-            hasher.update(chunk)
-    return hasher.checks()
 
 
 def _write_if_changed(storage: Storage, path: str, data: bytes) -> None:

@@ -1,0 +1,138 @@
+"""How a dataset folder is laid out: the names shardstream writes there, and its manifest.
+
+``pack`` writes these names and ``catalog`` (``index``, ``verify``) reads them back, so
+the rules live here, below both, and import neither. At the top of a dataset folder:
+
+- shards ``shard-NNNNNN.<suffix>``, those of ``--part I/N`` named
+  ``part-IIIII-shard-NNNNNN.<suffix>``, each with its sample-index sidecar ``<shard>.idx``;
+- ``part-IIIII-of-NNNNN.json``, a finished part's record (a manifest of its shards),
+  which ``index`` joins into one dataset;
+- ``.shardstream-pack[-part-IIIII].json``, the record of a pack in progress (NOTE
+  [ Packs in progress ] in ``pack.dest``);
+- ``.shardstream-lock[-part-IIIII].<run id>.json``, a pack's claim on the folder (NOTE
+  [ One pack per destination ] in ``lock``);
+- ``manifest.json`` (``manifest.MANIFEST_NAME``), built by ``build_manifest``, written last.
+
+These names are read back by later versions (a rerun resumes a killed pack, ``index``
+joins parts packed by another machine), so changing one is a format change.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from shardstream._version import __version__
+from shardstream.manifest import Manifest, ShardInfo
+
+if TYPE_CHECKING:
+    from shardstream.formats import SampleIndex
+
+__all__ = [
+    "CLAIM_RE",
+    "PACK_RECORD_RE",
+    "PART_RECORD_RE",
+    "PART_SHARD_RE",
+    "SHARD_NAME_RE",
+    "SHARD_PREFIX",
+    "ShardResult",
+    "build_manifest",
+    "claim_name",
+    "fields_and_schema",
+    "pack_record_name",
+    "part_prefix",
+    "part_record_name",
+    "part_scope",
+    "shard_name",
+    "sidecar_name",
+    "writer_name",
+]
+
+SHARD_PREFIX = "shard-"
+# Every name a shardstream pack writes at the top of a dataset folder.
+SHARD_NAME_RE = re.compile(r"^(?:part-\d{5}-)?shard-\d{6}\.(?:tar|parquet)(?:\.idx)?$")
+# A shard (or sidecar) of a part; group 1 is the part's index.
+PART_SHARD_RE = re.compile(r"^part-(\d{5})-shard-\d{6}\.")
+# A finished part's record; groups: the part's index, the number of parts.
+PART_RECORD_RE = re.compile(r"^part-(\d{5})-of-(\d{5})\.json$")
+# The record of a pack in progress (NOTE [ Packs in progress ]), of a part if it names one.
+PACK_RECORD_RE = re.compile(r"^\.shardstream-pack(?:-part-(\d{5}))?\.json$")
+# A pack's claim; groups: its scope ("-part-IIIII", or None for the whole dataset), its run id.
+CLAIM_RE = re.compile(r"^\.shardstream-lock(-part-\d{5})?\.([0-9a-f]+)\.json$")
+
+
+def part_prefix(index: int) -> str:
+    """The start of the shard names of part ``index``."""
+    return f"part-{index:05d}-shard-"
+
+
+def shard_name(prefix: str, number: int, suffix: str) -> str:
+    """Shard ``number`` of a pack whose shard names start with ``prefix`` (``SHARD_PREFIX`` or a part's)."""
+    return f"{prefix}{number:06d}{suffix}"
+
+
+def sidecar_name(shard: str) -> str:
+    """The sample-index sidecar of ``shard``."""
+    return shard + ".idx"
+
+
+def part_record_name(index: int, count: int) -> str:
+    """The record of part ``index`` of ``count``, written when the part is whole."""
+    return f"part-{index:05d}-of-{count:05d}.json"
+
+
+def part_scope(index: int | None) -> str:
+    """What the names of a pack's record and claims carry: ``""`` for a whole pack, else its part."""
+    return "" if index is None else f"-part-{index:05d}"
+
+
+def pack_record_name(scope: str) -> str:
+    """The record of a pack in progress of ``scope`` (``part_scope``)."""
+    return f".shardstream-pack{scope}.json"
+
+
+def claim_name(scope: str, run: str) -> str:
+    """The claim object of run ``run`` of a pack of ``scope`` (``part_scope``)."""
+    return f".shardstream-lock{scope}.{run}.json"
+
+
+def writer_name() -> str:
+    """What a manifest and a pack's record name as their writer."""
+    return f"shardstream {__version__}"
+
+
+@dataclass(frozen=True, slots=True)
+class ShardResult:
+    """What writing one shard gave: its manifest entry, fields and (Parquet) schema."""
+
+    info: ShardInfo
+    fields: tuple[str, ...] = ()
+    schema: dict[str, str] = field(default_factory=dict)
+    reused: bool = False
+
+
+def fields_and_schema(index: SampleIndex) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The fields (and Parquet schema) a format's index knows, if it exposes them."""
+    fields = tuple(getattr(index, "fields", ()) or ())
+    schema = getattr(index, "schema", None)
+    return fields, dict(schema) if isinstance(schema, dict) else {}
+
+
+def build_manifest(format: str, results: list[ShardResult]) -> Manifest:
+    """The manifest of shards ``results`` (in order): fields are the union over shards."""
+    fields: set[str] = set()
+    schema: dict[str, str] = {}
+    for result in results:
+        fields.update(result.fields)
+        for column, kind in result.schema.items():
+            schema.setdefault(column, kind)
+    key_column = "__key__" if "__key__" in schema else None
+    return Manifest(
+        format=format,
+        shards=tuple(r.info for r in results),
+        fields=tuple(sorted(fields - {"__key__"})),
+        schema=schema,
+        key_column=key_column,
+        writer=writer_name(),
+    )

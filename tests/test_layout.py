@@ -1,0 +1,134 @@
+"""The dataset layout: the names a pack writes are those that datasets, parts, records
+and claims written before carry (a rerun resumes them, ``index`` joins them), each
+pattern matches what its name rule makes, and the old import paths still work."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import shardstream
+from shardstream import layout
+from shardstream._version import __version__
+from shardstream.catalog import index_dataset
+from shardstream.lock import PackLease
+from shardstream.manifest import Manifest, ShardInfo
+from shardstream.pack import ShardWriter
+from shardstream.pack.options import PackOptions, Part
+from shardstream.storage import Storage
+
+
+def test_names_are_those_written_before():
+    assert layout.shard_name(layout.SHARD_PREFIX, 3, ".tar") == "shard-000003.tar"
+    assert layout.shard_name(layout.part_prefix(2), 1, ".parquet") == "part-00002-shard-000001.parquet"
+    assert layout.sidecar_name("shard-000003.tar") == "shard-000003.tar.idx"
+    assert layout.part_record_name(1, 4) == "part-00001-of-00004.json"
+    assert layout.pack_record_name(layout.part_scope(None)) == ".shardstream-pack.json"
+    assert layout.pack_record_name(layout.part_scope(7)) == ".shardstream-pack-part-00007.json"
+    assert layout.claim_name(layout.part_scope(3), "ab12") == ".shardstream-lock-part-00003.ab12.json"
+    assert layout.writer_name() == f"shardstream {__version__}" == f"shardstream {shardstream.__version__}"
+
+
+def test_pack_options_name_shards_by_the_layout():
+    options = PackOptions(format="parquet", part=Part(4, 9))
+    assert options.shard_name(12) == "part-00004-shard-000012.parquet"
+    assert options.part is not None
+    assert options.part.record == "part-00004-of-00009.json"
+    assert PackOptions().shard_name(0) == "shard-000000.tar"
+
+
+@pytest.mark.parametrize("number", [0, 1, 999999])
+@pytest.mark.parametrize("part", [None, 0, 12345])
+@pytest.mark.parametrize("suffix", [".tar", ".parquet"])
+def test_patterns_match_what_the_rules_make(number, part, suffix):
+    prefix = layout.SHARD_PREFIX if part is None else layout.part_prefix(part)
+    shard = layout.shard_name(prefix, number, suffix)
+    assert layout.SHARD_NAME_RE.match(shard)
+    assert layout.SHARD_NAME_RE.match(layout.sidecar_name(shard))
+    match = layout.PART_SHARD_RE.match(shard)
+    assert (None if match is None else int(match.group(1))) == part
+    scope = layout.part_scope(part)
+    record = layout.PACK_RECORD_RE.match(layout.pack_record_name(scope))
+    assert record is not None
+    assert (None if record.group(1) is None else int(record.group(1))) == part
+    claim = layout.CLAIM_RE.match(layout.claim_name(scope, "0f" * 8))
+    assert claim is not None
+    assert (claim.group(1) or "", claim.group(2)) == (scope, "0f" * 8)
+    if part is not None:
+        finished = layout.PART_RECORD_RE.match(layout.part_record_name(part, part + 1))
+        assert finished is not None
+        assert finished.groups() == (f"{part:05d}", f"{part + 1:05d}")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "shard-00003.tar",
+        "shard-000003.tar.gz",
+        "other-000003.tar",
+        "part-0001-shard-000001.tar",
+        "manifest.json",
+    ],
+)
+def test_other_names_are_not_shards(name):
+    assert not layout.SHARD_NAME_RE.match(name)
+    assert not layout.PART_SHARD_RE.match(name)
+
+
+def test_build_manifest_unions_fields_and_keeps_the_first_kind():
+    def result(name, fields, schema):
+        info = ShardInfo(name, 1, 10, "0" * 64, layout.sidecar_name(name), 5)
+        return layout.ShardResult(info, fields, schema)
+
+    manifest = layout.build_manifest(
+        "parquet",
+        [
+            result("shard-000000.parquet", ("txt", "__key__"), {"__key__": "string", "txt": "string"}),
+            result("shard-000001.parquet", ("cls",), {"txt": "binary", "cls": "int64"}),
+        ],
+    )
+    assert [s.path for s in manifest.shards] == ["shard-000000.parquet", "shard-000001.parquet"]
+    assert manifest.fields == ("cls", "txt")
+    assert manifest.schema == {"__key__": "string", "txt": "string", "cls": "int64"}
+    assert manifest.key_column == "__key__"
+    assert manifest.writer == layout.writer_name()
+    assert Manifest.from_json(manifest.to_json(), url="memory://x").to_json() == manifest.to_json()
+
+
+def test_old_import_paths_still_work():
+    from shardstream.pack import dest, lock, shard
+
+    assert lock.PackLease is PackLease
+    assert dest.build_manifest is layout.build_manifest
+    assert dest.writer_name is layout.writer_name
+    assert dest.SHARD_NAME_RE is layout.SHARD_NAME_RE
+    assert dest.PACK_RECORD_RE is layout.PACK_RECORD_RE
+    assert dest.PART_RECORD_RE is layout.PART_RECORD_RE
+    assert shard.ShardResult is layout.ShardResult
+    assert callable(shard.checks_of)
+    assert callable(shard.sha256_of)
+    from shardstream import catalog
+
+    assert shardstream.index_dataset is catalog.index_dataset is index_dataset
+    assert catalog.inspect_dataset.__module__ == "shardstream.catalog.inspect"
+    assert catalog.verify_dataset.__module__ == "shardstream.catalog.verify"
+    assert {"DatasetSummary", "ShardProblem", "VerifyReport"} <= set(catalog.__all__)
+
+
+def test_a_pack_and_index_write_the_writer_and_names_of_the_layout(tmp_path):
+    with ShardWriter(str(tmp_path / "ds"), samples_per_shard=2) as writer:
+        for i in range(5):
+            writer.write({"__key__": f"k{i}", "txt": b"x" * i})
+    doc = json.loads((tmp_path / "ds" / "manifest.json").read_text())
+    assert doc["writer"] == layout.writer_name()
+    assert [s["path"] for s in doc["shards"]] == [f"shard-{i:06d}.tar" for i in range(3)]
+    (tmp_path / "ds" / "manifest.json").unlink()
+    manifest = index_dataset(str(tmp_path / "ds"), threads=1)
+    assert manifest.writer == layout.writer_name()
+    assert [s.index for s in manifest.shards] == [f"shard-{i:06d}.tar.idx" for i in range(3)]
+    storage = Storage(str(tmp_path / "ds"))
+    try:
+        assert not [p for p in storage.list_files() if layout.CLAIM_RE.match(p)]  # the lease was released
+    finally:
+        storage.close()
