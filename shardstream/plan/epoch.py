@@ -18,7 +18,7 @@ from shardstream.plan.intervals import from_points, points, shift
 from shardstream.plan.layout import lanes_for
 from shardstream.plan.passes import Pass, PassInput, PassRecord, PassSetup, Remainder
 from shardstream.plan.shards import ShardOrder
-from shardstream.plan.state import make_state, read_state
+from shardstream.plan.state import make_state, read_state, same_epoch
 
 __all__ = ["EpochPlan"]
 
@@ -117,6 +117,10 @@ class EpochPlan:
     @property
     def epoch(self) -> int:
         return self._epoch
+
+    def of_epoch(self, epoch: int) -> bool:
+        """Whether this is a plan of ``epoch`` (``same_epoch``, the one comparison)."""
+        return same_epoch(self._epoch, epoch)
 
     @property
     def world_size(self) -> int:
