@@ -15,6 +15,7 @@ from typing import Any
 
 from torch.utils.data import IterableDataset
 
+from shardstream.counts import check_int
 from shardstream.dataset.binding import Epoch
 from shardstream.dataset.config import DatasetConfig
 from shardstream.dataset.decode import Decoder
@@ -138,8 +139,7 @@ class StreamingDataset(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Use the plan of ``epoch`` from the next iteration on; a loaded state for
         another epoch is discarded."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise StateError(f"epoch must be a non-negative integer, got {shown(epoch)}", url=self.url)
+        epoch = check_int(epoch, "epoch", error=StateError, url=self.url)
         self._epoch.set(epoch)
         if self._resume is not None and not self._resume.of_epoch(epoch):
             self._resume = None
