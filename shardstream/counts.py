@@ -1,17 +1,42 @@
-"""Counts given by users (samples per shard, workers, shard sizes): one rule for the
-library and the command line, which must not import the pack to check an argument."""
+"""Integers given by users and read from states: one validator, ``check_int``, for the
+library, the plan and the command line (which must not import the pack to check an
+argument); ``check_count`` on top of it also reads counts written as text or whole floats."""
 
 from __future__ import annotations
 
+import numbers
 import operator
+from typing import Any
 
-from shardstream.errors import UsageError, shown
+from shardstream.errors import ShardstreamError, UsageError, shown
 
-__all__ = ["MAX_COUNT", "check_count"]
+__all__ = ["MAX_COUNT", "check_count", "check_int"]
 
 # The largest shard size or sample count accepted: what a signed 64-bit field (a tar or
 # Parquet size, numpy's counts in the plan) holds; far above anything a shard can be.
 MAX_COUNT = 2**63 - 1
+
+
+def check_int(
+    value: object,
+    name: str,
+    *,
+    minimum: int | None = 0,
+    maximum: int | None = None,
+    error: type[ShardstreamError] = UsageError,
+    **where: Any,
+) -> int:
+    """``value`` as an int (numpy's integers too, never a bool) from ``minimum`` to
+    ``maximum`` (``None``: unbounded), else ``error`` (a ``ShardstreamError`` subclass:
+    the caller's layer decides, e.g. ``PlanError`` in the plan) with ``where`` (``url=``)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise error(f"{name} must be an integer, not {shown(value, 40)}", **where)
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise error(f"{name} must be at least {minimum}, not {shown(value, 40)}", **where)
+    if maximum is not None and value > maximum:
+        raise error(f"{name} is too large: {shown(value, 40)} (at most {maximum})", **where)
+    return value
 
 
 def check_count(name: str, value: object) -> int:
@@ -21,9 +46,7 @@ def check_count(name: str, value: object) -> int:
         raise UsageError(f"{name} must be a positive integer, not {shown(value, 40)}")
     if number <= 0:
         raise UsageError(f"{name} must be a positive integer, not {number}")
-    if number > MAX_COUNT:
-        raise UsageError(f"{name} is too large: {shown(value, 40)} (at most {MAX_COUNT})")
-    return number
+    return check_int(number, name, minimum=1, maximum=MAX_COUNT)
 
 
 def _whole(value: object) -> int | None:

@@ -18,6 +18,7 @@ from torch.utils.data import Sampler
 from shardstream.errors import StateError
 from shardstream.plan import EpochPlan, PlanConfig
 from shardstream.plan.config import check_count, shard_sizes_array
+from shardstream.plan.state import ResumeState
 from shardstream.topology import detect_rank
 
 __all__ = ["ShardSampler"]
@@ -57,7 +58,7 @@ class ShardSampler(Sampler[int]):
         self.shard_sizes = shard_sizes_array(shard_sizes)
         self.offsets = np.cumsum(self.shard_sizes) - self.shard_sizes
         self.epoch = 0
-        self._resume: Mapping[str, Any] | None = None  # a loaded state for the next __iter__
+        self._resume: ResumeState | None = None  # a loaded state for the next __iter__
         self._next: EpochPlan | None = None  # the plan of the next __iter__, once built
         self._active: EpochPlan | None = None  # the plan the latest __iter__ follows
 
@@ -65,19 +66,19 @@ class ShardSampler(Sampler[int]):
         """Use the order of ``epoch`` from the next iteration on (a loaded state of the
         same epoch stays in force)."""
         self.epoch = check_count(epoch, "epoch")
-        if self._active is not None and self._active.epoch != self.epoch:
+        if self._active is not None and not self._active.of_epoch(self.epoch):
             self._active = None
-        if self._next is not None and self._next.epoch != self.epoch:
+        if self._next is not None and not self._next.of_epoch(self.epoch):
             self._next = None
-        if self._resume is not None and self._resume.get("epoch") != self.epoch:
+        if self._resume is not None and not self._resume.of_epoch(self.epoch):
             self._resume, self._next = None, None
 
     def plan(self) -> EpochPlan:
         """The plan the next iteration follows: resumed from a loaded state, or fresh."""
         if self._next is None:
-            topology = {"world_size": self.num_replicas, "num_workers": 1, "batch_size": 1}
+            topology = dict(world_size=self.num_replicas, num_workers=1, batch_size=1)
             if self._resume is not None:
-                self._next = EpochPlan.resume(self.shard_sizes, self.config, self._resume, **topology)
+                self._next = EpochPlan.resume(self.shard_sizes, self.config, self._resume.plan, **topology)
             else:
                 self._next = EpochPlan(self.shard_sizes, self.config, epoch=self.epoch, **topology)
         return self._next
@@ -117,12 +118,11 @@ class ShardSampler(Sampler[int]):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from ``state_dict()``: the next iteration yields what was not consumed
         (re-cut over this world size if it changed). ``StateError`` if it does not fit."""
-        if not isinstance(state, Mapping) or isinstance(state.get("epoch"), bool):
-            raise StateError("a ShardSampler state is a mapping with an integer 'epoch'")
+        resume = ResumeState.from_plan(state)
         previous = (self.epoch, self._resume, self._next, self._active)
-        self.epoch, self._resume, self._next, self._active = state.get("epoch", -1), dict(state), None, None
+        self._resume, self._next, self._active = resume, None, None
         try:
-            self.plan()  # validate now
+            self.epoch = self.plan().epoch  # validate now: the plan checks the epoch too
         except StateError:
             self.epoch, self._resume, self._next, self._active = previous
             raise

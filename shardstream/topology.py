@@ -11,12 +11,21 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from shardstream.errors import UsageError
 from shardstream.types import Topology
 
-__all__ = ["DistDetector", "WorkerDetector", "detect", "detect_rank", "detect_worker", "torch_distributed"]
+__all__ = [
+    "Detector",
+    "DistDetector",
+    "WorkerDetector",
+    "detect",
+    "detect_rank",
+    "detect_worker",
+    "torch_distributed",
+]
 
 # Returns (rank, world_size) when a process group is initialised, else None.
 DistDetector = Callable[[], "tuple[int, int] | None"]
@@ -91,3 +100,33 @@ def detect(
     rank, world_size = detect_rank(rank=rank, world_size=world_size, dist_fn=dist_fn, environ=environ)
     worker, num_workers = detect_worker(worker_info_fn=worker_info_fn)
     return Topology(rank=rank, world_size=world_size, worker=worker, num_workers=num_workers)
+
+
+@dataclass(frozen=True, slots=True)
+class Detector:
+    """The detectors of one consumer (a ``StreamingDataset(topology=...)``), kept
+    together and picklable (module-level functions), so DataLoader workers detect with
+    the same ones. ``environ`` ``None`` reads ``os.environ`` when it detects."""
+
+    dist_fn: DistDetector = torch_distributed
+    environ: Mapping[str, str] | None = None
+    worker_info_fn: WorkerDetector = _torch_worker_info
+
+    def rank(self, *, rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
+        return detect_rank(rank=rank, world_size=world_size, dist_fn=self.dist_fn, environ=self.environ)
+
+    def worker(self) -> tuple[int, int]:
+        return detect_worker(worker_info_fn=self.worker_info_fn)
+
+    def in_worker(self) -> bool:
+        """Whether this process is a DataLoader worker (not the main process)."""
+        return self.worker_info_fn() is not None
+
+    def __call__(self, *, rank: int | None = None, world_size: int | None = None) -> Topology:
+        return detect(
+            rank=rank,
+            world_size=world_size,
+            dist_fn=self.dist_fn,
+            environ=self.environ,
+            worker_info_fn=self.worker_info_fn,
+        )

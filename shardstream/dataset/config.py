@@ -10,8 +10,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardstream.counts import check_int
 from shardstream.dataset.decode import Decoder, SampleDecoder
 from shardstream.errors import UsageError
+from shardstream.plan import PlanConfig
 
 __all__ = ["ON_ERROR", "DatasetConfig"]
 
@@ -22,16 +24,15 @@ ON_ERROR = ("raise", "skip")
 class DatasetConfig:
     """What to stream and how.
 
-    ``num_replicas``/``rank`` override the detected topology (``None``: detect);
-    ``batch_size`` is the batch size the plan assumes when no shardstream DataLoader tells
-    it one; ``decoder`` is ``None`` with ``decode=False``.
+    ``plan`` holds the plan's knobs (``shuffle``, ``seed``, ``drop_last``,
+    ``shuffle_window``, also readable here as attributes); ``num_replicas``/``rank``
+    override the detected topology (``None``: detect); ``batch_size`` is the batch size
+    the plan assumes when no shardstream DataLoader tells it one; ``decoder`` is ``None``
+    with ``decode=False``.
     """
 
     url: str
-    shuffle: bool = True
-    seed: int = 0
-    drop_last: bool = False
-    shuffle_window: int | None = None
+    plan: PlanConfig = field(default_factory=PlanConfig)
     num_replicas: int | None = None
     rank: int | None = None
     batch_size: int | None = None
@@ -49,12 +50,12 @@ class DatasetConfig:
             raise UsageError(f"dataset url must be a non-empty string, got {self.url!r}")
         if self.on_error not in ON_ERROR:
             raise UsageError(f"on_error must be one of {ON_ERROR}, got {self.on_error!r}", url=self.url)
-        _check_int("seed", self.seed, minimum=None, url=self.url)
-        for name in ("shuffle_window", "batch_size", "num_replicas"):
-            _check_int(name, getattr(self, name), minimum=1, url=self.url, optional=True)
-        _check_int("rank", self.rank, minimum=0, url=self.url, optional=True)
-        _check_int("cache_limit", self.cache_limit, minimum=0, url=self.url, optional=True)
-        _check_int("prefetch_windows", self.prefetch_windows, minimum=0, url=self.url)
+        if not isinstance(self.plan, PlanConfig):
+            raise UsageError(f"plan must be a PlanConfig, not {type(self.plan).__name__}", url=self.url)
+        for name, minimum in (("batch_size", 1), ("num_replicas", 1), ("rank", 0), ("cache_limit", 0)):
+            if getattr(self, name) is not None:
+                check_int(getattr(self, name), name, minimum=minimum, url=self.url)
+        check_int(self.prefetch_windows, "prefetch_windows", url=self.url)
         if not isinstance(self.verify_checksums, bool):
             raise UsageError(
                 f"verify_checksums must be True or False, got {self.verify_checksums!r}", url=self.url
@@ -71,22 +72,41 @@ class DatasetConfig:
         decoders: Mapping[str, Decoder] | None = None,
         allow_pickle: bool = False,
         storage_options: Mapping[str, Any] | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        shuffle_window: int | None = None,
         **options: Any,
     ) -> DatasetConfig:
         """The config for ``StreamingDataset(url, ...)``: snapshots the decoder registry."""
+        url = str(url).rstrip("/") or str(url)
+        # A user's bad value is a UsageError naming the dataset, as for every other
+        # option; PlanConfig would refuse it too, but as a PlanError.
+        check_int(seed, "seed", minimum=None, url=url)
+        if shuffle_window is not None:
+            check_int(shuffle_window, "shuffle_window", minimum=1, url=url)
+        plan = PlanConfig(
+            shuffle=bool(shuffle), seed=seed, drop_last=bool(drop_last), shuffle_window=shuffle_window
+        )
         decoder = SampleDecoder.build(decoders, allow_pickle=allow_pickle) if decode else None
         return cls(
-            url=str(url).rstrip("/") or str(url),
-            decoder=decoder,
-            storage_options=dict(storage_options or {}),
-            **options,
+            url=url, plan=plan, decoder=decoder, storage_options=dict(storage_options or {}), **options
         )
 
+    # The plan's knobs, read where they always were.
 
-def _check_int(name: str, value: Any, *, minimum: int | None, url: str, optional: bool = False) -> None:
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise UsageError(f"{name} must be an integer, got {value!r}", url=url)
-    if minimum is not None and value < minimum:
-        raise UsageError(f"{name} must be >= {minimum}, got {value}", url=url)
+    @property
+    def shuffle(self) -> bool:
+        return self.plan.shuffle
+
+    @property
+    def seed(self) -> int:
+        return self.plan.seed
+
+    @property
+    def drop_last(self) -> bool:
+        return self.plan.drop_last
+
+    @property
+    def shuffle_window(self) -> int | None:
+        return self.plan.shuffle_window

@@ -19,8 +19,9 @@
 #
 # Workers get the dataset (and with it a loaded state) pickled when they start. Two
 # things reach workers that outlive an iterator (``persistent_workers=True``):
-# - the epoch: the dataset then reads it from a shared-memory cell made here, which
-#   ``set_epoch`` writes in the main process;
+# - the epoch: the dataset then reads it from a shared-memory cell (binding.py's
+#   ``Epoch``, shared by ``LoaderBinding.share_epoch``), which ``set_epoch`` writes in the
+#   main process;
 # - a loaded state: ``load_state_dict`` shuts the persistent workers down, and the next
 #   ``iter()`` starts new ones carrying the state (a resume is rare; an epoch is not).
 """
@@ -28,12 +29,12 @@
 from __future__ import annotations
 
 import itertools
-import multiprocessing
 from typing import Any
 
 from torch.utils.data import DataLoader as _TorchDataLoader
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 
+from shardstream.dataset.binding import LoaderBinding
 from shardstream.dataset.streaming import StreamingDataset
 from shardstream.errors import UsageError
 
@@ -63,10 +64,9 @@ class DataLoader(_TorchDataLoader):
         super().__init__(dataset, batch_size=batch_size, **kwargs)
         self._plan: Any = None  # the plan the current iterator's workers follow
         self._active: Any = None  # the current iterator
-        dataset.use_loader(batch_size=batch_size, num_workers=self.num_workers)
+        self._binding = LoaderBinding(dataset, batch_size=batch_size, num_workers=self.num_workers)
         if self.persistent_workers and self.num_workers > 0:
-            ctx = self.multiprocessing_context or multiprocessing
-            dataset.share_epoch(ctx.RawValue("q", dataset.epoch))
+            self._binding.share_epoch(self.multiprocessing_context)
 
     @property
     def streaming_dataset(self) -> StreamingDataset:
@@ -79,22 +79,17 @@ class DataLoader(_TorchDataLoader):
         return _ResumableIter(self)
 
     def __iter__(self) -> Any:
-        dataset = self.streaming_dataset
-        dataset.use_loader(batch_size=self.batch_size, num_workers=self.num_workers)
-        dataset.rank_and_world()  # resolve before workers start
-        # The main process's copy of the plan: the workers build the same one from the
-        # same inputs, and state_dict() maps the batch count through it.
-        self._plan = dataset.make_plan(consume=False)
+        # state_dict() maps the batch count through the plan the workers follow.
+        self._binding.bind(batch_size=self.batch_size, num_workers=self.num_workers)
+        self._plan = self._binding.begin()
         iterator = super().__iter__()
-        dataset.drop_loaded_state()  # the workers (or the in-process iterator) have it now
+        self._binding.started()
         self._active = iterator
         return iterator
 
     def __len__(self) -> int:
         """Batches this rank gets in the epoch the next iteration plays."""
-        return self.streaming_dataset.make_plan(
-            num_workers=max(1, self.num_workers), consume=False
-        ).batches_per_rank()
+        return self._binding.plan(self.num_workers).batches_per_rank()
 
     def first_worker(self) -> int:
         """The worker whose batch the current iteration yields first."""
@@ -102,18 +97,15 @@ class DataLoader(_TorchDataLoader):
 
     def state_dict(self) -> dict[str, Any]:
         """Where the epoch stands after the batches yielded so far (JSON-able)."""
-        dataset = self.streaming_dataset
-        plan, iterator = self._plan, self._active
-        if plan is not None and iterator is not None and plan.epoch == dataset.epoch:
-            return dataset.make_state(plan.state_dict(int(iterator._num_yielded)))
-        return dataset.start_state()
+        iterator = self._active
+        steps = 0 if iterator is None else int(iterator._num_yielded)
+        return self._binding.state(self._plan if iterator is not None else None, steps)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict` (also of a run with another topology): the next
         ``iter()`` of the state's epoch continues where that run stopped."""
-        dataset = self.streaming_dataset
-        dataset.use_loader(batch_size=self.batch_size, num_workers=self.num_workers)
-        dataset.load_state_dict(state)
+        self._binding.bind(batch_size=self.batch_size, num_workers=self.num_workers)
+        self._binding.load(state)
         self._plan, self._active = None, None
         iterator: Any = self._iterator
         if iterator is not None:  # persistent workers hold the old state: restart them

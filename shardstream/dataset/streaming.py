@@ -8,26 +8,28 @@ loaded state, never inside ``__iter__``.
 
 from __future__ import annotations
 
-import multiprocessing.context
-import numbers
+import dataclasses
 import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset
 
+from shardstream.counts import check_int
+from shardstream.dataset.binding import Epoch
 from shardstream.dataset.config import DatasetConfig
 from shardstream.dataset.decode import Decoder
 from shardstream.dataset.reader import WindowReader, report_skip
-from shardstream.errors import FormatError, StateError, shown
+from shardstream.errors import FormatError, StateError, UsageError, shown
 from shardstream.manifest import Manifest, dataset_fingerprint
 from shardstream.plan import EpochPlan, PlanConfig
+from shardstream.plan.state import RESUME_VERSION, ResumeState
 from shardstream.storage import Storage
-from shardstream.topology import detect_rank, detect_worker
+from shardstream.topology import Detector
 
 __all__ = ["STATE_VERSION", "StreamingDataset"]
 
-STATE_VERSION = 1
+STATE_VERSION = RESUME_VERSION
 
 
 class StreamingDataset(IterableDataset):
@@ -38,6 +40,9 @@ class StreamingDataset(IterableDataset):
     per epoch. See ``DatasetConfig`` for the options; ``decoders`` maps extensions to
     decoders that override the registry, ``allow_pickle`` lets pickled fields load;
     ``verify_checksums=False`` skips the per-read CRC check of NOTE [ Checksummed reads ].
+    ``topology`` detects rank, world size and DataLoader worker (default: torch.distributed,
+    ``RANK``/``WORLD_SIZE``, ``get_worker_info()``); inject a ``topology.Detector`` with
+    other detectors for odd launchers or tests.
     """
 
     def __init__(
@@ -60,6 +65,7 @@ class StreamingDataset(IterableDataset):
         decoders: Mapping[str, Decoder] | None = None,
         allow_pickle: bool = False,
         verify_checksums: bool = True,
+        topology: Detector | None = None,
     ) -> None:
         self.config = DatasetConfig.build(
             os.fspath(url),
@@ -80,11 +86,13 @@ class StreamingDataset(IterableDataset):
             on_error=on_error,
             verify_checksums=verify_checksums,
         )
-        self._epoch = 0
-        self._epoch_cell: Any = None  # shared with persistent workers; see NOTE in loader.py
-        self._resume: dict[str, Any] | None = None  # plan state for the next __iter__ of its epoch
-        self._loader_batch_size: int | None = None  # told by shardstream.DataLoader
-        self._loader_num_workers: int | None = None
+        if topology is not None and not isinstance(topology, Detector):
+            raise UsageError(f"topology must be a topology.Detector, not {type(topology).__name__}", url=url)
+        self._detector = Detector() if topology is None else topology
+        self._epoch = Epoch()  # the one owner of the epoch; shared with persistent workers
+        self._resume: ResumeState | None = None  # for the next __iter__ of its epoch
+        # (batch size, workers) of the shardstream DataLoader bound to it (binding.py)
+        self._loader_shape: tuple[int, int] | None = None
         self._rank_world: tuple[int, int] | None = None  # resolved in the main process
         self._manifest: Manifest | None = None
         self._fingerprint: str | None = None  # of the manifest, computed once
@@ -126,43 +134,32 @@ class StreamingDataset(IterableDataset):
 
     @property
     def epoch(self) -> int:
-        cell = self._epoch_cell
-        return int(cell.value) if cell is not None else self._epoch
+        return self._epoch.get()
 
     def set_epoch(self, epoch: int) -> None:
         """Use the plan of ``epoch`` from the next iteration on; a loaded state for
         another epoch is discarded."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise StateError(f"epoch must be a non-negative integer, got {shown(epoch)}", url=self.url)
-        self._epoch = epoch
-        if self._epoch_cell is not None:
-            self._epoch_cell.value = epoch
-        if self._resume is not None and self._resume.get("epoch") != epoch:
+        epoch = check_int(epoch, "epoch", error=StateError, url=self.url)
+        self._epoch.set(epoch)
+        if self._resume is not None and not self._resume.of_epoch(epoch):
             self._resume = None
 
     def plan_config(self) -> PlanConfig:
-        cfg = self.config
-        return PlanConfig(
-            shuffle=cfg.shuffle, seed=cfg.seed, drop_last=cfg.drop_last, shuffle_window=cfg.shuffle_window
-        )
+        return self.config.plan
 
     def rank_and_world(self) -> tuple[int, int]:
         """``(rank, world_size)``; a worker uses what its main process resolved, since
         torch.distributed is initialised only there."""
         cfg = self.config
-        if self._rank_world is None or get_worker_info() is None:
-            self._rank_world = detect_rank(rank=cfg.rank, world_size=cfg.num_replicas)
+        if self._rank_world is None or not self._detector.in_worker():
+            self._rank_world = self._detector.rank(rank=cfg.rank, world_size=cfg.num_replicas)
         return self._rank_world
 
     def batch_size(self) -> int:
         """The batch size the plan assumes: the DataLoader's, else the ``batch_size`` given."""
-        return self._loader_batch_size or self.config.batch_size or 1
-
-    def use_loader(self, *, batch_size: int | None, num_workers: int) -> None:
-        """Told by ``shardstream.DataLoader``: its batch size and workers, so that ``len()``
-        and the plan in the main process agree with the workers' plans."""
-        self._loader_batch_size = batch_size or 1
-        self._loader_num_workers = max(1, num_workers)
+        if self._loader_shape is not None:
+            return self._loader_shape[0]
+        return self.config.batch_size or 1
 
     def __len__(self) -> int:
         """Samples this rank gets in one epoch (padding included)."""
@@ -175,22 +172,22 @@ class StreamingDataset(IterableDataset):
         epoch if there is one (``consume=True`` then uses it up), else fresh."""
         _, world = self.rank_and_world()
         if num_workers is None:
-            num_workers = max(1, self._loader_num_workers or 1)
+            num_workers = 1 if self._loader_shape is None else self._loader_shape[1]
         epoch = self.epoch
         sizes = self.manifest.shard_sizes
-        kwargs = {"world_size": world, "num_workers": num_workers, "batch_size": self.batch_size()}
-        state = self._resume if self._resume is not None and self._resume.get("epoch") == epoch else None
+        kwargs = dict(world_size=world, num_workers=num_workers, batch_size=self.batch_size())
+        state = self._resume if self._resume is not None and self._resume.of_epoch(epoch) else None
         if consume:
             self._resume = None
         if state is None:
-            return EpochPlan(sizes, self.plan_config(), epoch=epoch, **kwargs)
-        return EpochPlan.resume(sizes, self.plan_config(), state["plan"], **kwargs)
+            return EpochPlan(sizes, self.config.plan, epoch=epoch, **kwargs)
+        return EpochPlan.resume(sizes, self.config.plan, state.plan, **kwargs)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the latest in-process iteration stands (iterating the dataset directly;
         through a DataLoader use ``DataLoader.state_dict()``), at a batch boundary."""
         progress = self._progress
-        if progress is not None and progress.plan.epoch == self.epoch:
+        if progress is not None and progress.plan.of_epoch(self.epoch):
             if progress.count % progress.plan.batch_size and not progress.done:
                 raise StateError(
                     f"{progress.count} samples is not a whole number of batches of {progress.plan.batch_size}",
@@ -204,51 +201,29 @@ class StreamingDataset(IterableDataset):
         """The state before the next iteration: a loaded one not yet used, else the
         start of the current epoch."""
         if self._resume is not None:
-            return dict(self._resume)
+            return self._resume.to_dict()
         return self.make_state(self.make_plan(consume=False).state_dict(0))
+
+    def _resume_state(self, plan_state: Mapping[str, Any]) -> ResumeState:
+        return ResumeState(
+            epoch=self.epoch, plan=plan_state, url=self.url, dataset_fingerprint=self.fingerprint
+        )
 
     def make_state(self, plan_state: dict[str, Any]) -> dict[str, Any]:
         """A dataset (and DataLoader) state around the plan's state (JSON-able)."""
-        return {
-            "version": STATE_VERSION,
-            "epoch": self.epoch,
-            "url": self.url,
-            "dataset_fingerprint": self.fingerprint,
-            "plan": plan_state,
-        }
-
-    def drop_loaded_state(self) -> None:
-        """Forget a loaded state: its iteration has started (the workers carry it)."""
-        self._resume = None
+        return self._resume_state(plan_state).to_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from ``state_dict()`` (of a dataset or a shardstream DataLoader), also
         under another world size or number of workers; ``StateError`` if it does not fit."""
-        version = state.get("version") if isinstance(state, Mapping) else None
-        if isinstance(version, bool) or not isinstance(version, numbers.Integral) or version != STATE_VERSION:
-            raise StateError(
-                f"unknown state version {shown(version)} (expected {STATE_VERSION})", url=self.url
-            )
-        epoch, plan = state.get("epoch"), state.get("plan")
-        if (
-            isinstance(epoch, bool)
-            or not isinstance(epoch, int)
-            or epoch < 0
-            or not isinstance(plan, Mapping)
-        ):
-            raise StateError("state needs an integer 'epoch' and a 'plan' mapping", url=self.url)
-        plan_epoch = plan.get("epoch", epoch)
-        if type(plan_epoch) is not int or plan_epoch != epoch:
-            raise StateError(
-                f"state of epoch {epoch} holds a plan of epoch {shown(plan_epoch)}", url=self.url
-            )
+        loaded = ResumeState.read(state, url=self.url)
         before = (self.epoch, self._resume, self._progress)
-        self.set_epoch(epoch)
-        self._resume = self.make_state(dict(plan))
+        self.set_epoch(loaded.epoch)
+        self._resume = dataclasses.replace(loaded, dataset_fingerprint=self.fingerprint)
         self._progress = None
         try:
             self.make_plan(consume=False)  # validate now, not in a worker
-            self._check_fingerprint(state.get("dataset_fingerprint"))
+            self._check_fingerprint(loaded.dataset_fingerprint)
         except Exception:  # a refused state changes nothing: not the epoch, nor a loaded state
             self.set_epoch(before[0])
             self._resume, self._progress = before[1], before[2]
@@ -272,10 +247,10 @@ class StreamingDataset(IterableDataset):
         # The plan is made here, eagerly, not in the generator: the caller (a DataLoader)
         # may clear the loaded state right after iter() returns.
         rank, _ = self.rank_and_world()
-        worker, num_workers = detect_worker()
+        worker, num_workers = self._detector.worker()
         plan = self.make_plan(num_workers=num_workers, consume=True)
         progress = _Progress(plan)
-        if get_worker_info() is None:
+        if not self._detector.in_worker():
             self._progress = progress
         reader = WindowReader(
             self.storage,
@@ -330,20 +305,11 @@ class StreamingDataset(IterableDataset):
     # -- pickling: configuration, never a live client ---------------------------------------
 
     def __getstate__(self) -> dict[str, Any]:
-        if get_worker_info() is None:
+        if not self._detector.in_worker():
             self.rank_and_world()  # resolve in the main process, where torch.distributed lives
         state = dict(self.__dict__)
         state["_storage"], state["_storage_pid"], state["_progress"] = None, -1, None
-        if multiprocessing.context.get_spawning_popen() is None:
-            # Shared memory crosses only into processes being started; a copy or a pickle
-            # written elsewhere gets the epoch as a plain value.
-            state["_epoch"], state["_epoch_cell"] = self.epoch, None
-        return state
-
-    def share_epoch(self, cell: Any) -> None:
-        """Read the epoch from ``cell`` (a shared ``multiprocessing`` value) from now on."""
-        cell.value = self.epoch
-        self._epoch_cell = cell
+        return state  # the epoch pickles as Epoch decides: shared only with starting workers
 
 
 class _Progress:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from shardstream.counts import check_int
 from shardstream.errors import PlanError
 
 __all__ = [
@@ -35,12 +35,9 @@ MAX_WINDOW = 1 << 40
 
 
 def check_count(value: object, name: str, *, minimum: int | None = 0) -> int:
-    """``value`` as an int, or ``PlanError`` if it is not an integer >= ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise PlanError(f"{name} must be an integer, not {value!r}")
-    if minimum is not None and int(value) < minimum:
-        raise PlanError(f"{name} must be at least {minimum}, not {value}")
-    return int(value)
+    """``value`` as an int, or ``PlanError`` if it is not an integer >= ``minimum``: the
+    one validator, ``counts.check_int``, raising the plan's error."""
+    return check_int(value, name, minimum=minimum, error=PlanError)
 
 
 def shard_sizes_array(shard_sizes: Sequence[int] | np.ndarray) -> np.ndarray:

@@ -16,9 +16,9 @@ from shardstream.errors import PlanError, StateError
 from shardstream.plan.config import PlanConfig, Run, Window, check_count, shard_sizes_array
 from shardstream.plan.intervals import from_points, points, shift
 from shardstream.plan.layout import lanes_for
-from shardstream.plan.passes import Pass, PassRecord, PassSetup, Remainder, Source
+from shardstream.plan.passes import Pass, PassInput, PassRecord, PassSetup, Remainder
 from shardstream.plan.shards import ShardOrder
-from shardstream.plan.state import make_state, read_state
+from shardstream.plan.state import make_state, read_state, same_epoch
 
 __all__ = ["EpochPlan"]
 
@@ -97,10 +97,10 @@ class EpochPlan:
             self._window,
             lanes_for(self._window, self._sizes, config.shuffle),
         )
-        source: Source = shards
+        read_from: PassInput = shards
         inputs = shards.total
         for index, record in enumerate(records):
-            current = Pass(index, record, inputs, source, setup, drop_last=config.drop_last and index == 0)
+            current = Pass(index, record, inputs, read_from, setup, drop_last=config.drop_last and index == 0)
             if record.steps > sum(current.batches):
                 raise StateError(
                     f"the state says {record.steps} batches per rank were taken in pass {index}, "
@@ -109,7 +109,7 @@ class EpochPlan:
             used, next_worker = current.consumed(record.steps)
             if index < len(records) - 1:
                 remainder = Remainder(current, used)
-                source, inputs = remainder, remainder.count
+                read_from, inputs = remainder, remainder.count
         self._pass, self._used, self._first = current, used, next_worker
 
     # -- what the plan is ------------------------------------------------------------------
@@ -117,6 +117,10 @@ class EpochPlan:
     @property
     def epoch(self) -> int:
         return self._epoch
+
+    def of_epoch(self, epoch: int) -> bool:
+        """Whether this is a plan of ``epoch`` (``same_epoch``, the one comparison)."""
+        return same_epoch(self._epoch, epoch)
 
     @property
     def world_size(self) -> int:

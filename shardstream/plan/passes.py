@@ -28,7 +28,7 @@ from shardstream.plan.keys import TAG_WINDOW, permutation
 from shardstream.plan.layout import SliceLayout, round_robin, split_even
 from shardstream.plan.shards import ShardOrder
 
-__all__ = ["Pass", "PassRecord", "Remainder", "Source"]
+__all__ = ["Pass", "PassInput", "PassRecord", "Remainder"]
 
 # Remainders of worker slices are cached up to this many intervals per shuffle window
 # (a striped window of a later pass keeps coming back to the same few slices).
@@ -49,7 +49,10 @@ class PassRecord:
         return mine == (other.world_size, other.num_workers, other.batch_size)
 
 
-class Source(Protocol):
+class PassInput(Protocol):
+    """What a pass reads its input positions from: the epoch's shard order (the first
+    pass) or the remainder of the pass before. Not a data source (``pack.sources``)."""
+
     def resolve(self, spans: Intervals) -> Intervals:
         """Input-index intervals of a pass -> base-position intervals, order kept."""
         ...
@@ -75,12 +78,13 @@ class Pass:
         index: int,
         record: PassRecord,
         inputs: int,
-        source: Source,
+        read_from: PassInput,
         setup: PassSetup,
         *,
         drop_last: bool,
     ) -> None:
-        self.index, self.record, self.inputs, self.source, self.setup = index, record, inputs, source, setup
+        self.index, self.record, self.inputs, self.setup = index, record, inputs, setup
+        self.read_from = read_from
         ranks, workers = record.world_size, record.num_workers
         self.per_rank = inputs // ranks if drop_last else -(-inputs // ranks)
         self.total = self.per_rank * ranks
@@ -121,7 +125,7 @@ class Pass:
         """Pass-index intervals -> base positions: padding indices wrap to the start."""
         starts, stops = spans
         if not starts.size or int(stops.max()) <= self.inputs:
-            return self.source.resolve(spans)
+            return self.read_from.resolve(spans)
         inputs, lo, hi = self.inputs, [], []
         for u, v in zip(starts.tolist(), stops.tolist(), strict=True):
             if u < inputs:
@@ -134,7 +138,7 @@ class Pass:
                 lo.append(start)
                 hi.append(start + n)
                 u += n
-        return self.source.resolve(merge((np.array(lo, dtype=np.int64), np.array(hi, dtype=np.int64))))
+        return self.read_from.resolve(merge((np.array(lo, dtype=np.int64), np.array(hi, dtype=np.int64))))
 
     def remaining(self, rank: int, worker: int, consumed: int) -> Intervals:
         """The pass indices of a worker slice not among its first ``consumed`` samples in

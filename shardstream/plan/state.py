@@ -1,58 +1,144 @@
-"""The plan state: a small JSON-able dict that says how far an epoch got.
+"""Resume states: one frozen type, :class:`ResumeState`, and the named keys of its wire
+format, shared by the sampler, the dataset and the DataLoader.
 
-It holds the plan's parameters, a fingerprint of the dataset and one record per pass
-(NOTE [ Passes ]): topology and batches taken per rank. Its size grows with the number
-of resumes under a new topology, never with ranks, workers or samples.
+A state on the wire is a small JSON-able dict with a version (users pickle, torch.save
+or json.dump it). Its core is the plan state: the plan's parameters, a fingerprint of
+the shard counts and one record per pass (NOTE [ Passes ]): topology and batches taken
+per rank. Its size grows with the number of resumes under a new topology, never with
+ranks, workers or samples. A ``ShardSampler`` state is a plan state; a dataset's (and
+DataLoader's) wraps one with the epoch, the URL and the dataset's fingerprint.
 """
 
 from __future__ import annotations
 
 import numbers
-import reprlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from shardstream.errors import StateError
+from shardstream.counts import check_int
+from shardstream.errors import StateError, shown
 from shardstream.manifest import counts_checksum
 from shardstream.plan.config import PlanConfig
 from shardstream.plan.passes import PassRecord
 
-__all__ = ["STATE_VERSION", "make_state", "read_state"]
+__all__ = ["RESUME_VERSION", "STATE_VERSION", "Key", "ResumeState", "make_state", "read_state", "same_epoch"]
 
-STATE_VERSION = 1
+STATE_VERSION = 1  # of a plan state (and so of a ShardSampler's)
+RESUME_VERSION = 1  # of a dataset's (and DataLoader's) state around a plan state
 
-_RECORD_KEYS = ("world_size", "num_workers", "batch_size", "steps")
+
+class Key:
+    """The keys of a state on the wire; nothing else in shardstream spells them."""
+
+    VERSION = "version"
+    EPOCH = "epoch"
+    SEED = "seed"
+    SHUFFLE = "shuffle"
+    DROP_LAST = "drop_last"
+    SHUFFLE_WINDOW = "shuffle_window"
+    NUM_SAMPLES = "num_samples"
+    NUM_SHARDS = "num_shards"
+    COUNTS_CHECKSUM = "counts_checksum"
+    PASSES = "passes"
+    # a pass record
+    WORLD_SIZE = "world_size"
+    NUM_WORKERS = "num_workers"
+    BATCH_SIZE = "batch_size"
+    STEPS = "steps"
+    # a dataset's state around the plan state
+    URL = "url"
+    DATASET_FINGERPRINT = "dataset_fingerprint"
+    PLAN = "plan"
+
+
+_RECORD_KEYS = (Key.WORLD_SIZE, Key.NUM_WORKERS, Key.BATCH_SIZE, Key.STEPS)
 # Re-cutting a pass holds a few integers per rank x worker of it; more than this many
 # workers is not a state any real run wrote.
 _MAX_WORKERS = 1 << 22
 
 
+def same_epoch(saved: object, epoch: int) -> bool:
+    """Whether an epoch read from a state (which may be anything) is ``epoch``: the one
+    comparison of epochs, for the sampler, the dataset and the loader."""
+    return _same(saved, int(epoch))
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeState:
+    """Where an epoch stopped: ``plan`` is its plan state (checked against the shards and
+    parameters when a plan resumes from it); ``url`` and ``dataset_fingerprint`` say of
+    which dataset, for a dataset's state (``None`` in a sampler's)."""
+
+    epoch: Any  # an int once a plan accepted the state; as given before (NOTE in from_plan)
+    plan: Mapping[str, Any]
+    url: str | None = None
+    dataset_fingerprint: object = None  # a str, once written by shardstream
+
+    def of_epoch(self, epoch: int) -> bool:
+        return same_epoch(self.epoch, epoch)
+
+    @classmethod
+    def from_plan(cls, state: object) -> ResumeState:
+        """A ``ShardSampler`` state (a plan state). Its fields are checked when a plan
+        resumes from it, in the plan's order, so only its shape is checked here."""
+        if not isinstance(state, Mapping) or isinstance(state.get(Key.EPOCH), bool):
+            raise StateError("a ShardSampler state is a mapping with an integer 'epoch'")
+        return cls(epoch=state.get(Key.EPOCH, -1), plan=dict(state))
+
+    @classmethod
+    def read(cls, state: object, *, url: str) -> ResumeState:
+        """A dataset's (or DataLoader's) state, its shape checked; ``StateError`` if not."""
+        version = state.get(Key.VERSION) if isinstance(state, Mapping) else None
+        if not isinstance(state, Mapping) or not _same(version, RESUME_VERSION):
+            raise StateError(f"unknown state version {shown(version)} (expected {RESUME_VERSION})", url=url)
+        epoch, plan = state.get(Key.EPOCH), state.get(Key.PLAN)
+        if (
+            isinstance(epoch, bool)
+            or not isinstance(epoch, int)
+            or epoch < 0
+            or not isinstance(plan, Mapping)
+        ):
+            raise StateError("state needs an integer 'epoch' and a 'plan' mapping", url=url)
+        plan_epoch = plan.get(Key.EPOCH, epoch)
+        if type(plan_epoch) is not int or plan_epoch != epoch:
+            raise StateError(f"state of epoch {epoch} holds a plan of epoch {shown(plan_epoch)}", url=url)
+        saved = state.get(Key.DATASET_FINGERPRINT)
+        return cls(epoch=epoch, plan=dict(plan), url=url, dataset_fingerprint=saved)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The dataset's wire format (JSON-able)."""
+        return {
+            Key.VERSION: RESUME_VERSION,
+            Key.EPOCH: self.epoch,
+            Key.URL: self.url,
+            Key.DATASET_FINGERPRINT: self.dataset_fingerprint,
+            Key.PLAN: dict(self.plan),
+        }
+
+
 def make_state(
     sizes: np.ndarray, config: PlanConfig, *, epoch: int, window: int, records: list[PassRecord]
 ) -> dict[str, Any]:
+    """The plan state (wire format) of these shard sizes, parameters and passes."""
     return {
-        "version": STATE_VERSION,
-        "epoch": int(epoch),
-        "seed": int(config.seed),
-        "shuffle": bool(config.shuffle),
-        "drop_last": bool(config.drop_last),
-        "shuffle_window": int(window),
-        "num_samples": int(sizes.sum()),
-        "num_shards": int(sizes.size),
-        "counts_checksum": counts_checksum(sizes.tolist()),
-        "passes": [{k: int(getattr(r, k)) for k in _RECORD_KEYS} for r in records],
+        Key.VERSION: STATE_VERSION,
+        Key.EPOCH: int(epoch),
+        Key.SEED: int(config.seed),
+        Key.SHUFFLE: bool(config.shuffle),
+        Key.DROP_LAST: bool(config.drop_last),
+        Key.SHUFFLE_WINDOW: int(window),
+        Key.NUM_SAMPLES: int(sizes.sum()),
+        Key.NUM_SHARDS: int(sizes.size),
+        Key.COUNTS_CHECKSUM: counts_checksum(sizes.tolist()),
+        Key.PASSES: [{k: int(getattr(r, k)) for k in _RECORD_KEYS} for r in records],
     }
 
 
 def _integer(state: Mapping[str, Any], key: str, minimum: int | None = 0) -> int:
-    value = state.get(key)
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise StateError(f"plan state field {key!r} must be an integer, not {reprlib.repr(value)}")
-    if minimum is not None and value < minimum:
-        raise StateError(f"plan state field {key!r} must be at least {minimum}, not {value}")
-    return int(value)
+    return check_int(state.get(key), f"plan state field {key!r}", minimum=minimum, error=StateError)
 
 
 def _same(value: object, expected: object) -> bool:
@@ -66,7 +152,7 @@ def _same(value: object, expected: object) -> bool:
 def _check_same(state: Mapping[str, Any], key: str, expected: object, what: str) -> None:
     if not _same(state.get(key), expected):
         raise StateError(
-            f"the state was saved with {key}={reprlib.repr(state.get(key))}, this plan has {key}={expected!r}: {what}"
+            f"the state was saved with {key}={shown(state.get(key))}, this plan has {key}={expected!r}: {what}"
         )
 
 
@@ -76,12 +162,10 @@ def _records(passes: object) -> list[PassRecord]:
     records = []
     for entry in passes:
         if not isinstance(entry, Mapping):
-            raise StateError(f"plan state pass {reprlib.repr(entry)} is not a mapping")
-        values = [_integer(entry, k, 0 if k == "steps" else 1) for k in _RECORD_KEYS]
+            raise StateError(f"plan state pass {shown(entry)} is not a mapping")
+        values = [_integer(entry, k, 0 if k == Key.STEPS else 1) for k in _RECORD_KEYS]
         if values[0] * values[1] > _MAX_WORKERS:
-            raise StateError(
-                f"plan state pass {reprlib.repr(entry)} has more than {_MAX_WORKERS} workers in all"
-            )
+            raise StateError(f"plan state pass {shown(entry)} has more than {_MAX_WORKERS} workers in all")
         records.append(PassRecord(*values))
     return records
 
@@ -89,26 +173,30 @@ def _records(passes: object) -> list[PassRecord]:
 def read_state(
     state: Mapping[str, Any], sizes: np.ndarray, config: PlanConfig, *, window: int
 ) -> tuple[int, list[PassRecord]]:
-    """``(epoch, pass records)`` of a state, or ``StateError`` if it does not fit this
-    dataset (shard counts) and these parameters."""
+    """``(epoch, pass records)`` of a plan state, or ``StateError`` if it does not fit
+    this dataset (shard counts) and these parameters."""
     if not isinstance(state, Mapping):
         raise StateError(f"a plan state is a mapping, not {type(state).__name__}")
-    if not _same(state.get("version"), STATE_VERSION):
+    if not _same(state.get(Key.VERSION), STATE_VERSION):
         raise StateError(
-            f"unknown plan state version {reprlib.repr(state.get('version'))}; "
+            f"unknown plan state version {shown(state.get(Key.VERSION))}; "
             f"this shardstream reads version {STATE_VERSION}"
         )
     checksum = counts_checksum(sizes.tolist())
-    saved = {"counts_checksum": checksum, "num_shards": int(sizes.size), "num_samples": int(sizes.sum())}
+    saved = {
+        Key.COUNTS_CHECKSUM: checksum,
+        Key.NUM_SHARDS: int(sizes.size),
+        Key.NUM_SAMPLES: int(sizes.sum()),
+    }
     if not all(_same(state.get(key), expected) for key, expected in saved.items()):
-        brief = {key: reprlib.repr(state.get(key)) for key in saved}
+        brief = {key: shown(state.get(key)) for key in saved}
         raise StateError(
-            f"the state is of another dataset: {brief['num_shards']} shards, "
-            f"{brief['num_samples']} samples, shard counts checksum {brief['counts_checksum']}; "
+            f"the state is of another dataset: {brief[Key.NUM_SHARDS]} shards, "
+            f"{brief[Key.NUM_SAMPLES]} samples, shard counts checksum {brief[Key.COUNTS_CHECKSUM]}; "
             f"this one has {sizes.size} shards, {int(sizes.sum())} samples, checksum {checksum!r}"
         )
-    _check_same(state, "seed", int(config.seed), "resume with the same seed")
-    _check_same(state, "shuffle", bool(config.shuffle), "resume with the same shuffle setting")
-    _check_same(state, "drop_last", bool(config.drop_last), "resume with the same drop_last")
-    _check_same(state, "shuffle_window", int(window), "resume with the same shuffle window")
-    return _integer(state, "epoch"), _records(state.get("passes"))
+    _check_same(state, Key.SEED, int(config.seed), "resume with the same seed")
+    _check_same(state, Key.SHUFFLE, bool(config.shuffle), "resume with the same shuffle setting")
+    _check_same(state, Key.DROP_LAST, bool(config.drop_last), "resume with the same drop_last")
+    _check_same(state, Key.SHUFFLE_WINDOW, int(window), "resume with the same shuffle window")
+    return _integer(state, Key.EPOCH), _records(state.get(Key.PASSES))
