@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, Protocol
 
 from shardstream.errors import PackError, ShardstreamError
 from shardstream.manifest import ShardInfo
+from shardstream.pack.cutter import SampleTooLarge, ShardCutter
 from shardstream.pack.options import PackOptions
 from shardstream.pack.shard import ShardOutput, ShardResult
 from shardstream.pack.sizing import sample_sizer
@@ -154,11 +155,12 @@ class EntrySizer:
 
 
 class ShardPlan:
-    """Where the shards of a pack are cut (NOTE [ Shard boundaries ] in ``writer``).
+    """The shard jobs of a pack: its samples, in order and sized, cut by ``ShardCutter``.
 
     Takes the samples ``[start, stop)`` of the source, in order and sized, and gives the
     job of each shard they complete (``make_job(number, parts)`` names it; the parts are
-    lists of entries, or ``Packed`` ones as a worker sent them).
+    lists of entries, or ``Packed`` ones as a worker sent them). Where a shard ends is
+    the cutter's alone (NOTE [ Shard boundaries ] in ``cutter``), as in ``ShardWriter``.
     """
 
     def __init__(
@@ -175,11 +177,10 @@ class ShardPlan:
         self.start = start
         self.stop = stop
         self.budget, self.max_samples = options.limits()
+        self.cutter = ShardCutter(self.budget, self.max_samples)
         self.seen = 0  # samples of the source taken so far, in or before the slice
         self.shards = 0
         self.parts: list[list[Entry] | Packed] = []  # of the shard being cut
-        self.count = 0  # its samples
-        self.nbytes = 0  # and their bytes
 
     @property
     def full(self) -> bool:
@@ -201,41 +202,27 @@ class ShardPlan:
         self.seen += len(sizes)
         lo = max(self.start - first, 0)
         hi = len(sizes) if self.stop is None else max(min(self.stop - first, len(sizes)), 0)
-        budget, most = self.budget, self.max_samples
-        if hi - lo > 1 and self.count + hi - lo <= most:  # the common case: all of them fit
-            try:
-                total = sum(sizes[lo:hi])  # type: ignore[arg-type]  # TypeError on an error
-            except TypeError:
-                total = budget + 1
-            if self.nbytes + total <= budget:
-                self._add(entries[lo:hi])
-                self.count += hi - lo
-                self.nbytes += total
-                return []
+        try:
+            begins = self.cutter.cut(sizes, lo, hi)  # raises an error found while sizing (it names the file)
+        except SampleTooLarge as error:
+            i = lo if error.position is None else error.position
+            entry = entries[i : i + 1]
+            one = entry.unpack()[0] if isinstance(entry, Packed) else entry[0]
+            oversize = oversize_error(one.key, error.size, self.options, error.budget)
+            raise _at_entry(oversize, one, self.source) from None
         jobs = []
         run = lo  # the first sample not in self.parts yet
-        count, nbytes = self.count, self.nbytes
-        for i in range(lo, hi):
-            size = sizes[i]
-            if isinstance(size, ShardstreamError):
-                raise size  # found while sizing (it names the sample's file)
-            if size > budget:
-                entry = entries[i : i + 1]
-                one = entry.unpack()[0] if isinstance(entry, Packed) else entry[0]
-                raise _at_entry(oversize_error(one.key, size, self.options, budget), one, self.source)
-            if count and (count >= most or nbytes + size > budget):
-                self._add(entries[run:i])
+        for i in begins:
+            self._add(entries[run:i])
+            if self.parts:  # the first sample of all begins a shard, but ends none
                 jobs.append(self._job())
-                run, count, nbytes = i, 0, 0
-            count += 1
-            nbytes += size
+            run = i
         self._add(entries[run:hi])
-        self.count, self.nbytes = count, nbytes
         return jobs
 
     def finish(self) -> list[ShardJob]:
         """The job of the last shard, once every sample has been taken."""
-        return [self._job()] if self.count else []
+        return [self._job()] if self.parts else []
 
     def _add(self, part: list[Entry] | Packed) -> None:
         parts = self.parts
@@ -247,7 +234,7 @@ class ShardPlan:
             parts.append(part)
 
     def _job(self) -> ShardJob:
-        parts, self.parts, self.count, self.nbytes = tuple(self.parts), [], 0, 0
+        parts, self.parts = tuple(self.parts), []
         self.shards += 1
         return self.make_job(self.shards - 1, parts)
 
@@ -261,7 +248,7 @@ class Sized(NamedTuple):
 
 def size_chunk(chunk: tuple[Any, ...], size: EntrySizer) -> list[Sized | tuple[Any, ...]]:
     """A lazy source's chunk expanded: its entries sized (an error in place of a size, raised
-    if the sample is packed: ``ShardPlan.take``), and the chunks found in it. Any process."""
+    if the sample is packed: ``ShardCutter.cut``), and the chunks found in it. Any process."""
     parts: list[Sized | tuple[Any, ...]] = []
     for part in size.source.expand(chunk):
         if not isinstance(part, list):

@@ -5,7 +5,7 @@
 # order and on where shards are cut, so the parent process cuts every shard: it takes
 # the samples in source order with their sizes (``Source.size``: the folder source sizes
 # files from their ``stat`` without reading them) and cuts by NOTE [ Shard boundaries ]
-# in ``writer``. Each cut becomes a ``ShardJob`` (its number and entries), and the
+# in ``cutter``. Each cut becomes a ``ShardJob`` (its number and entries), and the
 # process that writes it loads lazy entries itself, so file contents never cross a
 # pipe. Results come back in any order and are put back in shard order for the
 # manifest. With one worker every step runs in this process, in the same order.
