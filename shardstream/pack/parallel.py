@@ -243,7 +243,8 @@ class _Pool:
     def submit(self, job: ShardJob) -> Future[ShardResult]:
         """Give ``job`` to a worker, pickled here: the pool's own threads would pickle it
         only when this busy thread lets them have the GIL (a worker got it ~20 ms later)."""
-        assert self.pool is not None
+        if self.pool is None:
+            raise PackError(f"shard job {job.name} was handed to a pack pool that has no worker process")
         try:
             blob = pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
         except RecursionError:
@@ -252,7 +253,8 @@ class _Pool:
 
     def hand_out(self, jobs: Iterator[ShardJob]) -> None:
         """Worker processes write every shard; this one only plans (an inline source reads here)."""
-        assert self.pool is not None
+        if self.pool is None:
+            raise PackError("a pack pool with no worker process was asked to hand out every shard")
         for job in jobs:
             # Bounded: at most two shards per worker planned ahead of the writers.
             while len(self.writing) >= 2 * self.children:
@@ -318,7 +320,8 @@ class _Pool:
     def cut(self) -> None:
         """Cut the entries sized so far, in walk order, into planned shards."""
         plan = self.plan
-        assert plan is not None
+        if plan is None:
+            raise PackError("a pack pool was asked to cut sized chunks before it was given a plan (share)")
         chunks = self.chunks
         taken = 0
         while taken < len(chunks) and (sized := chunks[taken].sized) is not None:
