@@ -323,7 +323,7 @@ def write_job(
     """Write one shard, loading its entries (in a worker, or in the parent).
 
     ``on_stored`` is as in ``ShardOutput``; ``feed`` is called every few dozen samples
-    (NOTE [ Every process plans and writes ]).
+    (NOTE [ Every process plans and writes ] in ``parallel``).
     """
     options = context.options
     source = context.source
