@@ -276,3 +276,40 @@ def test_state_keys_are_spelled_only_in_the_state_module():
     assert not bad, "state keys spelled outside plan/state.py (use plan.state.Key):\n" + "\n".join(bad)
     assert STATE_MODULE in STATE_USERS
     assert not spelled_state_keys(STATE_MODULE), "plan/state.py spells its keys through Key too"
+
+
+# The shard cutter (NOTE [ Shard boundaries ]) is pure: sizes and counts in, cuts out.
+# What it may import; anything else (os, io, storage, fsspec, a format) would let I/O in.
+CUTTER_MAY_IMPORT = {"__future__", "collections.abc", "typing", "dataclasses", "shardstream.errors"}
+
+
+def test_shard_cutter_is_pure():
+    names = imported_modules(PACKAGE / "pack" / "cutter.py")
+    assert names <= CUTTER_MAY_IMPORT, f"pack/cutter.py imports {sorted(names - CUTTER_MAY_IMPORT)}"
+
+
+def names_imported_from(path: pathlib.Path, module: str) -> set[str]:
+    return {
+        alias.name
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+        if isinstance(node, ast.ImportFrom) and node.module == module
+        for alias in node.names
+    }
+
+
+def test_writer_and_pack_cut_with_the_one_cutter():
+    """ShardWriter and the pack's ShardPlan both cut with ``ShardCutter``; the pool cuts nothing
+    itself and sizes nothing itself (``parallel`` is processes and results; ``jobs`` is the work)."""
+    for module in ("writer.py", "jobs.py"):
+        names = names_imported_from(PACKAGE / "pack" / module, "shardstream.pack.cutter")
+        assert "ShardCutter" in names, f"pack/{module} does not cut with ShardCutter"
+    pool = imported_modules(PACKAGE / "pack" / "parallel.py")
+    work = {"shardstream.pack.cutter", "shardstream.pack.sizing", "shardstream.pack.writer"}
+    assert not pool & work, f"pack/parallel.py imports {sorted(pool & work)}: jobs.py holds the work"
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "pack").rglob("*.py")), ids=lambda p: p.name)
+def test_pack_modules_stay_small(path):
+    """parallel.py was 686 lines doing five jobs; no pack module grows past ~400 again."""
+    lines = len(path.read_text().splitlines())
+    assert lines <= 400, f"{path.relative_to(PACKAGE)} has {lines} lines"

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from shardstream.errors import PackError
 from shardstream.formats.base import Sample
 from shardstream.pack import Entry, PackOptions, ShardWriter, Source, pack
-from shardstream.pack.parallel import Packed, ShardJob, ShardPlan, _pack_entries
+from shardstream.pack.jobs import Packed, ShardJob, ShardPlan, _pack_entries
 from shardstream.pack.sources.base import walk
 from shardstream.pack.sources.folder import _CHUNK_FILES, _CHUNK_FOLDERS
 from tests.test_pack import read_shards, snapshot

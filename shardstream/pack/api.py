@@ -12,9 +12,10 @@ from shardstream.errors import PackError
 from shardstream.manifest import Manifest
 from shardstream.pack.dest import DatasetTarget
 from shardstream.pack.durable import ShardSync
+from shardstream.pack.jobs import JobContext, Packed, ShardJob, ShardPlan
 from shardstream.pack.lifeline import usable_cores
 from shardstream.pack.options import PackOptions, Part, check_count
-from shardstream.pack.parallel import JobContext, Packed, ShardJob, ShardPlan, run_jobs
+from shardstream.pack.parallel import run_jobs
 from shardstream.pack.sources import Source, open_source
 from shardstream.pack.sources.base import Entry, is_local
 from shardstream.storage import Storage

@@ -1,11 +1,11 @@
-"""Cut a source into shards in the parent process; size and write them in any process.
+"""The pool of a pack: processes that size and write the shard jobs, results in shard order.
 
 # NOTE [ Deterministic parallel pack ]
 # The bytes of a dataset must not depend on ``workers``. They depend only on the sample
 # order and on where shards are cut, so the parent process cuts every shard: it takes
 # the samples in source order with their sizes (``Source.size``: the folder source sizes
 # files from their ``stat`` without reading them) and cuts by NOTE [ Shard boundaries ]
-# in ``writer``. Each cut becomes a ``ShardJob`` (its number and entries), and the
+# in ``cutter``. Each cut becomes a ``ShardJob`` (its number and entries), and the
 # process that writes it loads lazy entries itself, so file contents never cross a
 # pipe. Results come back in any order and are put back in shard order for the
 # manifest. With one worker every step runs in this process, in the same order.
@@ -47,367 +47,32 @@ import multiprocessing
 import os
 import pickle
 import threading
-import zlib
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 from shardstream.errors import PackError, ShardstreamError
-from shardstream.manifest import ShardInfo
 from shardstream.pack.durable import ShardSync
+from shardstream.pack.jobs import (
+    EntrySizer,
+    JobContext,
+    Packed,
+    Progress,
+    ShardJob,
+    ShardPlan,
+    Sized,
+    _pack_entries,
+    _too_deep,
+    size_chunk,
+    write_job,
+)
 from shardstream.pack.lifeline import cap_workers, die_with_parent
-from shardstream.pack.options import PackOptions
-from shardstream.pack.shard import ShardOutput, ShardResult
-from shardstream.pack.sizing import sample_sizer
-from shardstream.pack.sources.base import Entry, Source, tar_ready
-from shardstream.pack.writer import oversize_error
-from shardstream.storage import Storage
+from shardstream.pack.shard import ShardResult
 
 __all__ = ["JobContext", "ShardJob", "ShardPlan", "run_jobs"]
-
-
-@dataclass(frozen=True, slots=True)
-class ShardJob:
-    """One shard to write: its number and name, its entries, and what it must match.
-
-    The entries come in parts, in order: lists of entries, and entries a worker sized
-    that this process never unpacked (``Packed``).
-    """
-
-    number: int
-    name: str
-    parts: tuple[list[Entry] | Packed, ...]
-    expected: ShardInfo | None = None
-
-    @property
-    def entries(self) -> list[Entry]:
-        entries: list[Entry] = []
-        for part in self.parts:
-            entries += part.unpack() if isinstance(part, Packed) else part
-        return entries
-
-    @property
-    def samples(self) -> int:
-        return sum(map(len, self.parts))
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        parts = [part if isinstance(part, Packed) else _pack_entries(part) for part in self.parts]
-        return (_rebuild_job, (self.number, self.name, parts, self.expected))
-
-
-def _rebuild_job(number: int, name: str, parts: list[Any], expected: ShardInfo | None) -> ShardJob:
-    entries: list[Entry] = []
-    for part in parts:
-        entries += part.unpack() if isinstance(part, Packed) else _unpack_entries(part)
-    return ShardJob(number, name, (entries,), expected)
-
-
-class Packed:
-    """Entries ``[lo, hi)`` of a chunk that a worker sized, as it packed them.
-
-    This process cuts shards from the sizes alone and forwards the bytes to the worker
-    that writes the shard; only a shard it writes itself is unpacked here.
-    """
-
-    __slots__ = ("blob", "hi", "lo")
-
-    def __init__(self, blob: bytes, lo: int, hi: int) -> None:
-        self.blob, self.lo, self.hi = blob, lo, hi
-
-    def __len__(self) -> int:
-        return self.hi - self.lo
-
-    def __getitem__(self, where: slice) -> Packed:
-        start, stop, _ = where.indices(len(self))
-        return Packed(self.blob, self.lo + start, self.lo + max(start, stop))
-
-    def unpack(self) -> list[Entry]:
-        return _unpack_entries(self.blob)[self.lo : self.hi]
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Packed, (self.blob, self.lo, self.hi))
-
-
-def _pack_entries(entries: list[Entry]) -> Any:
-    """``entries`` as columns (keys, samples, ...), not one Entry object each.
-
-    Pickling a shard's entries this way takes ~10x less time (about 0.05 s per 100k).
-    Entries that only say where a sample is (lazy sources) are also compressed, ~10x
-    (about 1 ms per 15k): the bytes go through a pipe 64 KiB at a time, each write
-    done by a thread of the pool that must wait for the GIL.
-    """
-    columns: Any = tuple(zip(*entries, strict=True))
-    if columns and all(sample is None for sample in columns[1]):
-        columns = zlib.compress(pickle.dumps(columns, protocol=pickle.HIGHEST_PROTOCOL), 1)
-    return columns
-
-
-def _unpack_entries(columns: Any) -> list[Entry]:
-    if isinstance(columns, bytes):
-        columns = pickle.loads(zlib.decompress(columns))
-    return list(map(Entry._make, zip(*columns, strict=True)))
-
-
-@dataclass(frozen=True, slots=True)
-class JobContext:
-    """What every task needs besides its entries or chunk (pickled once per worker)."""
-
-    storage: Storage
-    source: Source
-    options: PackOptions
-
-
-class EntrySizer:
-    """The bytes each entry adds to a shard (0 if only ``samples_per_shard`` cuts)."""
-
-    def __init__(self, source: Source, options: PackOptions) -> None:
-        self.source = source
-        self.fmt = options.fmt
-        self.sized = options.shard_size is not None
-        self.measure = sample_sizer(self.fmt)
-        self.adapt = self.fmt.name == "tar" and not source.lazy
-
-    def __call__(self, entry: Entry) -> tuple[Entry, int]:
-        """``entry`` (an inline sample made ready for tar) and its size; errors name its file."""
-        try:
-            if self.adapt and entry.sample is not None:
-                entry = entry._replace(sample=tar_ready(entry.sample, entry.url, entry.line))
-            if not self.sized:
-                return entry, 0
-            sample = entry.sample
-            return entry, self.measure(sample) if sample is not None else self.source.size(entry, self.fmt)
-        except ShardstreamError as error:
-            raise _at_entry(error, entry, self.source) from None
-        except RecursionError:
-            raise _at_entry(PackError(_TOO_DEEP), entry, self.source) from None
-
-
-class ShardPlan:
-    """Where the shards of a pack are cut (NOTE [ Shard boundaries ] in ``writer``).
-
-    Takes the samples ``[start, stop)`` of the source, in order and sized, and gives the
-    job of each shard they complete (``make_job(number, parts)`` names it; the parts are
-    lists of entries, or ``Packed`` ones as a worker sent them).
-    """
-
-    def __init__(
-        self,
-        source: Source,
-        options: PackOptions,
-        make_job: Callable[[int, tuple[list[Entry] | Packed, ...]], ShardJob],
-        start: int = 0,
-        stop: int | None = None,
-    ) -> None:
-        self.source = source
-        self.options = options
-        self.make_job = make_job
-        self.start = start
-        self.stop = stop
-        self.budget, self.max_samples = options.limits()
-        self.seen = 0  # samples of the source taken so far, in or before the slice
-        self.shards = 0
-        self.parts: list[list[Entry] | Packed] = []  # of the shard being cut
-        self.count = 0  # its samples
-        self.nbytes = 0  # and their bytes
-
-    @property
-    def full(self) -> bool:
-        """Whether every sample of the slice has been taken."""
-        return self.stop is not None and self.seen >= self.stop
-
-    def scan(self) -> Iterator[ShardJob]:
-        """Every shard's job, the samples read and sized here (an inline source)."""
-        size = EntrySizer(self.source, self.options)
-        self.seen = self.start
-        for entry in self.source.scan(self.start, self.stop):
-            entry, nbytes = size(entry)
-            yield from self.take([entry], [nbytes])
-        yield from self.finish()
-
-    def take(self, entries: list[Entry] | Packed, sizes: list[int | ShardstreamError]) -> list[ShardJob]:
-        """The jobs of the shards completed by the next ``entries`` of the source, sized."""
-        first = self.seen
-        self.seen += len(sizes)
-        lo = max(self.start - first, 0)
-        hi = len(sizes) if self.stop is None else max(min(self.stop - first, len(sizes)), 0)
-        budget, most = self.budget, self.max_samples
-        if hi - lo > 1 and self.count + hi - lo <= most:  # the common case: all of them fit
-            try:
-                total = sum(sizes[lo:hi])  # type: ignore[arg-type]  # TypeError on an error
-            except TypeError:
-                total = budget + 1
-            if self.nbytes + total <= budget:
-                self._add(entries[lo:hi])
-                self.count += hi - lo
-                self.nbytes += total
-                return []
-        jobs = []
-        run = lo  # the first sample not in self.parts yet
-        count, nbytes = self.count, self.nbytes
-        for i in range(lo, hi):
-            size = sizes[i]
-            if isinstance(size, ShardstreamError):
-                raise size  # found while sizing (it names the sample's file)
-            if size > budget:
-                entry = entries[i : i + 1]
-                one = entry.unpack()[0] if isinstance(entry, Packed) else entry[0]
-                raise _at_entry(oversize_error(one.key, size, self.options, budget), one, self.source)
-            if count and (count >= most or nbytes + size > budget):
-                self._add(entries[run:i])
-                jobs.append(self._job())
-                run, count, nbytes = i, 0, 0
-            count += 1
-            nbytes += size
-        self._add(entries[run:hi])
-        self.count, self.nbytes = count, nbytes
-        return jobs
-
-    def finish(self) -> list[ShardJob]:
-        """The job of the last shard, once every sample has been taken."""
-        return [self._job()] if self.count else []
-
-    def _add(self, part: list[Entry] | Packed) -> None:
-        parts = self.parts
-        if not len(part):
-            return
-        if isinstance(part, list) and parts and isinstance(parts[-1], list):
-            parts[-1] += part  # one list of the entries sized here
-        else:
-            parts.append(part)
-
-    def _job(self) -> ShardJob:
-        parts, self.parts, self.count, self.nbytes = tuple(self.parts), [], 0, 0
-        self.shards += 1
-        return self.make_job(self.shards - 1, parts)
-
-
-class Sized(NamedTuple):
-    """Entries of a lazy source, and their sizes (or the errors sizing them gave)."""
-
-    entries: Any  # list[Entry]; from a worker, the bytes of ``_pack_entries`` (then ``Packed``)
-    sizes: list[int | ShardstreamError]
-
-
-def size_chunk(chunk: tuple[Any, ...], size: EntrySizer) -> list[Sized | tuple[Any, ...]]:
-    """A lazy source's chunk expanded: its entries sized (an error in place of a size, raised
-    if the sample is packed: ``ShardPlan.take``), and the chunks found in it. Any process."""
-    parts: list[Sized | tuple[Any, ...]] = []
-    for part in size.source.expand(chunk):
-        if not isinstance(part, list):
-            parts.append(part)
-            continue
-        sizes: list[int | ShardstreamError] = []
-        for entry in part:
-            try:
-                sizes.append(size(entry)[1])
-            except ShardstreamError as error:
-                sizes.append(error)
-        parts.append(Sized(part, sizes))
-    return parts
-
-
-# JSON Lines and Parquet values nest lists and objects; encoding, sizing and pickling
-# them recurse once per level, so a few hundred levels end in a RecursionError.
-_TOO_DEEP = "a value is nested too deeply to pack (lists or objects hundreds of levels deep)"
-
-
-def _too_deep(job: ShardJob, source: Source) -> PackError:
-    """The error for a shard that recursed too deeply as a whole, naming its deepest sample."""
-    entries = [entry for entry in job.entries if entry.sample is not None]
-    if not entries:
-        return PackError(_TOO_DEEP, shard=job.name)
-    deepest = max(entries, key=lambda entry: _depth(entry.sample))
-    return _at_entry(PackError(_TOO_DEEP, shard=job.name), deepest, source)
-
-
-def _depth(value: Any) -> int:
-    """How deeply lists, tuples and dicts nest in ``value`` (iterative: it must not recurse)."""
-    deepest = 0
-    stack = [(value, 1)]
-    while stack:
-        value, depth = stack.pop()
-        items = (
-            value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
-        )
-        if items:
-            deepest = max(deepest, depth)
-            stack += [(item, depth + 1) for item in items]
-    return deepest
-
-
-def _at_entry(error: ShardstreamError, entry: Entry, source: Source) -> PackError:
-    """``error`` as a PackError naming the entry's file (or the sample's first file) and line."""
-    message = error.message if entry.key in error.message else f"sample {entry.key!r}: {error.message}"
-    return PackError(
-        message,
-        url=error.url or source.entry_url(entry),
-        shard=error.shard,
-        offset=error.offset,
-        line=entry.line,
-    )
-
-
-class Progress(Protocol):
-    def update(self, samples: int, nbytes: int) -> None: ...
-
-
-_TICK = 1024  # samples between progress updates while a shard is written in this process
-_FEED = 64  # samples between looks for a free worker while this process writes a shard
-
-
-def write_job(
-    job: ShardJob,
-    context: JobContext,
-    progress: Progress | None = None,
-    on_stored: Callable[[str], None] | None = None,
-    feed: Callable[[], None] | None = None,
-) -> ShardResult:
-    """Write one shard, loading its entries (in a worker, or in the parent).
-
-    ``on_stored`` is as in ``ShardOutput``; ``feed`` is called every few dozen samples
-    (NOTE [ Every process plans and writes ]).
-    """
-    options = context.options
-    source = context.source
-    load = source.load if source.lazy else None
-    output = ShardOutput(
-        context.storage,
-        options.fmt,
-        job.name,
-        compression=options.compression,
-        expected=job.expected,
-        on_stored=on_stored,
-    )
-    write = output.write
-    reported = (0, 0)
-    try:
-        for done, entry in enumerate(job.entries, 1):
-            try:
-                write(load(entry) if load is not None else entry.sample)  # type: ignore[arg-type]
-            except ShardstreamError as error:
-                raise _at_entry(error, entry, source) from None
-            except RecursionError:
-                raise _at_entry(PackError(_TOO_DEEP), entry, source) from None
-            if done % _FEED == 0:
-                if feed is not None:
-                    feed()
-                if progress is not None and done % _TICK == 0:
-                    progress.update(done - reported[0], output.num_bytes - reported[1])
-                    reported = (done, output.num_bytes)
-    except BaseException:
-        output.abort()
-        raise
-    try:
-        result = output.finish()  # which may encode the samples (Parquet)
-    except RecursionError:
-        raise _too_deep(job, source) from None
-    if progress is not None:
-        progress.update(result.info.samples - reported[0], result.info.bytes - reported[1])
-    return result
 
 
 _WORKER: dict[str, Any] = {}
@@ -578,7 +243,8 @@ class _Pool:
     def submit(self, job: ShardJob) -> Future[ShardResult]:
         """Give ``job`` to a worker, pickled here: the pool's own threads would pickle it
         only when this busy thread lets them have the GIL (a worker got it ~20 ms later)."""
-        assert self.pool is not None
+        if self.pool is None:
+            raise PackError(f"shard job {job.name} was handed to a pack pool that has no worker process")
         try:
             blob = pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
         except RecursionError:
@@ -587,7 +253,8 @@ class _Pool:
 
     def hand_out(self, jobs: Iterator[ShardJob]) -> None:
         """Worker processes write every shard; this one only plans (an inline source reads here)."""
-        assert self.pool is not None
+        if self.pool is None:
+            raise PackError("a pack pool with no worker process was asked to hand out every shard")
         for job in jobs:
             # Bounded: at most two shards per worker planned ahead of the writers.
             while len(self.writing) >= 2 * self.children:
@@ -653,7 +320,8 @@ class _Pool:
     def cut(self) -> None:
         """Cut the entries sized so far, in walk order, into planned shards."""
         plan = self.plan
-        assert plan is not None
+        if plan is None:
+            raise PackError("a pack pool was asked to cut sized chunks before it was given a plan (share)")
         chunks = self.chunks
         taken = 0
         while taken < len(chunks) and (sized := chunks[taken].sized) is not None:

@@ -5,19 +5,8 @@
             w.write({"__key__": f"{i:09d}", "txt": text, "cls": label})
 
 It writes the same shards and manifest as ``shardstream.pack`` given the same samples
-and options: both cut shards by the rule of NOTE [ Shard boundaries ] and write them
-with ``ShardOutput``.
-
-# NOTE [ Shard boundaries ]
-# A sample goes into the current shard unless the shard already holds
-# ``samples_per_shard`` samples, or the sample's bytes (``ShardFormat.sample_size``:
-# exact for tar, an estimate for Parquet) would take the shard's samples past the
-# budget (``shard_size`` less an empty shard's bytes); then a new shard starts with it.
-# A sample larger than the budget on its own is an error. The rule looks only at sizes
-# and counts, in sample order, so the cut is the same in one process or many.
-# ShardWriter sizes a tar sample while encoding it: ``TarEncoder.write_within`` computes
-# the same exact size and writes the sample only if it fits the room left, so the hot
-# path looks at each sample once.
+and options: both cut shards with ``ShardCutter`` (NOTE [ Shard boundaries ] in
+``cutter``) and write them with ``ShardOutput``.
 """
 
 from __future__ import annotations
@@ -32,6 +21,7 @@ from typing import Any
 from shardstream.errors import PackError
 from shardstream.formats.base import Sample
 from shardstream.manifest import Manifest
+from shardstream.pack.cutter import SampleTooLarge, ShardCutter
 from shardstream.pack.dest import DatasetTarget
 from shardstream.pack.durable import ShardSync
 from shardstream.pack.options import PackOptions, Part
@@ -81,7 +71,7 @@ class ShardWriter:
             part=part,
             overwrite=overwrite,
         )
-        self._budget, self._max_samples = self.options.limits()  # refused before any lease is taken
+        self._cut = ShardCutter(*self.options.limits())  # bad limits are refused before any lease is taken
         self._fmt = self.options.fmt
         self._size = sample_sizer(self._fmt) if self.options.shard_size is not None else None
         self._own_storage = not isinstance(dest, Storage)
@@ -99,10 +89,7 @@ class ShardWriter:
         self._output: ShardOutput | None = None
         self._sync = ShardSync(self._storage.url)
         self._put: Callable[[Sample, int], int] = self._closed_put
-        # The first write starts shard 0: it finds the (empty) current shard full.
-        self._count = self._max_samples
-        self._room = 0  # bytes of samples the current shard can still take
-        self._done = 0
+        self._done = 0  # samples of the shards finished
         self._closed = False
         self.manifest: Manifest | None = None
 
@@ -113,7 +100,7 @@ class ShardWriter:
     @property
     def num_samples(self) -> int:
         """Samples written so far."""
-        return self._done + (self._count if self._output is not None else 0)
+        return self._done + (self._cut.count if self._output is not None else 0)
 
     @property
     def num_shards(self) -> int:
@@ -121,25 +108,28 @@ class ShardWriter:
         return len(self._results) + (self._output is not None)
 
     def write(self, sample: Sample) -> None:
-        """Add one sample (see NOTE [ Shard boundaries ])."""
-        if self._count < self._max_samples:
-            room = self._room
-            size = self._put(sample, room)  # writes the sample only if it fits
-            if size <= room:
-                self._room = room - size
-                self._count += 1
-                return
-            if size > self._budget:
-                raise oversize_error(sample.get("__key__"), size, self.options, self._budget)
-        self._next_shard(sample)
+        """Add one sample (see NOTE [ Shard boundaries ] in ``cutter``)."""
+        cut = self._cut
+        room = cut.room  # -1 before the first shard, and when the shard holds samples_per_shard
+        if room < 0:
+            self._next_shard(sample, None)
+            return
+        size = self._put(sample, room)  # writes the sample only if its size is at most room
+        if size <= room:
+            cut.keep(size)
+            return
+        self._next_shard(sample, size)
 
-    def _next_shard(self, sample: Sample) -> None:
+    def _next_shard(self, sample: Sample, size: int | None) -> None:
         if self._closed:
             self._closed_write(sample)
-        if self._size is not None:  # the sample has not been sized yet: refuse it before the cut
+        if size is None and self._size is not None:  # not sized yet: refuse it before the cut
             size = self._size(sample)
-            if size > self._budget:
-                raise oversize_error(sample.get("__key__"), size, self.options, self._budget)
+        if size is not None:
+            try:
+                self._cut.check(size)
+            except SampleTooLarge as error:
+                raise oversize_error(sample.get("__key__"), size, self.options, error.budget) from None
         self._finish_shard()
         name = self.options.shard_name(len(self._results))
         output = self._output = ShardOutput(
@@ -151,8 +141,7 @@ class ShardWriter:
             on_stored=self._sync.add,
         )
         self._put = output.write_within if output.write_within is not None else self._sized_put
-        self._count = 0
-        self._room = self._budget
+        self._cut.begin()
         self.write(sample)
 
     def _sized_put(self, sample: Sample, room: int) -> int:
@@ -168,7 +157,7 @@ class ShardWriter:
             self._put = self._closed_put
             self._target.fence()
             self._results.append(output.finish())
-            self._done += self._count
+            self._done += self._cut.count
 
     def _closed_write(self, sample: Sample) -> None:
         raise PackError("write to a ShardWriter that is closed", url=self._storage.url)
