@@ -21,7 +21,7 @@ from typing import IO, Any, TypeVar, cast
 
 from shardstream.errors import FormatError, ShardstreamError, StorageError, UsageError
 from shardstream.formats import SampleIndex, ShardFormat, get_format
-from shardstream.formats._checks import BlockHasher, ShardChecks
+from shardstream.formats.checks import BlockHasher, ShardChecks
 from shardstream.manifest import Manifest, ShardInfo
 from shardstream.pack.dest import PACK_RECORD_RE, PART_RECORD_RE, build_manifest
 from shardstream.pack.lock import PackLease

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import IO, Any, ClassVar, cast
 
 from shardstream.errors import FormatError, UsageError
-from shardstream.formats._checks import ShardChecks
+from shardstream.formats.checks import ShardChecks
 from shardstream.types import ByteRange
 
 __all__ = ["Sample", "SampleIndex", "ShardEncoder", "ShardFormat", "check_covers"]
@@ -27,7 +27,7 @@ Sample = dict[str, Any]
 
 class SampleIndex(ABC):
     """Where each sample of one shard lies, and (sidecar version 2) the shard's checks:
-    its size, sha256 and block CRCs (NOTE [ Checksummed reads ] in ``_checks``)."""
+    its size, sha256 and block CRCs (NOTE [ Checksummed reads ] in ``checks``)."""
 
     _checks: ShardChecks | None = None
 

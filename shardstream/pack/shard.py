@@ -24,8 +24,8 @@ from typing import IO, Any, cast
 
 from shardstream.errors import ShardstreamError, StorageError, UsageError
 from shardstream.formats import SampleIndex, ShardFormat
-from shardstream.formats._checks import BlockHasher, ShardChecks
 from shardstream.formats.base import Sample
+from shardstream.formats.checks import BlockHasher, ShardChecks
 from shardstream.manifest import ShardInfo
 from shardstream.storage import Storage
 from shardstream.storage.local import deferred_fsync

@@ -1,7 +1,7 @@
 """How many bytes a sample adds to a shard, fast enough to ask for every sample.
 
 For samples in memory this is the format's own ``sample_size``: exact for tar and fast
-in the usual case (NOTE [ Fast tar sample sizes ] in ``shardstream.formats._tarheader``).
+in the usual case (NOTE [ Fast tar sample sizes ] in ``shardstream.formats.tar.header``).
 A folder of files is planned before any file is read, so ``file_sample_sizer`` sizes a
 sample from its key, field names and file sizes alone: a tar member's bytes depend on
 its name and its data size only.

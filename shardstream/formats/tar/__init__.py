@@ -12,11 +12,11 @@ from collections.abc import Iterator
 from typing import IO
 
 from shardstream.errors import UsageError
-from shardstream.formats._tarindex import TarIndex
-from shardstream.formats._tarread import tar_samples
-from shardstream.formats._tarscan import check_fields, scan_tar
-from shardstream.formats._tarwrite import TarEncoder, sample_size
 from shardstream.formats.base import Sample, SampleIndex, ShardFormat, check_covers
+from shardstream.formats.tar.index import TarIndex
+from shardstream.formats.tar.read import tar_samples
+from shardstream.formats.tar.scan import check_fields, scan_tar
+from shardstream.formats.tar.write import TarEncoder, sample_size
 from shardstream.types import ByteRange
 
 __all__ = ["TarEncoder", "TarFormat", "TarIndex"]

@@ -19,8 +19,8 @@ import re
 from typing import Any
 
 from shardstream.errors import PackError, shown
-from shardstream.formats._keys import check_key_path
 from shardstream.formats.base import Sample
+from shardstream.formats.keys import check_key_path
 
 __all__ = [
     "BLOCK",
