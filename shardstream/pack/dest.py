@@ -41,6 +41,7 @@ Only names that shardstream writes are ever deleted.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -48,6 +49,7 @@ from typing import Any
 
 from shardstream import __version__
 from shardstream.errors import ManifestError, ShardstreamError, UsageError
+from shardstream.formats import available_formats
 from shardstream.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from shardstream.pack.durable import ShardSync
 from shardstream.pack.lock import PackLease, write_unsynced
@@ -57,10 +59,24 @@ from shardstream.pack.sources.base import is_local
 from shardstream.storage import Storage
 from shardstream.storage.local import TEMP_PREFIX, local_path
 
-__all__ = ["SHARD_NAME_RE", "DatasetTarget", "build_manifest", "writer_name"]
+__all__ = ["SHARD_NAME_RE", "DatasetTarget", "build_manifest", "shard_name_re", "writer_name"]
 
-# Every name a shardstream pack writes at the top of a dataset folder.
-SHARD_NAME_RE = re.compile(r"^(?:part-\d{5}-)?shard-\d{6}\.(?:tar|parquet)(?:\.idx)?$")
+
+def shard_name_re() -> re.Pattern[str]:
+    """Every name a shardstream pack writes at the top of a dataset folder: a shard of any
+    format registered now (``shard-000000`` plus the format's suffix), or its sidecar."""
+    return _shard_name_re(tuple(sorted({fmt.suffix for fmt in available_formats().values()})))
+
+
+@functools.lru_cache(maxsize=16)
+def _shard_name_re(suffixes: tuple[str, ...]) -> re.Pattern[str]:
+    formats = "|".join(map(re.escape, suffixes))
+    return re.compile(rf"^(?:part-\d{{5}}-)?shard-\d{{6}}(?:{formats})(?:\.idx)?$")
+
+
+# The names of the built-in formats' shards, for importers; a pack asks ``shard_name_re()``,
+# which knows the formats registered after this module was imported too.
+SHARD_NAME_RE = shard_name_re()
 PART_RECORD_RE = re.compile(r"^part-(\d{5})-of-(\d{5})\.json$")
 # The record of a pack in progress (NOTE [ Packs in progress ]), of a part if it names one.
 PACK_RECORD_RE = re.compile(r"^\.shardstream-pack(?:-part-(\d{5}))?\.json$")
@@ -211,7 +227,7 @@ class DatasetTarget:
         foreign = [
             p
             for p in self.storage.list_files()
-            if SHARD_NAME_RE.match(p) and p.startswith(prefix) and p not in known
+            if shard_name_re().match(p) and p.startswith(prefix) and p not in known
         ]
         if not foreign:
             return
@@ -248,7 +264,7 @@ class DatasetTarget:
         for name in names:
             match = _TEMP_RE.match(name)
             target = match.group(1) if match else ""
-            ours = SHARD_NAME_RE.match(target) and target.startswith(self.options.prefix)
+            ours = shard_name_re().match(target) and target.startswith(self.options.prefix)
             if ours or target == self.record or self._lease.is_stale_claim(target):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(root, name))
@@ -297,7 +313,7 @@ class DatasetTarget:
                     f"it has {len(ours)} shards named {prefix}*, this pack {len(manifest.shards)}"
                 )
         for path in self.storage.list_files():
-            stale = SHARD_NAME_RE.match(path) and (path.startswith(prefix) or path in self._old)
+            stale = shard_name_re().match(path) and (path.startswith(prefix) or path in self._old)
             record = self.options.part is None and bool(self._old) and PART_RECORD_RE.match(path)
             if (stale and path not in names) or record:
                 self._lease.ensure()

@@ -276,10 +276,8 @@ class ShardOutput:
 
 
 def fields_and_schema(index: SampleIndex) -> tuple[tuple[str, ...], dict[str, str]]:
-    """The fields (and Parquet schema) a format's index knows, if it exposes them."""
-    fields = tuple(getattr(index, "fields", ()) or ())
-    schema = getattr(index, "schema", None)
-    return fields, dict(schema) if isinstance(schema, dict) else {}
+    """The fields (and, for typed formats, the schema) a format's index knows."""
+    return tuple(index.fields), dict(index.schema)
 
 
 def sha256_of(storage: Storage, path: str) -> str:
