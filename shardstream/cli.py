@@ -61,7 +61,12 @@ def add_pack(subparsers: Any, common: argparse.ArgumentParser) -> None:
         "source", metavar="SOURCE", help="folder, .jsonl, .csv, .parquet (or folder of them), .tar"
     )
     p.add_argument("dest", metavar="DEST", help="dataset folder: a path, s3://bucket/prefix, ...")
-    p.add_argument("--format", default="tar", choices=["tar", "parquet"], help="shard format (default: tar)")
+    # Imported here, not at the top: ``import shardstream.cli`` stays light; every command
+    # that parses arguments goes on to use the formats anyway.
+    from shardstream.formats import available_formats
+
+    formats = list(available_formats())  # the registered ones, a user's format too
+    p.add_argument("--format", default="tar", choices=formats, help="shard format (default: tar)")
     p.add_argument(
         "--shard-size", help="largest shard, as 256MB or 64MiB (default: 256MB unless --samples-per-shard)"
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 
-from shardstream.formats._checks import BlockHasher, ShardChecks
+from shardstream.formats.checks import BlockHasher, ShardChecks
 from shardstream.storage import Storage
 
 __all__ = ["checks_of", "sha256_of"]

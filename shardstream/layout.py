@@ -19,11 +19,13 @@ joins parts packed by another machine), so changing one is a format change.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from shardstream._version import __version__
+from shardstream.formats import available_formats
 from shardstream.manifest import Manifest, ShardInfo
 
 if TYPE_CHECKING:
@@ -45,13 +47,29 @@ __all__ = [
     "part_record_name",
     "part_scope",
     "shard_name",
+    "shard_name_re",
     "sidecar_name",
     "writer_name",
 ]
 
 SHARD_PREFIX = "shard-"
-# Every name a shardstream pack writes at the top of a dataset folder.
-SHARD_NAME_RE = re.compile(r"^(?:part-\d{5}-)?shard-\d{6}\.(?:tar|parquet)(?:\.idx)?$")
+
+
+def shard_name_re() -> re.Pattern[str]:
+    """Every name a shardstream pack writes at the top of a dataset folder: a shard of any
+    format registered now (``shard-000000`` plus the format's suffix), or its sidecar."""
+    return _shard_name_re(tuple(sorted({fmt.suffix for fmt in available_formats().values()})))
+
+
+@functools.lru_cache(maxsize=16)
+def _shard_name_re(suffixes: tuple[str, ...]) -> re.Pattern[str]:
+    formats = "|".join(map(re.escape, suffixes))
+    return re.compile(rf"^(?:part-\d{{5}}-)?shard-\d{{6}}(?:{formats})(?:\.idx)?$")
+
+
+# The names of the built-in formats' shards, for importers; a pack asks ``shard_name_re()``,
+# which knows the formats registered after this module was imported too.
+SHARD_NAME_RE = shard_name_re()
 # A shard (or sidecar) of a part; group 1 is the part's index.
 PART_SHARD_RE = re.compile(r"^part-(\d{5})-shard-\d{6}\.")
 # A finished part's record; groups: the part's index, the number of parts.
@@ -113,10 +131,8 @@ class ShardResult:
 
 
 def fields_and_schema(index: SampleIndex) -> tuple[tuple[str, ...], dict[str, str]]:
-    """The fields (and Parquet schema) a format's index knows, if it exposes them."""
-    fields = tuple(getattr(index, "fields", ()) or ())
-    schema = getattr(index, "schema", None)
-    return fields, dict(schema) if isinstance(schema, dict) else {}
+    """The fields (and, for typed formats, the schema) a format's index knows."""
+    return tuple(index.fields), dict(index.schema)
 
 
 def build_manifest(format: str, results: list[ShardResult]) -> Manifest:

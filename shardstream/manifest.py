@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardstream.errors import ManifestError
+from shardstream.formats import available_formats
 
 __all__ = [
     "FORMATS",
@@ -31,6 +32,7 @@ __all__ = [
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
+# The built-in formats; a manifest may name any format registered when it loads.
 FORMATS = ("tar", "parquet")
 _MAX_COUNT = 1 << 63
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
@@ -71,9 +73,10 @@ class Manifest:
     version: int = MANIFEST_VERSION
 
     def __post_init__(self) -> None:
-        if self.format not in FORMATS:
+        known = available_formats()
+        if not isinstance(self.format, str) or self.format not in known:
             raise ManifestError(
-                f"unknown shard format {reprlib.repr(self.format)}; known: {', '.join(FORMATS)}"
+                f"unknown shard format {reprlib.repr(self.format)}; known: {', '.join(known)}"
             )
         seen: set[str] = set()
         for shard in self.shards:  # NOTE [ What a manifest must say ]

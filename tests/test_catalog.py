@@ -118,7 +118,7 @@ def test_index_refuses_what_it_cannot_index(tmp_path):
     (tmp_path / "mixed").mkdir()
     (tmp_path / "mixed" / "a.tar").write_bytes(bytes(1024))
     (tmp_path / "mixed" / "b.parquet").write_bytes(b"PAR1")
-    with pytest.raises(UsageError, match="both tar and Parquet"):
+    with pytest.raises(UsageError, match="holds tar and parquet shards"):
         index_dataset(str(tmp_path / "mixed"))
     (tmp_path / "none").mkdir()
     (tmp_path / "none" / "notes.txt").write_text("x")

@@ -7,7 +7,7 @@ import zlib
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardstream.formats import _checks
+from shardstream.formats import checks as _checks
 
 
 @settings(max_examples=200, deadline=None)

@@ -15,7 +15,7 @@ import webdataset as wds
 
 from shardstream.errors import FormatError, PackError
 from shardstream.formats import TarFormat
-from shardstream.formats._tarheader import BLOCK
+from shardstream.formats.tar.header import BLOCK
 from shardstream.types import ByteRange
 from tests.test_formats import write_shard
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardstream.errors import FormatError, PackError, shown
-from shardstream.formats._tarheader import BLOCK
+from shardstream.formats.tar.header import BLOCK
 from shardstream.types import ByteRange
 from tests.test_formats import write_shard
 from tests.test_formats_tar import FMT, SAMPLES, decode_all, expected_members, tar_members

@@ -1,6 +1,6 @@
 """Sidecars tied to their shards, checked reads, and manifests whose counts lie (issue 10: 5, 6, 12).
 
-See NOTE [ Checksummed reads ] in shardstream/formats/_checks.py.
+See NOTE [ Checksummed reads ] in shardstream/formats/checks.py.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from shardstream.catalog import index_dataset, verify_dataset
 from shardstream.cli import main
 from shardstream.errors import FormatError, ShardstreamError
 from shardstream.formats import get_format
-from shardstream.formats._checks import BLOCK
 from shardstream.formats._sidecar import pack_sidecar, unpack_versioned
+from shardstream.formats.checks import BLOCK
 from shardstream.pack import ShardWriter
 from shardstream.storage import Storage
 

@@ -313,3 +313,67 @@ def test_pack_modules_stay_small(path):
     """parallel.py was 686 lines doing five jobs; no pack module grows past ~400 again."""
     lines = len(path.read_text().splitlines())
     assert lines <= 400, f"{path.relative_to(PACKAGE)} has {lines} lines"
+
+
+# A format's rules live in its ``ShardFormat`` (``shardstream.formats.base``): code outside
+# ``shardstream/formats`` asks the format object or the registry, never tests its name.
+FORMAT_NAMES = {"tar", "parquet"}
+# A pack source that reads tar files shares the tar codec's member reader and naming rule:
+# reading a tar is its job, whatever format the pack writes.
+FORMAT_INTERNALS_ALLOWED = {
+    "pack/sources/tar.py": {"shardstream.formats.tar.header", "shardstream.formats.tar.members"},
+}
+
+
+def outside_formats() -> list[pathlib.Path]:
+    root = PACKAGE.parent
+    files = [p for p in PACKAGE.rglob("*.py") if (PACKAGE / "formats") not in p.parents]
+    return sorted([*files, *(root / "tools").glob("*.py")])
+
+
+def names_a_format(node: ast.expr) -> bool:
+    if isinstance(node, ast.Constant):
+        return node.value in FORMAT_NAMES
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(names_a_format(item) for item in node.elts)
+    return False
+
+
+def test_no_format_name_tests_outside_formats():
+    """``fmt.name == "tar"`` (or ``format in ("tar", ...)``) outside the formats means a
+    rule a third format cannot follow; the rule belongs in the ``ShardFormat`` contract.
+    Defaults (``format="tar"``) and docs are no comparison, so they stay allowed."""
+    bad = []
+    for path in outside_formats():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Compare) and any(map(names_a_format, [node.left, *node.comparators])):
+                bad.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} compares with a format name")
+    assert not bad, "\n".join(bad)
+
+
+def test_format_internals_stay_inside_formats():
+    """Outside ``shardstream/formats`` the tar and Parquet codecs are used through their
+    packages' public names (``shardstream.formats.tar``, ``...parquet``) and the shared
+    modules (``base``, ``checks``, ``keys``), never a codec's inner modules or a private one."""
+    inner = ("shardstream.formats.tar.", "shardstream.formats.parquet.", "shardstream.formats._")
+    bad = []
+    for path in outside_formats():
+        where = path.relative_to(PACKAGE).as_posix() if PACKAGE in path.parents else ""
+        allowed = FORMAT_INTERNALS_ALLOWED.get(where, set())
+        for name in imported_modules(path):
+            if name.startswith(inner) and name not in allowed:
+                bad.append(f"{path.relative_to(PACKAGE.parent)} imports {name}")
+    assert not bad, "\n".join(bad)
+
+
+def test_format_rules_scan_finds_what_it_forbids(tmp_path):
+    """The two scans above see the seams they guard (a rule that sees nothing holds always)."""
+    tree = ast.parse('if fmt.name == "tar" or kind in ("parquet", "x"):\n    pass\n')
+    compares = [n for n in ast.walk(tree) if isinstance(n, ast.Compare)]
+    assert len(compares) == 2
+    assert all(names_a_format(c.comparators[0]) for c in compares)
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from shardstream.formats.tar.scan import scan_tar\nimport shardstream.formats._sidecar\n"
+    )
+    assert {"shardstream.formats.tar.scan", "shardstream.formats._sidecar"} <= imported_modules(probe)

@@ -17,7 +17,7 @@ from shardstream.catalog import index as catalog_index
 from shardstream.catalog import index_dataset, verify_dataset
 from shardstream.errors import PackError, UsageError
 from shardstream.formats import get_format
-from shardstream.formats._tarheader import exact_sample_size
+from shardstream.formats.tar.header import exact_sample_size
 from shardstream.pack import ShardWriter, pack
 from shardstream.pack.sizing import sample_sizer
 from shardstream.progress import Progress

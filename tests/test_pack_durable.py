@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from shardstream.errors import PackError, StorageError
 from shardstream.formats import get_format
-from shardstream.formats._tarheader import exact_sample_size, sample_size
+from shardstream.formats.tar.header import exact_sample_size, sample_size
 from shardstream.pack import ShardWriter, open_source, pack
 from shardstream.pack.jobs import Packed, ShardJob, _pack_entries
 from shardstream.storage import local

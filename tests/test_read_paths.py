@@ -20,7 +20,7 @@ import shardstream
 from shardstream.dataset.reader import INDEX_CACHE_SIZE, IndexCache, WindowReader
 from shardstream.errors import ShardstreamError, StorageError
 from shardstream.formats import TarFormat
-from shardstream.formats._tarread import BLOCK, _owner, sample_builder
+from shardstream.formats.tar.read import BLOCK, _owner, sample_builder
 from shardstream.manifest import Manifest, ShardInfo
 from shardstream.storage import Storage
 from shardstream.types import ByteRange

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from shardstream.errors import FormatError
 from shardstream.formats import get_format
-from shardstream.formats._checks import BlockHasher
 from shardstream.formats._sidecar import MAGIC
+from shardstream.formats.checks import BlockHasher
 from shardstream.types import ByteRange
 
 FUZZ = settings(

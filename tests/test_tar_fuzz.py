@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from shardstream.errors import ShardstreamError
 from shardstream.formats import TarFormat
-from shardstream.formats._tarscan import scan_tar, tar_members
+from shardstream.formats.tar.members import tar_members
+from shardstream.formats.tar.scan import scan_tar
 from shardstream.types import ByteRange
 from tests.tar_bytes import gnu_long_name, member, pax, pax_record, tar
 from tests.test_formats import write_shard

@@ -25,8 +25,8 @@ import pytest
 from shardstream.catalog import index_dataset
 from shardstream.errors import FormatError, PackError, ShardstreamError
 from shardstream.formats import TarFormat
-from shardstream.formats._tarscan import tar_members
 from shardstream.formats.tar import TarIndex
+from shardstream.formats.tar.members import tar_members
 from shardstream.pack import ShardWriter, pack
 from shardstream.types import ByteRange
 from tests.tar_bytes import BLOCK, gnu_long_name, header, member, padded, pax, pax_record, tar

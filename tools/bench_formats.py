@@ -99,7 +99,7 @@ def bench(fmt_name: str, samples: list[dict], repeat: int, run: int) -> None:
                 repeat, lambda: sum(1 for _ in fmt.decode(view, whole, index, 0, n, name="bench"))
             )
             view.release()
-    from shardstream.formats._checks import BlockHasher
+    from shardstream.formats.checks import BlockHasher
 
     hasher = BlockHasher()
     hasher.update(data)

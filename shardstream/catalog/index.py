@@ -16,8 +16,8 @@ from typing import IO, Any, TypeVar, cast
 
 from shardstream.digests import checks_of
 from shardstream.errors import UsageError
-from shardstream.formats import SampleIndex, ShardFormat, get_format
-from shardstream.formats._checks import BlockHasher
+from shardstream.formats import SampleIndex, ShardFormat, available_formats, get_format
+from shardstream.formats.checks import BlockHasher
 from shardstream.layout import (
     PACK_RECORD_RE,
     PART_RECORD_RE,
@@ -37,8 +37,6 @@ __all__ = ["index_dataset"]
 T = TypeVar("T")
 R = TypeVar("R")
 
-_SUFFIX_FORMATS = {".tar": "tar", ".parquet": "parquet"}
-_COMPRESSED_TAR = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst", ".tar.lz4")
 _READ_CHUNK = 8 << 20
 _DEFAULT_THREADS = 4
 
@@ -101,7 +99,7 @@ def _read_shard(
     """Index, fields, sha256 and size of a stored shard, read once where the format allows;
     the index is tied to the shard's bytes (``SampleIndex.checks``)."""
     with storage.open(path) as f:
-        reader = _OnePass(f, sequential=fmt.name == "tar")
+        reader = _OnePass(f, sequential=fmt.sequential_index)
         index, fields = fmt.build_index(cast(IO[bytes], reader), name=path)
         hashed = reader.finish()
     checks = hashed.checks() if hashed is not None else checks_of(storage, path)
@@ -126,19 +124,20 @@ def _hidden(path: str) -> bool:
 
 
 def _shard_format(paths: list[str], url: str) -> str:
+    """The one registered format whose suffix the shards under ``url`` have."""
+    registered = available_formats()
     for path in paths:
-        if path.lower().endswith(_COMPRESSED_TAR):
-            raise UsageError(
-                "compressed tar shards are not supported: a sample cannot be fetched with a ranged read "
-                "from inside a compressed stream; decompress them, or repack with `shardstream pack`",
-                url=url,
-                shard=path,
-            )
-    formats = {fmt for path in paths for suffix, fmt in _SUFFIX_FORMATS.items() if path.endswith(suffix)}
+        for fmt in registered.values():
+            why = fmt.refusal(path)
+            if why is not None:
+                raise UsageError(why, url=url, shard=path)
+    formats = {name for path in paths for name, fmt in registered.items() if path.endswith(fmt.suffix)}
     if not formats:
-        raise UsageError("no shards (*.tar or *.parquet files) in this folder", url=url)
+        patterns = " or ".join(f"*{fmt.suffix}" for fmt in registered.values())
+        raise UsageError(f"no shards ({patterns} files) in this folder", url=url)
     if len(formats) > 1:
-        raise UsageError("the folder holds both tar and Parquet shards; a dataset has one format", url=url)
+        held = " and ".join(name for name in registered if name in formats)
+        raise UsageError(f"the folder holds {held} shards; a dataset has one format", url=url)
     return formats.pop()
 
 
@@ -207,10 +206,9 @@ def index_dataset(
         files = storage.list_files()
         _refuse_unfinished_packs(storage, files)
         visible = [f for f in files if not _hidden(f)]
-        candidates = [f for f in visible if f.lower().endswith((*_SUFFIX_FORMATS, *_COMPRESSED_TAR))]
-        format = _shard_format(candidates, storage.url)
+        format = _shard_format(visible, storage.url)
         fmt = get_format(format)
-        shards = [f for f in candidates if f.endswith(fmt.suffix)]
+        shards = [f for f in visible if f.endswith(fmt.suffix)]
         records = _part_records(storage, visible)
         present = set(files)
         for path, (info, _) in records.items():

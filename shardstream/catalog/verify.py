@@ -12,7 +12,7 @@ from shardstream.catalog.index import _DEFAULT_THREADS, _hidden, _map, _read_sha
 from shardstream.digests import sha256_of
 from shardstream.errors import FormatError, ShardstreamError, StorageError
 from shardstream.formats import SampleIndex, ShardFormat, get_format
-from shardstream.formats._checks import ShardChecks
+from shardstream.formats.checks import ShardChecks
 from shardstream.manifest import ShardInfo
 from shardstream.storage import Storage
 

@@ -2,7 +2,7 @@
 
 A window is a few runs of consecutive samples (``Run(shard, start, stop)``). For each run
 the reader asks the shard's sample index for the byte range of those samples, grown to
-whole check blocks (NOTE [ Checksummed reads ] in formats/_checks.py), reads it with one
+whole check blocks (NOTE [ Checksummed reads ] in formats/checks.py), reads it with one
 ranged read and checks its blocks' CRCs before decoding; close runs of one shard share a
 read (``plan_reads``). The sample indexes (sidecars) are loaded when first needed and kept in a small LRU. While the
 dataset decodes and yields one window, the bytes of the next one are read in a background
@@ -22,8 +22,8 @@ from shardstream.dataset.fetch import ByteFetcher
 from shardstream.dataset.indexes import INDEX_CACHE_SIZE, IndexCache
 from shardstream.errors import FormatError, StorageError
 from shardstream.formats import get_format
-from shardstream.formats._checks import BLOCK, ShardChecks
 from shardstream.formats.base import Sample, SampleIndex
+from shardstream.formats.checks import BLOCK, ShardChecks
 from shardstream.manifest import Manifest
 from shardstream.storage import Prefetcher, Storage
 from shardstream.types import ByteRange

@@ -29,7 +29,8 @@ __all__ = [
     "register_format",
 ]
 
-_registry: dict[str, ShardFormat] = {"tar": TarFormat(), "parquet": ParquetFormat()}
+_BUILT_IN: dict[str, ShardFormat] = {"tar": TarFormat(), "parquet": ParquetFormat()}
+_registry: dict[str, ShardFormat] = dict(_BUILT_IN)
 _view = MappingProxyType(_registry)
 
 
@@ -60,3 +61,12 @@ def register_format(fmt: ShardFormat, *, clobber: bool = False) -> None:
             f"a different format is already registered as {name!r}; pass clobber=True to replace it"
         )
     _registry[name] = fmt
+
+
+def _unregister_format(name: str) -> None:
+    """Forget a format that ``register_format`` added (tests that register their own undo
+    it with this); a built-in format comes back as it was, never goes away."""
+    if name in _BUILT_IN:
+        _registry[name] = _BUILT_IN[name]
+    else:
+        _registry.pop(name, None)

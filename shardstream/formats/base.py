@@ -13,21 +13,21 @@ range with one ranged GET, and decodes just those samples from the bytes.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any, ClassVar, cast
 
 from shardstream.errors import FormatError, UsageError
-from shardstream.formats._checks import ShardChecks
+from shardstream.formats.checks import ShardChecks
 from shardstream.types import ByteRange
 
-__all__ = ["Sample", "SampleIndex", "ShardEncoder", "ShardFormat", "check_covers"]
+__all__ = ["FileSizer", "Sample", "SampleIndex", "ShardEncoder", "ShardFormat", "check_covers"]
 
 Sample = dict[str, Any]
 
 
 class SampleIndex(ABC):
     """Where each sample of one shard lies, and (sidecar version 2) the shard's checks:
-    its size, sha256 and block CRCs (NOTE [ Checksummed reads ] in ``_checks``)."""
+    its size, sha256 and block CRCs (NOTE [ Checksummed reads ] in ``checks``)."""
 
     _checks: ShardChecks | None = None
 
@@ -73,6 +73,16 @@ class SampleIndex(ABC):
     def name(self) -> str:
         """The shard's name, for errors."""
 
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The field names of the shard's samples, for the manifest (none known: empty)."""
+        return ()
+
+    @property
+    def schema(self) -> dict[str, str]:
+        """Field name -> type name, for formats with typed fields (Parquet); else empty."""
+        return {}
+
     @classmethod
     @abstractmethod
     def from_bytes(cls, data: bytes | memoryview, *, name: str) -> SampleIndex:
@@ -114,11 +124,45 @@ class ShardEncoder(ABC):
         """Finish the shard (tar end blocks, Parquet footer); the file object stays open."""
 
 
-class ShardFormat(ABC):
-    """A codec for one shard format. Instances are stateless and picklable."""
+FileSizer = Callable[[str, tuple[str, ...], Sequence[int]], int]
 
-    name: ClassVar[str]  # "tar" | "parquet"
-    suffix: ClassVar[str]  # ".tar" | ".parquet"
+
+class ShardFormat(ABC):
+    """A codec for one shard format. Instances are stateless and picklable.
+
+    Everything the rest of shardstream asks of a format is here, so that code outside
+    ``shardstream.formats`` never tests a format's name, and a format registered with
+    ``register_format`` packs, streams, indexes and verifies like the built-in ones.
+    """
+
+    name: ClassVar[str]  # the registry key and the manifest's "format": "tar", "parquet"
+    suffix: ClassVar[str]  # of every shard file: ".tar", ".parquet"
+    # ``build_index`` reads the shard once from its start to its end and never seeks, so
+    # whoever indexes it can hash the same bytes as they stream by (tar); a format that
+    # reads its footer first (Parquet) is hashed in a second pass.
+    sequential_index: ClassVar[bool] = False
+    # A sample's values are stored as bytes (tar members): a pack turns the Python values
+    # of JSON Lines, CSV or Parquet sources into text first (``tar_ready``).
+    stores_bytes: ClassVar[bool] = False
+
+    def file_sizer(self) -> FileSizer:
+        """``size(key, fields, sizes)``: the bytes a sample of files not read yet adds to a
+        shard, from its key, field names and file sizes (the pack cuts a folder's shards
+        before reading it). A new sizer per call: it may cache what it learns.
+
+        This default sizes the sample with empty values, plus the data.
+        """
+        exact = self.sample_size
+
+        def size(key: str, fields: tuple[str, ...], sizes: Sequence[int]) -> int:
+            return exact({"__key__": key, **dict.fromkeys(fields, b"")}) + sum(sizes)
+
+        return size
+
+    def refusal(self, path: str) -> str | None:
+        """Why a file named like ``path`` cannot be one of this format's shards although it
+        looks like one (a compressed tar), or None; ``index`` refuses such a folder."""
+        return None
 
     @abstractmethod
     def encoder(self, fileobj: IO[bytes], *, name: str, compression: str | None = None) -> ShardEncoder:

@@ -56,6 +56,7 @@ from shardstream.layout import (
     build_manifest,
     pack_record_name,
     part_scope,
+    shard_name_re,
     writer_name,
 )
 from shardstream.lock import PackLease, write_unsynced
@@ -74,6 +75,7 @@ __all__ = [
     "SHARD_NAME_RE",
     "DatasetTarget",
     "build_manifest",
+    "shard_name_re",
     "writer_name",
 ]
 
@@ -200,7 +202,7 @@ class DatasetTarget:
         foreign = [
             p
             for p in self.storage.list_files()
-            if SHARD_NAME_RE.match(p) and p.startswith(prefix) and p not in known
+            if shard_name_re().match(p) and p.startswith(prefix) and p not in known
         ]
         if not foreign:
             return
@@ -237,7 +239,7 @@ class DatasetTarget:
         for name in names:
             match = _TEMP_RE.match(name)
             target = match.group(1) if match else ""
-            ours = SHARD_NAME_RE.match(target) and target.startswith(self.options.prefix)
+            ours = shard_name_re().match(target) and target.startswith(self.options.prefix)
             if ours or target == self.record or self._lease.is_stale_claim(target):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(root, name))
@@ -286,7 +288,7 @@ class DatasetTarget:
                     f"it has {len(ours)} shards named {prefix}*, this pack {len(manifest.shards)}"
                 )
         for path in self.storage.list_files():
-            stale = SHARD_NAME_RE.match(path) and (path.startswith(prefix) or path in self._old)
+            stale = shard_name_re().match(path) and (path.startswith(prefix) or path in self._old)
             record = self.options.part is None and bool(self._old) and PART_RECORD_RE.match(path)
             if (stale and path not in names) or record:
                 self._lease.ensure()

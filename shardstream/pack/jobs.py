@@ -137,7 +137,7 @@ class EntrySizer:
         self.fmt = options.fmt
         self.sized = options.shard_size is not None
         self.measure = sample_sizer(self.fmt)
-        self.adapt = self.fmt.name == "tar" and not source.lazy
+        self.adapt = self.fmt.stores_bytes and not source.lazy
 
     def __call__(self, entry: Entry) -> tuple[Entry, int]:
         """``entry`` (an inline sample made ready for tar) and its size; errors name its file."""

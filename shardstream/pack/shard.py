@@ -25,8 +25,8 @@ from typing import IO, Any, cast
 from shardstream.digests import checks_of, sha256_of
 from shardstream.errors import ShardstreamError, StorageError, UsageError
 from shardstream.formats import ShardFormat
-from shardstream.formats._checks import BlockHasher, ShardChecks
 from shardstream.formats.base import Sample
+from shardstream.formats.checks import BlockHasher, ShardChecks
 from shardstream.layout import ShardResult, fields_and_schema, sidecar_name
 from shardstream.manifest import ShardInfo
 from shardstream.storage import Storage

@@ -5,7 +5,7 @@ share the key (the name up to the first dot of its base name) form a sample. Fol
 and other non-file members are skipped. ``.tar.gz`` and ``.tgz`` are read too.
 
 Tars are read with shardstream's own bounded scanner, never with ``tarfile``: see
-NOTE [ Bounded tar reading ] in ``shardstream.formats._tarscan``.
+NOTE [ Bounded tar reading ] in ``shardstream.formats.tar.members``.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from contextlib import nullcontext
 from typing import IO, Any, cast
 
 from shardstream.errors import FormatError, PackError, shown
-from shardstream.formats._keys import key_problem, unsafe_key
-from shardstream.formats._tarheader import KEY_FIELD_RE, MAX_USTAR_SIZE
-from shardstream.formats._tarscan import TarMember, metadata_field, tar_members
 from shardstream.formats.base import Sample
+from shardstream.formats.keys import key_problem, unsafe_key
+from shardstream.formats.tar.header import KEY_FIELD_RE, MAX_USTAR_SIZE
+from shardstream.formats.tar.members import TarMember, metadata_field, tar_members
 from shardstream.pack.sources.base import (
     COMPRESSION_SUFFIXES,
     Entry,

@@ -28,9 +28,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardstream.errors import PackError, UsageError, shown
-from shardstream.formats._keys import check_key_value
-from shardstream.formats._parquetindex import KEY_COLUMN, MAGIC, ParquetIndex, parse_footer, row_group_spans
 from shardstream.formats.base import Sample, ShardEncoder
+from shardstream.formats.keys import check_key_value
+from shardstream.formats.parquet.index import KEY_COLUMN, MAGIC, ParquetIndex, parse_footer, row_group_spans
 
 __all__ = [
     "COMPRESSIONS",

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 import numpy as np
 
 from shardstream.errors import FormatError, UsageError
-from shardstream.formats._checks import ShardChecks
 from shardstream.formats._sidecar import (
     array_section,
     pack_sidecar,
@@ -23,6 +22,7 @@ from shardstream.formats._sidecar import (
     unpack_versioned,
 )
 from shardstream.formats.base import SampleIndex
+from shardstream.formats.checks import ShardChecks
 from shardstream.types import ByteRange
 
 __all__ = ["TarIndex"]

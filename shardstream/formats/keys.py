@@ -7,7 +7,7 @@
 # ``..\\x`` as a path) would make that write outside the target folder, so the tar
 # writer takes none; NUL is refused too, as it ends a name in C and in the tar header.
 # A field name is the rest of a member name after the key's first dot, so it may hold no
-# '/', backslash or NUL either (``_tarheader.check_field``). ``.`` parts (``./a/b``, as
+# '/', backslash or NUL either (``tar.header.check_field``). ``.`` parts (``./a/b``, as
 # ``tar -C dir .`` writes) and nested keys (``a/b/c``) are fine. In a Parquet shard a
 # key is a value in a column and never names a file, so Parquet refuses only NUL
 # (``check_key_value``): IDs such as ``q:123`` stay as they are; repacking such a dataset

@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from shardstream.formats._tarheader import BLOCK as HEADER_BLOCK
-from shardstream.formats._tarindex import TarIndex
-from shardstream.formats._tarscan import check_uncompressed
 from shardstream.formats.base import Sample
+from shardstream.formats.tar.header import BLOCK as HEADER_BLOCK
+from shardstream.formats.tar.index import TarIndex
+from shardstream.formats.tar.members import check_uncompressed
 
 __all__ = ["BLOCK", "sample_builder", "tar_samples"]
 

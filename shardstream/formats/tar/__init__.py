@@ -12,14 +12,18 @@ from collections.abc import Iterator
 from typing import IO
 
 from shardstream.errors import UsageError
-from shardstream.formats._tarindex import TarIndex
-from shardstream.formats._tarread import tar_samples
-from shardstream.formats._tarscan import check_fields, scan_tar
-from shardstream.formats._tarwrite import TarEncoder, sample_size
-from shardstream.formats.base import Sample, SampleIndex, ShardFormat, check_covers
+from shardstream.formats.base import FileSizer, Sample, SampleIndex, ShardFormat, check_covers
+from shardstream.formats.tar.header import file_sample_sizer
+from shardstream.formats.tar.index import TarIndex
+from shardstream.formats.tar.read import tar_samples
+from shardstream.formats.tar.scan import check_fields, scan_tar
+from shardstream.formats.tar.write import TarEncoder, sample_size
 from shardstream.types import ByteRange
 
 __all__ = ["TarEncoder", "TarFormat", "TarIndex"]
+
+# A sample cannot be fetched with a ranged read from inside a compressed stream.
+_COMPRESSED_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst", ".tar.lz4")
 
 
 class TarFormat(ShardFormat):
@@ -27,6 +31,8 @@ class TarFormat(ShardFormat):
 
     name = "tar"
     suffix = ".tar"
+    sequential_index = True  # headers, then data skipped or read, in file order
+    stores_bytes = True
 
     def encoder(self, fileobj: IO[bytes], *, name: str, compression: str | None = None) -> TarEncoder:
         if compression not in (None, "none"):
@@ -35,6 +41,17 @@ class TarFormat(ShardFormat):
 
     def sample_size(self, sample: Sample) -> int:
         return sample_size(sample, None)
+
+    def file_sizer(self) -> FileSizer:
+        return file_sample_sizer()
+
+    def refusal(self, path: str) -> str | None:
+        if not path.lower().endswith(_COMPRESSED_SUFFIXES):
+            return None
+        return (
+            "compressed tar shards are not supported: a sample cannot be fetched with a ranged read "
+            "from inside a compressed stream; decompress them, or repack with `shardstream pack`"
+        )
 
     def build_index(self, fileobj: IO[bytes], *, name: str) -> tuple[TarIndex, tuple[str, ...]]:
         index = scan_tar(fileobj, name)

@@ -1,10 +1,10 @@
 """The tar shard encoder: samples to WebDataset-style members, with no ``tarfile`` on the hot path.
 
-See NOTE [ Compact deterministic tar headers ] in ``_tarheader``. A sample
+See NOTE [ Compact deterministic tar headers ] in ``tar.header``. A sample
 ``{"__key__": "a/b", "jpg": ..., "seg.png": ...}`` becomes the members ``a/b.jpg`` and
 ``a/b.seg.png`` (fields sorted). Fields whose name starts with ``_`` (``__key__``,
 ``__url__``, ...) are metadata and are not written, as in ``webdataset.TarWriter``.
-Member names are validated, and samples sized, in ``_tarheader``.
+Member names are validated, and samples sized, in ``tar.header``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import IO, NamedTuple
 import numpy as np
 
 from shardstream.errors import PackError, shown
-from shardstream.formats._tarheader import (
+from shardstream.formats.base import Sample, ShardEncoder
+from shardstream.formats.tar.header import (
     BLOCK,
     CHECKSUM_BASE,
     END_OF_ARCHIVE,
@@ -33,10 +34,9 @@ from shardstream.formats._tarheader import (
     size_field,
     webdataset_skips,
 )
-from shardstream.formats._tarindex import TarIndex
-from shardstream.formats.base import Sample, ShardEncoder
+from shardstream.formats.tar.index import TarIndex
 
-# The naming and sizing rules live in _tarheader; they are re-exported for the codec's readers.
+# The naming and sizing rules live in tar.header; they are re-exported for the codec's readers.
 __all__ = [
     "KEY_FIELD_RE",
     "TarEncoder",

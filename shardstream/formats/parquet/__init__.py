@@ -20,8 +20,8 @@ from shardstream.types import ByteRange
 if TYPE_CHECKING:
     import pyarrow.parquet as pq
 
-    from shardstream.formats._parquetindex import ParquetIndex
-    from shardstream.formats._parquetwrite import (
+    from shardstream.formats.parquet.index import ParquetIndex
+    from shardstream.formats.parquet.write import (
         COMPRESSIONS,
         ROW_GROUP_MAX_BYTES,
         ROW_GROUP_MAX_ROWS,
@@ -39,11 +39,11 @@ __all__ = [
 
 _MAX_FOOTER = 256 << 20  # a footer length beyond this is corruption, not metadata
 _LAZY = {  # NOTE [ pyarrow on demand ]: these names import pyarrow, so only on first use
-    "COMPRESSIONS": "shardstream.formats._parquetwrite",
-    "ROW_GROUP_MAX_BYTES": "shardstream.formats._parquetwrite",
-    "ROW_GROUP_MAX_ROWS": "shardstream.formats._parquetwrite",
-    "ParquetEncoder": "shardstream.formats._parquetwrite",
-    "ParquetIndex": "shardstream.formats._parquetindex",
+    "COMPRESSIONS": "shardstream.formats.parquet.write",
+    "ROW_GROUP_MAX_BYTES": "shardstream.formats.parquet.write",
+    "ROW_GROUP_MAX_ROWS": "shardstream.formats.parquet.write",
+    "ParquetEncoder": "shardstream.formats.parquet.write",
+    "ParquetIndex": "shardstream.formats.parquet.index",
 }
 
 # NOTE [ pyarrow on demand ]
@@ -77,17 +77,17 @@ class ParquetFormat(ShardFormat):
     suffix = ".parquet"
 
     def encoder(self, fileobj: IO[bytes], *, name: str, compression: str | None = None) -> ParquetEncoder:
-        from shardstream.formats._parquetwrite import ParquetEncoder
+        from shardstream.formats.parquet.write import ParquetEncoder
 
         return ParquetEncoder(fileobj, name=name, compression=compression)
 
     def sample_size(self, sample: Sample) -> int:
-        from shardstream.formats._parquetwrite import estimate_size
+        from shardstream.formats.parquet.write import estimate_size
 
         return estimate_size(sample)
 
     def build_index(self, fileobj: IO[bytes], *, name: str) -> tuple[ParquetIndex, tuple[str, ...]]:
-        from shardstream.formats._parquetindex import MAGIC, ParquetIndex, parse_footer, row_group_spans
+        from shardstream.formats.parquet.index import MAGIC, ParquetIndex, parse_footer, row_group_spans
 
         try:
             size = fileobj.seek(0, io.SEEK_END)
@@ -117,7 +117,7 @@ class ParquetFormat(ShardFormat):
         return index, index.fields
 
     def load_index(self, data: bytes, *, name: str) -> ParquetIndex:
-        from shardstream.formats._parquetindex import ParquetIndex
+        from shardstream.formats.parquet.index import ParquetIndex
 
         return ParquetIndex.from_bytes(data, name=name)
 
@@ -131,7 +131,7 @@ class ParquetFormat(ShardFormat):
         *,
         name: str,
     ) -> Iterator[Sample]:
-        from shardstream.formats._parquetindex import ParquetIndex
+        from shardstream.formats.parquet.index import ParquetIndex
 
         if not isinstance(index, ParquetIndex):
             raise UsageError(f"a Parquet shard needs a ParquetIndex, not {type(index).__name__}", shard=name)
@@ -145,7 +145,7 @@ class ParquetFormat(ShardFormat):
 def _has_key_column(metadata: pq.FileMetaData) -> bool:
     import pyarrow as pa
 
-    from shardstream.formats._parquetindex import KEY_COLUMN
+    from shardstream.formats.parquet.index import KEY_COLUMN
 
     try:
         field = metadata.schema.to_arrow_schema().field(KEY_COLUMN)
@@ -158,7 +158,7 @@ def _read_keys(fileobj: IO[bytes], metadata: pq.FileMetaData, name: str) -> list
     """The ``__key__`` column: the only data an index of our own shards reads."""
     import pyarrow.parquet as pq
 
-    from shardstream.formats._parquetindex import KEY_COLUMN
+    from shardstream.formats.parquet.index import KEY_COLUMN
 
     try:
         fileobj.seek(0)
@@ -220,7 +220,7 @@ def _rows(
 ) -> Iterator:
     import pyarrow.parquet as pq
 
-    from shardstream.formats._parquetindex import KEY_COLUMN, MAGIC
+    from shardstream.formats.parquet.index import KEY_COLUMN, MAGIC
 
     lo, hi = index.row_groups(start, stop)
     footer = index.footer

@@ -1,10 +1,9 @@
 """Read any tar (ours, webdataset's, GNU tar's) in one sequential pass over its headers.
 
-``scan_tar`` indexes a shard: only headers are read, member data is skipped with ``seek``
-when the file object can, read and dropped otherwise. ``tar_members`` gives the members
-with their data, for ``pack`` to repack a tar. Every malformed header, impossible size or
-early end is a ``FormatError`` with the shard name and the byte offset of the offending
-block.
+``tar_members`` gives the members with their data, for ``pack`` to repack a tar; ``scan``
+builds a shard's index from the same pass with the data skipped (``seek`` when the file
+object can, read and dropped otherwise). Every malformed header, impossible size or early
+end is a ``FormatError`` with the shard name and the byte offset of the offending block.
 
 # NOTE [ Bounded tar reading ]
 # Tars come from anywhere, so reading one must cost time and memory in proportion to its
@@ -33,11 +32,9 @@ from collections.abc import Iterator
 from typing import IO, NamedTuple
 
 from shardstream.errors import FormatError, shown
-from shardstream.formats._tarheader import BLOCK
-from shardstream.formats._tarindex import TarIndex
-from shardstream.formats._tarwrite import KEY_FIELD_RE, webdataset_skips
+from shardstream.formats.tar.header import BLOCK
 
-__all__ = ["TarMember", "check_fields", "check_uncompressed", "scan_tar", "tar_members"]
+__all__ = ["MemberReader", "TarMember", "check_uncompressed", "metadata_field", "read_members", "tar_members"]
 
 _ZERO = bytes(BLOCK)
 _REGULAR = frozenset(b"07\0")  # typeflags (as ints) of regular files
@@ -67,7 +64,7 @@ class TarMember(NamedTuple):
     data: bytes | None  # its bytes, when asked for
 
 
-class _Reader:
+class MemberReader:
     """Exact reads and bounded skips with a running offset."""
 
     def __init__(self, fileobj: IO[bytes], name: str, sized: bool) -> None:
@@ -164,7 +161,7 @@ def _checksum_holds(block: bytes) -> bool:
     return stored in (sum(block) - sum(block[148:156]) + 256, sum(_SIGNED.unpack(block)) + 256)
 
 
-def _check_header(block: bytes, reader: _Reader, offset: int) -> int:
+def _check_header(block: bytes, reader: MemberReader, offset: int) -> int:
     """Verify the checksum; return the member's size field."""
     try:
         stored = _number(block[148:156])
@@ -179,7 +176,7 @@ def _check_header(block: bytes, reader: _Reader, offset: int) -> int:
     return size
 
 
-def _pax_records(data: bytes, reader: _Reader, offset: int) -> dict[bytes, bytes]:
+def _pax_records(data: bytes, reader: MemberReader, offset: int) -> dict[bytes, bytes]:
     """The ``path`` and ``size`` records of a PAX header, in one linear pass over it."""
     records = {}
     pos, n = 0, len(data)
@@ -199,7 +196,7 @@ def _pax_records(data: bytes, reader: _Reader, offset: int) -> dict[bytes, bytes
     return records
 
 
-def _extended(reader: _Reader, size: int, offset: int) -> bytes:
+def _extended(reader: MemberReader, size: int, offset: int) -> bytes:
     if size > _MAX_EXTENDED:
         raise reader.error(f"extended header of {size} bytes is implausible", offset)
     data = reader.read(size, "extended header")
@@ -238,7 +235,7 @@ class _Pending:
 
 
 def _name_and_size(
-    block: bytes, pending: _Pending, size: int, reader: _Reader, offset: int
+    block: bytes, pending: _Pending, size: int, reader: MemberReader, offset: int
 ) -> tuple[str, int]:
     """A member's name and size: PAX records first, then a GNU long name, then the ustar fields."""
     pax_size = pending.get(b"size")
@@ -252,7 +249,7 @@ def _name_and_size(
     return (pending.long_name if pending.long_name is not None else _ustar_name(block)), size
 
 
-def _header(reader: _Reader, offset: int) -> tuple[bytes, int] | None:
+def _header(reader: MemberReader, offset: int) -> tuple[bytes, int] | None:
     """The next header block and its size field; None at the end-of-archive block."""
     try:
         block = reader.read_block()
@@ -268,7 +265,7 @@ def _header(reader: _Reader, offset: int) -> tuple[bytes, int] | None:
         raise
 
 
-def _members(reader: _Reader, read_data: bool, max_size: int | None = None) -> Iterator[TarMember]:
+def read_members(reader: MemberReader, read_data: bool, max_size: int | None = None) -> Iterator[TarMember]:
     """The regular files of the tar, in order; returns at the end-of-archive block."""
     pending = _Pending()
     while True:
@@ -300,7 +297,7 @@ def _members(reader: _Reader, read_data: bool, max_size: int | None = None) -> I
 
 
 def _member(
-    reader: _Reader,
+    reader: MemberReader,
     block: bytes,
     typeflag: int,
     size: int,
@@ -343,65 +340,7 @@ def tar_members(
     member larger than ``max_size`` bytes is refused on its header, before its data is read.
     See NOTE [ Bounded tar reading ] for what is refused.
     """
-    return _members(_Reader(fileobj, name, sized), read_data, max_size)
-
-
-class _Grouper:
-    """Members to samples the way ``webdataset`` groups them: consecutive members sharing a key."""
-
-    def __init__(self, reader: _Reader) -> None:
-        self.reader = reader
-        self.keys: list[str] = []
-        self.sample_start: list[int] = []
-        self.member_first: list[int] = [0]
-        self.member_field: list[int] = []
-        self.member_offset: list[int] = []
-        self.member_size: list[int] = []
-        self.fields: list[str] = []
-        self.field_ids: dict[str, int] = {}
-        self.current: set[str] = set()
-
-    def add(self, member: TarMember) -> None:
-        name = member.name
-        if webdataset_skips(name):
-            return
-        match = KEY_FIELD_RE.match(name)
-        if match is None:
-            return
-        key, field = match.group(1), match.group(2)
-        if field.startswith("_"):
-            raise self.reader.error(metadata_field(name, field), member.start)
-        if not self.keys or key != self.keys[-1]:
-            if self.keys:
-                self.member_first.append(len(self.member_offset))
-            self.keys.append(key)
-            self.sample_start.append(member.start)
-            self.current = set()
-        elif field in self.current:
-            raise self.reader.error(f"sample {shown(key)} has field {shown(field)} twice", member.start)
-        self.current.add(field)
-        fid = self.field_ids.get(field)
-        if fid is None:
-            fid = self.field_ids[field] = len(self.fields)
-            self.fields.append(field)
-        self.member_field.append(fid)
-        self.member_offset.append(member.data_offset)
-        self.member_size.append(member.size)
-
-    def index(self, archive_end: int) -> TarIndex:
-        if self.keys:
-            self.member_first.append(len(self.member_offset))
-        return TarIndex.from_lists(
-            name=self.reader.name,
-            keys=self.keys,
-            sample_start=self.sample_start,
-            member_first=self.member_first,
-            fields=self.fields,
-            member_field=self.member_field,
-            member_offset=self.member_offset,
-            member_size=self.member_size,
-            archive_end=archive_end,
-        )
+    return read_members(MemberReader(fileobj, name, sized), read_data, max_size)
 
 
 def metadata_field(member: str, field: str) -> str:
@@ -410,19 +349,6 @@ def metadata_field(member: str, field: str) -> str:
         f"member {shown(member)} has field {shown(field)}: a field starting with '_' is sample "
         "metadata (such as __key__), not data, and would replace it"
     )
-
-
-def check_fields(index: TarIndex) -> None:
-    """``FormatError`` if a sidecar (one written before the index refused them) has a metadata field."""
-    if not any(field.startswith("_") for field in index._fields):  # the names alone: cheap, per load
-        return
-    for field in index.fields:  # those members use
-        if field.startswith("_"):
-            raise FormatError(
-                f"tar sample index has field {shown(field)}: a field starting with '_' is sample metadata "
-                "(such as __key__) and would replace it; index the shard again",
-                shard=index.name,
-            )
 
 
 def check_uncompressed(head: bytes, name: str) -> None:
@@ -435,12 +361,3 @@ def check_uncompressed(head: bytes, name: str) -> None:
     error = _compressed(head, name)
     if error is not None:
         raise error
-
-
-def scan_tar(fileobj: IO[bytes], name: str) -> TarIndex:
-    """The index of the tar in ``fileobj``, read from its current position to its end marker."""
-    reader = _Reader(fileobj, name, True)
-    grouper = _Grouper(reader)
-    for member in _members(reader, False):
-        grouper.add(member)
-    return grouper.index(reader.pos - BLOCK)

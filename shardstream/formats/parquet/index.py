@@ -16,7 +16,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardstream.errors import FormatError, UsageError
-from shardstream.formats._checks import ShardChecks
 from shardstream.formats._sidecar import (
     array_section,
     pack_sidecar,
@@ -26,6 +25,7 @@ from shardstream.formats._sidecar import (
     unpack_versioned,
 )
 from shardstream.formats.base import SampleIndex
+from shardstream.formats.checks import ShardChecks
 from shardstream.types import ByteRange
 
 __all__ = ["KEY_COLUMN", "ParquetIndex", "parse_footer", "row_group_spans"]
