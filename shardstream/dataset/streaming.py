@@ -16,6 +16,7 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
+from shardstream.dataset.bulk import decoded_window
 from shardstream.dataset.config import DatasetConfig
 from shardstream.dataset.decode import Decoder
 from shardstream.dataset.reader import WindowReader, report_skip
@@ -297,7 +298,7 @@ class StreamingDataset(IterableDataset):
                     # The hot path: no Python code runs per sample but the caller's.
                     yield from ordered if transform is None else map(transform, ordered)
                 else:
-                    yield from self._decoded(ordered, order, window, reader)
+                    yield from decoded_window(self, ordered, order, window, reader)  # NOTE [ Bulk decode ]
             progress.done = True
         finally:
             reader.close()
