@@ -47,7 +47,7 @@ from shardstream.formats._tarread import sample_builder
 __all__ = ["decode_samples", "decoded_window"]
 
 Errors = dict[int, ShardstreamError]  # position in the samples -> the error of that sample
-_scan = json.JSONDecoder().scan_once  # what json.loads runs, without its Python frames
+_scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # json.loads without its Python frames
 _first = itemgetter(0)
 _end = itemgetter(1)
 
