@@ -26,8 +26,8 @@ from shardstream.dataset.config import DatasetConfig
 from shardstream.dataset.decode import Decoder
 from shardstream.dataset.fetch import ByteFetcher
 from shardstream.dataset.keys import KeyFinder
-from shardstream.dataset.reader import WindowReader
-from shardstream.errors import FormatError, ShardstreamError, UsageError
+from shardstream.dataset.reader import Read, WindowReader
+from shardstream.errors import FormatError, ShardstreamError, StorageError, UsageError
 from shardstream.manifest import Manifest
 from shardstream.plan import Run
 from shardstream.storage import Storage
@@ -101,6 +101,7 @@ class MapDataset(Dataset):
         self._manifest: Manifest | None = None
         self._ends: list[int] | None = None  # prefix sums of the shards' sample counts
         self._starts: list[int] | None = None  # the index of each shard's first sample
+        self._length: int | None = None
         self._open: tuple[int, Storage, WindowReader, KeyFinder] | None = None  # this process's
 
     # -- what the dataset is -------------------------------------------------------------
@@ -153,7 +154,9 @@ class MapDataset(Dataset):
         return self._ends
 
     def __len__(self) -> int:
-        return self.manifest.num_samples
+        if self._length is None:
+            self._length = self.manifest.num_samples
+        return self._length
 
     def sampler(self, **options: Any) -> Any:
         """A ``ShardSampler`` over this dataset (``shuffle``, ``seed``, ``num_replicas``,
@@ -171,6 +174,9 @@ class MapDataset(Dataset):
         return shard, i - (ends[shard - 1] if shard else 0)
 
     def _normalise(self, index: Any) -> int:
+        n = self._length if self._length is not None else len(self)
+        if type(index) is int and 0 <= index < n:  # the usual case, first
+            return index
         try:
             i = operator.index(index)
         except TypeError:
@@ -185,7 +191,23 @@ class MapDataset(Dataset):
     # -- reading -------------------------------------------------------------------------
 
     def __getitem__(self, index: int) -> Any:
-        return self.get_many((index,))[0]
+        """Sample ``index``: one ranged read, checked, decoded (the lean path of NOTE [ Batch fetches ])."""
+        i = self._normalise(index)
+        ends, starts = self._shard_ends(), self._offsets()
+        shard = bisect.bisect_right(ends, i)
+        _, reader, _ = self._parts()
+        try:
+            sample = _read_one(reader, shard, i - starts[shard])
+        except ShardstreamError as error:
+            raise _with_index(error, i) from error
+        decoder, transform = self.config.decoder, self.config.transform
+        if decoder is not None:
+            try:
+                sample = decoder(sample, url=self.url)
+            except FormatError as error:
+                run = _Batch((Run(shard, i - starts[shard], i - starts[shard] + 1),), (shard,))
+                raise _with_index(reader.locate(error, run, 0), i) from error
+        return sample if transform is None else transform(sample)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """What torch's DataLoader calls with a batch's indices: :meth:`get_many`."""
@@ -281,6 +303,24 @@ class MapDataset(Dataset):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _read_one(reader: WindowReader, shard: int, position: int) -> Any:
+    """Sample ``position`` of ``shard`` with one ranged read, its check blocks checked:
+    what ``reader.fetch`` and ``reader.decode`` do for a window, without their planning."""
+    index = reader.index(shard)
+    rng = reader._read_range(index, position, position + 1)
+    read = Read(shard, rng, (0,))
+    item = reader._item(read)
+    try:
+        data = reader.bytes.read(*item)
+    except StorageError as error:
+        raise reader._storage_error(error, item) from error
+    if item[1] is None and len(data) < rng.end:
+        reader._too_short(read, len(data))
+    reader._bad_blocks(read, data, index)  # raises: the reader's on_error is "raise"
+    path = reader.manifest.shards[shard].path
+    return reader._decode(data, rng, index, position, position + 1, path)[0]
 
 
 def _with_index(error: ShardstreamError, index: object) -> ShardstreamError:
