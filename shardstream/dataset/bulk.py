@@ -98,9 +98,12 @@ def decode_samples(
 
 def _groups(samples: list[Any]) -> dict[tuple[str, ...], list[int]]:
     """Positions of the samples by their field names (``None`` samples in no group)."""
-    shapes = list(map(tuple, filter(None, samples)))  # tuple(dict): its keys; None left out
-    if len(shapes) == len(samples) and shapes and shapes.count(shapes[0]) == len(shapes):
-        return {shapes[0]: list(range(len(samples)))}
+    try:
+        shapes = set(map(tuple, samples))  # tuple(dict): its keys; tuple(None) raises
+    except TypeError:
+        shapes = set()
+    if len(shapes) == 1:
+        return {shapes.pop(): list(range(len(samples)))}
     groups: dict[tuple[str, ...], list[int]] = {}
     for position, sample in enumerate(samples):
         if sample is not None:
@@ -113,16 +116,13 @@ def _decode_group(
 ) -> tuple[list[Any], Errors]:
     """Samples that all have ``fields`` (in this order), decoded column by column."""
     columns = [list(map(itemgetter(name), samples)) for name in fields]
-    keys: list[Any] | None = None
     errors: Errors = {}
     for number, name in enumerate(fields):
         function = decoder.lookup(name)
         if function is None:
             columns[number] = _raw(columns[number])
             continue
-        if keys is None:
-            keys = [sample.get("__key__") for sample in samples]
-        columns[number] = _column(decoder, function, name, columns[number], keys, errors, url, shard)
+        columns[number] = _column(decoder, function, name, columns[number], samples, errors, url, shard)
     if fields and fields[0] == "__key__":
         decoded = list(map(sample_builder(fields[1:]), *columns))
     else:
@@ -142,13 +142,13 @@ def _column(
     function: Decoder,
     name: str,
     values: list[Any],
-    keys: list[Any],
+    samples: list[Any],
     errors: Errors,
     url: str | None,
     shard: str | None,
 ) -> list[Any]:
-    """One field's values decoded; the errors of failing samples go into ``errors``
-    (a sample's first error is kept)."""
+    """One field's values (of ``samples``) decoded; the errors of failing samples go into
+    ``errors`` (a sample's first error is kept)."""
     kinds = set(map(type, values))
     if kinds.isdisjoint(_BYTES) and not any(issubclass(kind, _BYTES) for kind in kinds):
         return values  # typed values (a Parquet column): nothing to decode
@@ -166,13 +166,13 @@ def _column(
             continue
         try:
             if refuse:
-                raise refused(name, keys[position], url=url, shard=shard)
+                raise refused(name, samples[position].get("__key__"), url=url, shard=shard)
             out.append(function(value))
             continue
         except ShardstreamError as error:
             errors.setdefault(position, error)
         except Exception as error:
-            made = failed(name, keys[position], error, url=url, shard=shard)
+            made = failed(name, samples[position].get("__key__"), error, url=url, shard=shard)
             made.__cause__ = error
             errors.setdefault(position, made)
         out.append(None)
