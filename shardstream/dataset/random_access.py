@@ -15,6 +15,7 @@ import bisect
 import itertools
 import operator
 import os
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +45,7 @@ __all__ = ["BATCH_READ_THREADS", "MapDataset"]
 # requests, not bytes). The threads live for the call only: a dataset held by a
 # DataLoader worker, or a test, keeps none between batches. The samples are decoded
 # together (NOTE [ Bulk decode ]) and returned in the caller's order, duplicates as
-# copies.
+# copies. Batches of one dataset from several threads take turns.
 BATCH_READ_THREADS = 16
 
 
@@ -102,7 +103,9 @@ class MapDataset(Dataset):
         self._ends: list[int] | None = None  # prefix sums of the shards' sample counts
         self._starts: list[int] | None = None  # the index of each shard's first sample
         self._length: int | None = None
-        self._open: tuple[int, Storage, WindowReader, KeyFinder] | None = None  # this process's
+        self._open: tuple[int, Storage, WindowReader, KeyFinder, threading.Lock] | None = (
+            None  # this process's
+        )
 
     # -- what the dataset is -------------------------------------------------------------
 
@@ -134,7 +137,8 @@ class MapDataset(Dataset):
             self._manifest = manifest
             reader = WindowReader(storage, manifest, prefetch=0, verify_checksums=cfg.verify_checksums)
             reader.bytes = ByteFetcher(storage, manifest, threads=self.read_threads)
-            opened = self._open = (os.getpid(), storage, reader, KeyFinder(reader, self._offsets()))
+            finder = KeyFinder(reader, self._offsets())
+            opened = self._open = (os.getpid(), storage, reader, finder, threading.Lock())
         return opened[1], opened[2], opened[3]
 
     @property
@@ -234,12 +238,14 @@ class MapDataset(Dataset):
         """The samples at ``distinct`` (sorted, no repeats), decoded, in that order."""
         _, reader, _ = self._parts()
         batch = self._batch(distinct)
-        try:
-            raw, _ = reader.decode(batch, reader.fetch(batch))
-        except ShardstreamError as error:
-            raise self._named(error, distinct, batch) from error
-        finally:
-            reader.bytes.close()  # no threads kept between batches: NOTE [ Batch fetches ]
+        lock = self._open[4] if self._open is not None else threading.Lock()
+        with lock:  # the read threads are the reader's, made and ended per batch
+            try:
+                raw, _ = reader.decode(batch, reader.fetch(batch))
+            except ShardstreamError as error:
+                raise self._named(error, distinct, batch) from error
+            finally:
+                reader.bytes.close()  # no threads kept between batches: NOTE [ Batch fetches ]
         decoder = self.config.decoder
         if decoder is None:
             return raw
