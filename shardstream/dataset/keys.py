@@ -4,7 +4,7 @@
 # The manifest lists shards, not keys; each shard's sidecar lists its samples' keys in
 # shard order. A lookup never reads shard data, only sidecars (through the reader's LRU):
 # - Shards whose keys are sorted, each shard's keys above the previous shard's (what
-#   ``shardstream pack`` of a folder and a ShardWriter fed keys in order write), are
+#   ``shardstream pack`` of one flat folder or a ShardWriter fed keys in order writes), are
 #   searched by bisection: about log2(shards) sidecars, then a bisection in one shard.
 # - Otherwise (keys in another order, or the bisection did not find it) the sidecars are
 #   read one by one, each turned into a key -> position dict when first searched: O(shards)
