@@ -219,3 +219,25 @@ def test_state_dict_mid_window_counts_what_was_taken(tmp_path):
     resumed.load_state_dict(state)
     rest = [s["__key__"] for s in resumed]
     assert taken + rest == [f"k{i:03d}" for i in range(100)]
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 5])
+def test_chunk_boundaries_keep_skips_errors_and_positions(tmp_path, monkeypatch, chunk):
+    from shardstream.dataset import bulk
+
+    monkeypatch.setattr(bulk, "CHUNK", chunk)
+    url = str(tmp_path / "bad")
+    keys = write_bad(url)
+    dataset = shardstream.StreamingDataset(url, on_error="skip", shuffle=True, seed=1)
+    got = [s["__key__"] for s in dataset]
+    assert sorted(got) == sorted(k for k in keys if k not in ("k03", "k08", "k13"))
+    assert dataset.num_skipped == 3
+    reference = [
+        s["__key__"]
+        for s in shardstream.StreamingDataset(url, on_error="skip", shuffle=True, seed=1, decode=False)
+    ]
+    assert got == [k for k in reference if k not in ("k03", "k08", "k13")]
+    with pytest.raises(FormatError) as info:
+        list(shardstream.StreamingDataset(url, shuffle=False))
+    assert "'k03'" in str(info.value)
+    assert info.value.shard == "shard-000000.tar"
