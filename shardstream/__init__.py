@@ -7,6 +7,7 @@ inspect and verify) do not pay for importing torch::
     shardstream.ShardWriter(dest, ...)              # write samples from a program
     shardstream.StreamingDataset(url, ...)          # stream it, rank- and worker-aware
     shardstream.DataLoader(dataset, ...)            # with exact mid-epoch state_dict()
+    shardstream.MapDataset(url, ...)                # random access: dataset[i], by key too
     shardstream.ShardSampler(shard_sizes, ...)      # the plan as a map-style sampler
 """
 
@@ -25,6 +26,7 @@ _EXPORTS = {
     "verify_dataset": "shardstream.catalog",
     "StreamingDataset": "shardstream.dataset",
     "DataLoader": "shardstream.dataset",
+    "MapDataset": "shardstream.dataset",
     "ShardSampler": "shardstream.sampler",
     "EpochPlan": "shardstream.plan",
     "PlanConfig": "shardstream.plan",
@@ -38,6 +40,7 @@ __all__ = [
     "DataLoader",
     "EpochPlan",
     "Manifest",
+    "MapDataset",
     "PlanConfig",
     "ShardInfo",
     "ShardSampler",
@@ -54,7 +57,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from shardstream.catalog import index_dataset, inspect_dataset, verify_dataset
-    from shardstream.dataset import DataLoader, StreamingDataset
+    from shardstream.dataset import DataLoader, MapDataset, StreamingDataset
     from shardstream.errors import ShardstreamError
     from shardstream.manifest import Manifest, ShardInfo
     from shardstream.pack import ShardWriter, pack

@@ -1,4 +1,5 @@
-"""Streaming into PyTorch: :class:`StreamingDataset` and :class:`DataLoader`.
+"""Streaming into PyTorch: :class:`StreamingDataset` and :class:`DataLoader`; random
+access: :class:`MapDataset`.
 
 ``register_decoder`` and ``decoders`` manage the field decoders by extension.
 """
@@ -7,6 +8,14 @@ from __future__ import annotations
 
 from shardstream.dataset.decode import PickleRefusedError, decoders, register_decoder
 from shardstream.dataset.loader import DataLoader
+from shardstream.dataset.random_access import MapDataset
 from shardstream.dataset.streaming import StreamingDataset
 
-__all__ = ["DataLoader", "PickleRefusedError", "StreamingDataset", "decoders", "register_decoder"]
+__all__ = [
+    "DataLoader",
+    "MapDataset",
+    "PickleRefusedError",
+    "StreamingDataset",
+    "decoders",
+    "register_decoder",
+]

@@ -34,7 +34,9 @@ __all__ = [
     "PickleRefusedError",
     "SampleDecoder",
     "decoders",
+    "failed",
     "field_extension",
+    "refused",
     "register_decoder",
 ]
 
@@ -143,6 +145,21 @@ def _register_builtins() -> None:
 _register_builtins()
 
 
+def refused(name: str, key: object, *, url: str | None, shard: str | None) -> PickleRefusedError:
+    """The error for a pickled field ``name`` of sample ``key`` met without ``allow_pickle``."""
+    return PickleRefusedError(
+        f"field {name!r} of sample {key!r} is a pickle, which can run code "
+        "when loaded; pass allow_pickle=True if you trust this dataset",
+        url=url,
+        shard=shard,
+    )
+
+
+def failed(name: str, key: object, error: Exception, *, url: str | None, shard: str | None) -> FormatError:
+    """The error for a decoder that raised ``error`` on field ``name`` of sample ``key``."""
+    return FormatError(f"cannot decode field {name!r} of sample {key!r}: {error!r}", url=url, shard=shard)
+
+
 @dataclass(frozen=True, slots=True)
 class SampleDecoder:
     """Decodes the fields of one sample; picklable (it travels to DataLoader workers).
@@ -157,6 +174,10 @@ class SampleDecoder:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_lookup", dict(self.table))
+
+    def lookup(self, name: str) -> Decoder | None:
+        """The decoder of field ``name`` (None for ``__*__`` entries and unknown extensions)."""
+        return None if name.startswith("__") else self._lookup.get(field_extension(name))
 
     @classmethod
     def build(
@@ -186,20 +207,11 @@ class SampleDecoder:
                 out[name] = bytes(value) if isinstance(value, memoryview) else value
                 continue
             if decoder is _pickle and not self.allow_pickle:
-                raise PickleRefusedError(
-                    f"field {name!r} of sample {sample.get('__key__')!r} is a pickle, which can run code "
-                    "when loaded; pass allow_pickle=True if you trust this dataset",
-                    url=url,
-                    shard=shard,
-                )
+                raise refused(name, sample.get("__key__"), url=url, shard=shard)
             try:
                 out[name] = decoder(value)
             except ShardstreamError:
                 raise
             except Exception as error:
-                raise FormatError(
-                    f"cannot decode field {name!r} of sample {sample.get('__key__')!r}: {error!r}",
-                    url=url,
-                    shard=shard,
-                ) from error
+                raise failed(name, sample.get("__key__"), error, url=url, shard=shard) from error
         return out

@@ -17,6 +17,7 @@ from torch.utils.data import IterableDataset
 
 from shardstream.counts import check_int
 from shardstream.dataset.binding import Epoch
+from shardstream.dataset.bulk import decoded_window
 from shardstream.dataset.config import DatasetConfig
 from shardstream.dataset.decode import Decoder
 from shardstream.dataset.reader import WindowReader, report_skip
@@ -272,7 +273,7 @@ class StreamingDataset(IterableDataset):
                     # The hot path: no Python code runs per sample but the caller's.
                     yield from ordered if transform is None else map(transform, ordered)
                 else:
-                    yield from self._decoded(ordered, order, window, reader)
+                    yield from decoded_window(self, ordered, order, window, reader)  # NOTE [ Bulk decode ]
             progress.done = True
         finally:
             reader.close()

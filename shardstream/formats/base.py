@@ -12,6 +12,7 @@ range with one ranged GET, and decodes just those samples from the bytes.
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any, ClassVar, cast
@@ -20,7 +21,15 @@ from shardstream.errors import FormatError, UsageError
 from shardstream.formats.checks import ShardChecks
 from shardstream.types import ByteRange
 
-__all__ = ["FileSizer", "Sample", "SampleIndex", "ShardEncoder", "ShardFormat", "check_covers"]
+__all__ = [
+    "FileSizer",
+    "Sample",
+    "SampleIndex",
+    "ShardEncoder",
+    "ShardFormat",
+    "check_covers",
+    "sample_builder",
+]
 
 Sample = dict[str, Any]
 
@@ -213,3 +222,17 @@ def check_covers(
             shard=name,
             offset=need.start,
         )
+
+
+@functools.lru_cache(maxsize=256)
+def sample_builder(fields: tuple[str, ...]) -> Callable[..., Sample]:
+    """``f(key, *values) -> {"__key__": key, fields[0]: values[0], ...}``, compiled once
+    per field tuple (see NOTE [ Fast tar decode ] in formats/tar/read.py;
+    the bulk decoder builds decoded samples with it too). A repeated name keeps its last value,
+    as ``dict(zip(...))`` does."""
+    params = ", ".join(f"v{i}" for i in range(len(fields)))
+    entries = "".join(f"{name!r}: v{i}, " for i, name in enumerate(fields))
+    source = f"lambda key{', ' if params else ''}{params}: {{'__key__': key, {entries}}}"
+    code = compile(source, "<shardstream tar sample>", "eval")
+    builder: Callable[..., Sample] = eval(code, {"__builtins__": {}})
+    return builder

@@ -21,15 +21,14 @@
 
 from __future__ import annotations
 
-import functools
 import mmap
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from itertools import chain, repeat
 from typing import Any
 
 import numpy as np
 
-from shardstream.formats.base import Sample
+from shardstream.formats.base import Sample, sample_builder
 from shardstream.formats.tar.header import BLOCK as HEADER_BLOCK
 from shardstream.formats.tar.index import TarIndex
 from shardstream.formats.tar.members import check_uncompressed
@@ -123,16 +122,3 @@ def _owner(data: bytes | memoryview) -> tuple[Any, int]:
     if not 0 <= offset <= len(outer) - len(inner):
         return None, 0
     return obj, offset
-
-
-@functools.lru_cache(maxsize=256)
-def sample_builder(fields: tuple[str, ...]) -> Callable[..., Sample]:
-    """``f(key, *values) -> {"__key__": key, fields[0]: values[0], ...}``, compiled once
-    per field tuple (see NOTE [ Fast tar decode ]). A repeated name keeps its last value,
-    as ``dict(zip(...))`` does."""
-    params = ", ".join(f"v{i}" for i in range(len(fields)))
-    entries = "".join(f"{name!r}: v{i}, " for i, name in enumerate(fields))
-    source = f"lambda key{', ' if params else ''}{params}: {{'__key__': key, {entries}}}"
-    code = compile(source, "<shardstream tar sample>", "eval")
-    builder: Callable[..., Sample] = eval(code, {"__builtins__": {}})
-    return builder

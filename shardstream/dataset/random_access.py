@@ -1,0 +1,339 @@
+"""``MapDataset``: a map-style torch ``Dataset`` over a shardstream dataset folder.
+
+``dataset[i]`` is sample ``i`` of the dataset in manifest order (the order a
+``StreamingDataset(url, shuffle=False)`` epoch yields, and the global index a
+``ShardSampler`` over the manifest's shard sizes gives): the shard holding ``i`` is found
+by bisecting the prefix sums of the shards' sample counts, the sample's byte range by
+its shard's sample index (sidecar, kept in the reader's LRU), and the bytes come with
+one ranged read, widened to whole check blocks and CRC-checked as a streamed read is
+(NOTE [ Checksummed reads ]). See NOTE [ Batch fetches ] for many indices at once.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import operator
+import os
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torch.utils.data import Dataset
+
+from shardstream.dataset.bulk import decode_samples
+from shardstream.dataset.config import DatasetConfig
+from shardstream.dataset.decode import Decoder
+from shardstream.dataset.fetch import ByteFetcher
+from shardstream.dataset.keys import KeyFinder
+from shardstream.dataset.reader import Read, WindowReader
+from shardstream.errors import FormatError, ShardstreamError, StorageError, UsageError
+from shardstream.manifest import Manifest
+from shardstream.plan import Run
+from shardstream.storage import Storage
+
+__all__ = ["BATCH_READ_THREADS", "MapDataset"]
+
+# NOTE [ Batch fetches ]
+# ``get_many(indices)`` (what torch's DataLoader calls, as ``__getitems__``, with a
+# batch's indices) reads each distinct sample once: the indices are sorted, consecutive
+# samples of a shard become one run, runs of a shard whose bytes lie within
+# ``COALESCE_GAP`` (reader.py) of each other share one ranged read, and the reads run in
+# up to ``BATCH_READ_THREADS`` threads at once on object storage (a loopback GET costs
+# ~1 ms of latency whatever its size, so a batch of scattered samples is bounded by
+# requests, not bytes). The threads live for the call only: a dataset held by a
+# DataLoader worker, or a test, keeps none between batches. The samples are decoded
+# together (NOTE [ Bulk decode ]) and returned in the caller's order, duplicates as
+# copies. Batches of one dataset from several threads take turns.
+BATCH_READ_THREADS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    """The runs a batch reads, as a plan window gives them to the reader."""
+
+    runs: tuple[Run, ...]
+    shards: tuple[int, ...]
+
+
+class MapDataset(Dataset):
+    """Random access to the samples of the dataset at ``url``: ``dataset[i]``, ``len()``.
+
+    Samples are dicts with ``__key__`` and their fields, decoded by extension as
+    :class:`StreamingDataset` does (``decode``, ``decoders``, ``allow_pickle``,
+    ``transform``), read through the same storage (``storage_options``, ``cache_dir``,
+    ``cache_limit``) and checks (``verify_checksums``). An index out of range is an
+    ``IndexError``; negative indices count from the end, as for a Python list. A sample
+    that cannot be read or decoded is a ``ShardstreamError`` naming the index, the shard,
+    its URL and the byte offset (there is no ``on_error="skip"``: an index must give its
+    sample). The dataset pickles as its configuration (and the manifest), so DataLoader
+    workers started by fork, spawn or forkserver each open their own storage.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        decode: bool = True,
+        transform: Callable[[dict[str, Any]], Any] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        cache_dir: str | None = None,
+        cache_limit: int | None = None,
+        decoders: Mapping[str, Decoder] | None = None,
+        allow_pickle: bool = False,
+        verify_checksums: bool = True,
+        read_threads: int = BATCH_READ_THREADS,
+    ) -> None:
+        self.config = DatasetConfig.build(
+            os.fspath(url),
+            decode=decode,
+            decoders=decoders,
+            allow_pickle=allow_pickle,
+            transform=transform,
+            storage_options=storage_options,
+            cache_dir=cache_dir,
+            cache_limit=cache_limit,
+            verify_checksums=verify_checksums,
+        )
+        if isinstance(read_threads, bool) or not isinstance(read_threads, int) or read_threads < 1:
+            raise UsageError(f"read_threads must be an integer >= 1, got {read_threads!r}", url=self.url)
+        self.read_threads = read_threads
+        self._manifest: Manifest | None = None
+        self._ends: list[int] | None = None  # prefix sums of the shards' sample counts
+        self._starts: list[int] | None = None  # the index of each shard's first sample
+        self._length: int | None = None
+        self._open: tuple[int, Storage, WindowReader, KeyFinder, threading.Lock] | None = (
+            None  # this process's
+        )
+
+    # -- what the dataset is -------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return self.config.url
+
+    @property
+    def manifest(self) -> Manifest:
+        """The dataset's manifest, read once (and carried to workers with the dataset)."""
+        if self._manifest is None:
+            self._manifest = self.storage.read_manifest()
+        return self._manifest
+
+    @property
+    def shard_sizes(self) -> list[int]:
+        """Samples per shard, in manifest order: what a ``ShardSampler`` takes."""
+        return self.manifest.shard_sizes
+
+    def _parts(self) -> tuple[Storage, WindowReader, KeyFinder]:
+        """This process's storage, reader and key finder: made lazily, anew after a fork."""
+        opened = self._open
+        if opened is None or opened[0] != os.getpid():
+            cfg = self.config
+            storage = Storage(
+                cfg.url, cfg.storage_options, cache_dir=cfg.cache_dir, cache_limit=cfg.cache_limit
+            )
+            manifest = self._manifest if self._manifest is not None else storage.read_manifest()
+            self._manifest = manifest
+            reader = WindowReader(storage, manifest, prefetch=0, verify_checksums=cfg.verify_checksums)
+            reader.bytes = ByteFetcher(storage, manifest, threads=self.read_threads)
+            finder = KeyFinder(reader, self._offsets())
+            opened = self._open = (os.getpid(), storage, reader, finder, threading.Lock())
+        return opened[1], opened[2], opened[3]
+
+    @property
+    def storage(self) -> Storage:
+        """This process's storage client."""
+        return self._parts()[0]
+
+    def _offsets(self) -> list[int]:
+        if self._starts is None:
+            ends = self._shard_ends()
+            self._starts = [0, *ends[:-1]]
+        return self._starts
+
+    def _shard_ends(self) -> list[int]:
+        if self._ends is None:
+            self._ends = list(itertools.accumulate(self.manifest.shard_sizes))
+        return self._ends
+
+    def __len__(self) -> int:
+        if self._length is None:
+            self._length = self.manifest.num_samples
+        return self._length
+
+    def sampler(self, **options: Any) -> Any:
+        """A ``ShardSampler`` over this dataset (``shuffle``, ``seed``, ``num_replicas``,
+        ``rank``, ``drop_last``, ``shuffle_window`` as its own): indices in shard-local
+        runs, so a DataLoader's batches coalesce into few reads."""
+        from shardstream.sampler import ShardSampler
+
+        return ShardSampler(self.shard_sizes, **options)
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """``(shard, index in shard)`` of sample ``index`` (shard by manifest position)."""
+        i = self._normalise(index)
+        ends = self._shard_ends()
+        shard = bisect.bisect_right(ends, i)
+        return shard, i - (ends[shard - 1] if shard else 0)
+
+    def _normalise(self, index: Any) -> int:
+        n = self._length if self._length is not None else len(self)
+        if type(index) is int and 0 <= index < n:  # the usual case, first
+            return index
+        try:
+            i = operator.index(index)
+        except TypeError:
+            raise TypeError(f"MapDataset indices must be integers, not {type(index).__name__}") from None
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"index {index} is out of range for a dataset of {n} samples ({self.url})")
+        return i
+
+    # -- reading -------------------------------------------------------------------------
+
+    def __getitem__(self, index: int) -> Any:
+        """Sample ``index``: one ranged read, checked, decoded (the lean path of NOTE [ Batch fetches ])."""
+        i = self._normalise(index)
+        ends, starts = self._shard_ends(), self._offsets()
+        shard = bisect.bisect_right(ends, i)
+        _, reader, _ = self._parts()
+        try:
+            sample = _read_one(reader, shard, i - starts[shard])
+        except ShardstreamError as error:
+            raise _with_index(error, i) from error
+        decoder, transform = self.config.decoder, self.config.transform
+        if decoder is not None:
+            try:
+                sample = decoder(sample, url=self.url)
+            except FormatError as error:
+                run = _Batch((Run(shard, i - starts[shard], i - starts[shard] + 1),), (shard,))
+                raise _with_index(reader.locate(error, run, 0), i) from error
+        return sample if transform is None else transform(sample)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """What torch's DataLoader calls with a batch's indices: :meth:`get_many`."""
+        return self.get_many(indices)
+
+    def get_many(self, indices: Iterable[int]) -> list[Any]:
+        """The samples at ``indices``, in that order (see NOTE [ Batch fetches ])."""
+        wanted = [self._normalise(index) for index in indices]
+        if not wanted:
+            return []
+        distinct = sorted(set(wanted))
+        samples = self._read(distinct)
+        by_index = dict(zip(distinct, samples, strict=True))
+        transform, out, seen = self.config.transform, [], set()
+        for i in wanted:
+            sample = by_index[i]
+            if i in seen:  # a repeated index gets its own dict, as another call would
+                sample = dict(sample)
+            seen.add(i)
+            out.append(sample if transform is None else transform(sample))
+        return out
+
+    def _read(self, distinct: list[int]) -> list[Any]:
+        """The samples at ``distinct`` (sorted, no repeats), decoded, in that order."""
+        _, reader, _ = self._parts()
+        batch = self._batch(distinct)
+        lock = self._open[4] if self._open is not None else threading.Lock()
+        with lock:  # the read threads are the reader's, made and ended per batch
+            try:
+                raw, _ = reader.decode(batch, reader.fetch(batch))
+            except ShardstreamError as error:
+                raise self._named(error, distinct, batch) from error
+            finally:
+                reader.bytes.close()  # no threads kept between batches: NOTE [ Batch fetches ]
+        decoder = self.config.decoder
+        if decoder is None:
+            return raw
+        decoded, errors = decode_samples(decoder, raw, url=self.url)
+        if errors:
+            position, failure = min(errors.items())
+            if not isinstance(failure, FormatError):
+                raise failure
+            located = reader.locate(failure, batch, position)
+            raise _with_index(located, distinct[position]) from failure
+        return decoded
+
+    def _batch(self, distinct: list[int]) -> _Batch:
+        """Runs of consecutive samples of one shard, in index order."""
+        ends, offsets = self._shard_ends(), self._offsets()
+        runs: list[list[int]] = []
+        for i in distinct:
+            shard = bisect.bisect_right(ends, i)
+            local = i - offsets[shard]
+            if runs and runs[-1][0] == shard and runs[-1][2] == local:
+                runs[-1][2] += 1
+            else:
+                runs.append([shard, local, local + 1])
+        made = tuple(Run(shard, start, stop) for shard, start, stop in runs)
+        return _Batch(made, tuple(dict.fromkeys(run.shard for run in made)))
+
+    def _named(self, error: ShardstreamError, distinct: list[int], batch: _Batch) -> ShardstreamError:
+        """``error`` of a batch's read, naming the dataset indices it was reading."""
+        shown = (
+            distinct[0] if len(distinct) == 1 else f"{distinct[0]}..{distinct[-1]} ({len(distinct)} samples)"
+        )
+        return _with_index(error, shown)
+
+    # -- keys ----------------------------------------------------------------------------
+
+    def index_of(self, key: str) -> int:
+        """The index of the sample whose ``__key__`` is ``key`` (``KeyError`` if none);
+        see :class:`~shardstream.dataset.keys.KeyFinder` for what a lookup reads."""
+        return self._parts()[2].index_of(key)
+
+    def get_by_key(self, key: str) -> Any:
+        """The sample whose ``__key__`` is ``key``: ``self[self.index_of(key)]``."""
+        return self[self.index_of(key)]
+
+    # -- pickling: configuration, never a live client ---------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_open"] = None
+        return state
+
+    def close(self) -> None:
+        """Release this process's connections (the dataset can still be used)."""
+        opened, self._open = self._open, None
+        if opened is not None and opened[0] == os.getpid():
+            opened[2].close()
+            opened[1].close()
+
+    def __enter__(self) -> MapDataset:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _read_one(reader: WindowReader, shard: int, position: int) -> Any:
+    """Sample ``position`` of ``shard`` with one ranged read, its check blocks checked:
+    what ``reader.fetch`` and ``reader.decode`` do for a window, without their planning."""
+    index = reader.index(shard)
+    rng = reader._read_range(index, position, position + 1)
+    read = Read(shard, rng, (0,))
+    item = reader._item(read)
+    try:
+        data = reader.bytes.read(*item)
+    except StorageError as error:
+        raise reader._storage_error(error, item) from error
+    if item[1] is None and len(data) < rng.end:
+        reader._too_short(read, len(data))
+    reader._bad_blocks(read, data, index)  # raises: the reader's on_error is "raise"
+    path = reader.manifest.shards[shard].path
+    return reader._decode(data, rng, index, position, position + 1, path)[0]
+
+
+def _with_index(error: ShardstreamError, index: object) -> ShardstreamError:
+    return type(error)(
+        f"{error.message} [dataset index {index}]",
+        url=error.url,
+        shard=error.shard,
+        offset=error.offset,
+        line=error.line,
+    )

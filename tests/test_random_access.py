@@ -1,0 +1,248 @@
+"""MapDataset: dataset[i] against the streamed epoch (tar and Parquet, local and S3), batch
+fetches (order, duplicates, coalesced reads), key lookup, bounds, errors, DataLoader with
+ShardSampler and workers (fork and spawn), pickling."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import random
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import shardstream
+from shardstream.errors import FormatError
+from shardstream.pack import ShardWriter
+from shardstream.storage import Storage
+
+COUNT = 57
+
+
+def sample(i: int, key: str | None = None) -> dict:
+    return {
+        "__key__": key or f"k{i:05d}",
+        "txt": f"text {i} é",
+        "cls": i % 7,
+        "json": json.dumps({"i": i, "tags": ["a", str(i)]}).encode(),
+    }
+
+
+def write(
+    url: str, fmt: str, count: int = COUNT, per_shard: int = 10, options: dict | None = None, keys=None
+):
+    with ShardWriter(url, format=fmt, samples_per_shard=per_shard, storage_options=options) as writer:
+        for i in range(count):
+            writer.write(sample(i, keys[i] if keys else None))
+
+
+@pytest.fixture(scope="module", params=["tar", "parquet"])
+def local(request, tmp_path_factory):
+    url = str(tmp_path_factory.mktemp("ra") / request.param)
+    write(url, request.param)
+    return url, list(shardstream.StreamingDataset(url, shuffle=False))
+
+
+def test_every_index_is_the_sample_the_epoch_yields(local):
+    url, epoch = local
+    dataset = shardstream.MapDataset(url)
+    assert len(dataset) == len(epoch) == COUNT
+    assert [dataset[i] for i in range(len(dataset))] == epoch
+    raw = shardstream.MapDataset(url, decode=False)
+    assert [raw[i] for i in range(COUNT)] == list(
+        shardstream.StreamingDataset(url, shuffle=False, decode=False)
+    )
+
+
+def test_negative_indices_bounds_and_types(local):
+    url, epoch = local
+    dataset = shardstream.MapDataset(url)
+    assert dataset[-1] == epoch[-1]
+    assert dataset[-COUNT] == epoch[0]
+    assert dataset[torch.tensor(3)] == epoch[3]  # anything with __index__
+    for bad in (COUNT, -COUNT - 1, 10**12):
+        with pytest.raises(IndexError):
+            dataset[bad]
+        with pytest.raises(IndexError):
+            dataset.get_many([0, bad])
+    with pytest.raises(TypeError):
+        dataset[1.0]  # type: ignore[index]
+    assert dataset.locate(13) == (1, 3)
+    assert dataset.get_many([]) == []
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.integers(-COUNT, COUNT - 1), max_size=40))
+def test_batch_fetch_equals_single_fetches_in_caller_order(local, indices):
+    url, epoch = local
+    dataset = shardstream.MapDataset(url)
+    got = dataset.get_many(indices)
+    assert got == [dataset[i] for i in indices] == [epoch[i] for i in indices]
+    if len(indices) > len(set(indices)):  # a repeated index is its own dict
+        assert len({id(s) for s in got}) == len(got)
+
+
+def test_transform_applies_to_every_sample(local):
+    url, epoch = local
+    dataset = shardstream.MapDataset(url, transform=lambda s: s["__key__"])
+    assert dataset[5] == epoch[5]["__key__"]
+    assert dataset.get_many([5, 5, 0]) == [epoch[5]["__key__"], epoch[5]["__key__"], epoch[0]["__key__"]]
+
+
+def count_reads(monkeypatch) -> list:
+    reads: list = []
+    original = Storage.read
+
+    def counting(self, path, rng=None, **kwargs):
+        if not path.endswith(".idx"):
+            reads.append((path, rng))
+        return original(self, path, rng, **kwargs)
+
+    monkeypatch.setattr(Storage, "read", counting)
+    return reads
+
+
+def test_batch_fetch_coalesces_neighbours_into_one_read_per_shard(local, monkeypatch):
+    url, epoch = local
+    dataset = shardstream.MapDataset(url)
+    dataset.get_many([0])  # sidecar of shard 0 loaded
+    reads = count_reads(monkeypatch)
+    indices = [9, 0, 3, 5, 1, 2, 15, 12, 7]
+    assert dataset.get_many(indices) == [epoch[i] for i in indices]
+    assert len(reads) == 2  # shards 0 and 1, however many samples of each
+    reads.clear()
+    for i in indices:
+        dataset[i]
+    assert len(reads) == len(indices)  # one ranged read per single fetch
+
+
+def test_key_lookup(local):
+    url, epoch = local
+    dataset = shardstream.MapDataset(url)
+    for i in (0, 9, 10, 33, COUNT - 1):
+        assert dataset.index_of(epoch[i]["__key__"]) == i
+        assert dataset.get_by_key(epoch[i]["__key__"]) == epoch[i]
+    with pytest.raises(KeyError):
+        dataset.index_of("no-such-key")
+    with pytest.raises(KeyError):
+        dataset.index_of(3)  # type: ignore[arg-type]
+
+
+def test_key_lookup_bisects_sorted_keys_without_reading_every_sidecar(tmp_path, monkeypatch):
+    url = str(tmp_path / "sorted")
+    write(url, "tar", count=200, per_shard=5)  # 40 shards
+    dataset = shardstream.MapDataset(url)
+    sidecars: list = []
+    original = Storage.read
+    monkeypatch.setattr(
+        Storage,
+        "read",
+        lambda self, path, rng=None, **kw: sidecars.append(path) or original(self, path, rng, **kw),
+    )
+    assert dataset.index_of("k00123") == 123
+    assert len([p for p in sidecars if p.endswith(".idx")]) <= 8  # ~log2(40) + 1, not 40
+
+
+def test_key_lookup_in_unsorted_shards(tmp_path):
+    url = str(tmp_path / "unsorted")
+    keys = [f"key-{i:04d}" for i in range(40)]
+    random.Random(0).shuffle(keys)
+    write(url, "tar", count=40, per_shard=6, keys=keys)
+    dataset = shardstream.MapDataset(url)
+    for i, key in enumerate(keys):
+        assert dataset.index_of(key) == i
+        assert dataset.get_by_key(key)["__key__"] == key
+    with pytest.raises(KeyError):
+        dataset.index_of("key-9999")
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("fmt", ["tar", "parquet"])
+def test_s3_every_index_and_a_batch(s3, fmt, tmp_path):
+    base, options = s3
+    url = f"{base}/{fmt}"
+    write(url, fmt, count=25, per_shard=8, options=options)
+    epoch = list(shardstream.StreamingDataset(url, storage_options=options, shuffle=False))
+    with shardstream.MapDataset(url, storage_options=options) as dataset:
+        assert [dataset[i] for i in range(25)] == epoch
+        order = list(range(25))
+        random.Random(1).shuffle(order)
+        assert dataset.get_many(order + order[:3]) == [epoch[i] for i in order + order[:3]]
+        assert dataset.index_of(epoch[17]["__key__"]) == 17
+    cached = shardstream.MapDataset(url, storage_options=options, cache_dir=str(tmp_path / "cache"))
+    assert cached.get_many([3, 24, 0]) == [epoch[3], epoch[24], epoch[0]]
+    cached.close()
+
+
+def test_corrupt_sample_names_index_key_shard_and_url(tmp_path):
+    url = str(tmp_path / "bad")
+    with ShardWriter(url, format="tar", samples_per_shard=4) as writer:
+        for i in range(8):
+            writer.write({"__key__": f"k{i}", "json": b"{bad" if i == 6 else b"[%d]" % i})
+    dataset = shardstream.MapDataset(url)
+    assert dataset[5] == {"__key__": "k5", "json": [5]}
+    for fetch in (lambda: dataset[6], lambda: dataset.get_many([1, 6, 7])):
+        with pytest.raises(FormatError) as info:
+            fetch()
+        error = info.value
+        assert "'k6'" in str(error)
+        assert "dataset index 6" in str(error)
+        assert error.shard == "shard-000001.tar"
+        assert error.url.endswith("shard-000001.tar")
+        assert error.offset is not None
+
+
+def test_flipped_byte_is_a_checksum_error_unless_unchecked(tmp_path):
+    url = tmp_path / "flip"
+    write(str(url), "tar", count=8, per_shard=8)
+    shard = url / "shard-000000.tar"
+    data = bytearray(shard.read_bytes())
+    at = data.index(b"text 6")
+    data[at] ^= 0x01
+    shard.write_bytes(bytes(data))
+    with pytest.raises(FormatError, match="checksum mismatch") as info:
+        shardstream.MapDataset(str(url))[6]
+    assert info.value.shard == "shard-000000.tar"
+    assert "dataset index 6" in str(info.value)
+    with pytest.raises(FormatError, match="checksum mismatch"):
+        shardstream.MapDataset(str(url)).get_many([2, 6])
+    assert shardstream.MapDataset(str(url), verify_checksums=False)[6]["txt"] != "text 6 é"
+
+
+def test_pickles_as_configuration(local):
+    url, epoch = local
+    dataset = shardstream.MapDataset(url)
+    assert dataset[3] == epoch[3]
+    again = pickle.loads(pickle.dumps(dataset))
+    assert again._open is None
+    assert again[4] == epoch[4]
+    assert again.manifest == dataset.manifest
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_dataloader_with_shard_sampler_and_workers(local, method):
+    url, epoch = local
+    dataset = shardstream.MapDataset(url)
+    sampler = dataset.sampler(shuffle=True, seed=3, num_replicas=1, rank=0)
+    assert isinstance(sampler, shardstream.ShardSampler)
+    loader = torch.utils.data.DataLoader(
+        dataset, sampler=sampler, batch_size=6, num_workers=2, collate_fn=list, multiprocessing_context=method
+    )
+    got = [s["__key__"] for batch in loader for s in batch]
+    assert got == [epoch[i]["__key__"] for i in sampler]
+    assert sorted(got) == sorted(s["__key__"] for s in epoch)
+
+
+def test_plain_dataloader_without_workers_uses_batch_fetch(local, monkeypatch):
+    url, epoch = local
+    dataset = shardstream.MapDataset(url)
+    calls: list = []
+    original = shardstream.MapDataset.get_many
+    monkeypatch.setattr(
+        shardstream.MapDataset, "get_many", lambda self, ix: calls.append(list(ix)) or original(self, ix)
+    )
+    loader = torch.utils.data.DataLoader(dataset, batch_size=20, collate_fn=list)
+    assert [s for batch in loader for s in batch] == epoch
+    assert len(calls) == 3  # one batch fetch per batch, not one read per sample

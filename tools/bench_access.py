@@ -1,0 +1,254 @@
+"""Random access: ``shardstream.MapDataset`` against the alternatives, measured in the same run.
+
+    python tools/bench_access.py [--quick] [--only local,s3] [--repeat 5]
+
+- local: ``dataset[i]`` for random ``i`` (the same indices for everyone), one process, on
+  the small-sample corpus of tools/bench_stream.py (~300 B, three fields, decoded:
+  text, integer, JSON): shardstream (checked reads, the default; and with
+  ``verify_checksums=False``) vs MosaicML Streaming's ``StreamingDataset[i]`` on the same
+  samples written with ``streaming.MDSWriter`` (columns str, int, json), local only.
+- s3: ``MapDataset.get_many`` of 256 random indices from moto's S3 server (another
+  process, loopback) vs one sequential read of as many bytes as those samples hold
+  (``Storage.read`` of one ranged GET, and boto3 ``get_object``): the target is a batch
+  in at most 2x the time of that read. Also the requests and bytes a batch reads.
+
+Rates, rounds and ratios are measured as in tools/bench_stream.py (warm-up, rotating
+rounds, paired median ratios); the machine is shared, so take the ratios, not the rates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import types
+from collections.abc import Callable
+
+from bench_stream import ROOT, MotoProcess, measure, report, small_sample, write_tar
+
+sys.path.insert(0, str(ROOT))
+
+import shardstream
+from shardstream.storage import Storage
+from shardstream.types import ByteRange
+
+BATCH = 256
+
+
+def import_mosaic() -> types.ModuleType | None:
+    """``streaming`` (MosaicML), or None. Its package root imports its vision, text and
+    multimodal examples (torchvision, transformers): stubbed when they cannot load, as
+    only ``MDSWriter`` and ``StreamingDataset`` are measured."""
+    try:
+        import streaming
+
+        return streaming
+    except ImportError:
+        return None
+    except Exception:  # a broken optional dependency of its examples
+        for name in list(sys.modules):
+            if name == "streaming" or name.startswith(("streaming.", "transformers")):
+                del sys.modules[name]
+    for name in ("streaming.vision", "streaming.multimodal", "streaming.text"):
+        sys.modules[name] = types.ModuleType(name)
+    try:
+        import transformers.feature_extraction_utils
+        import transformers.tokenization_utils_base  # noqa: F401
+    except Exception:
+        for name, attr in (
+            ("feature_extraction_utils", "BatchFeature"),
+            ("tokenization_utils_base", "BatchEncoding"),
+        ):
+            module = types.ModuleType(f"transformers.{name}")
+            setattr(module, attr, type(attr, (), {}))
+            sys.modules[module.__name__] = module
+        sys.modules.setdefault("transformers", types.ModuleType("transformers"))
+    try:
+        import streaming
+
+        return streaming
+    except Exception as error:
+        print(f"mosaicml-streaming cannot be imported: {error!r}")
+        return None
+
+
+def mds_sample(i: int) -> dict:
+    raw = small_sample(i)
+    return {
+        "key": raw["__key__"],
+        "txt": raw["txt"].decode(),
+        "cls": int(raw["cls"]),
+        "json": json.loads(raw["json"]),
+    }
+
+
+def write_mds(streaming: types.ModuleType, directory: str, count: int) -> None:
+    columns = {"key": "str", "txt": "str", "cls": "int", "json": "json"}
+    with streaming.MDSWriter(out=directory, columns=columns, size_limit="64mb") as writer:
+        for i in range(count):
+            writer.write(mds_sample(i))
+
+
+def lookups(get: Callable[[int], object], indices: list[int]) -> Callable[[], int]:
+    def run() -> int:
+        for i in indices:
+            get(i)
+        return len(indices)
+
+    return run
+
+
+def bench_local(work: str, count: int, reads: int, repeat: int) -> None:
+    url = os.path.join(work, "small")
+    write_tar(url, map(small_sample, range(count)), 10_000)
+    indices = [random.Random(0).randrange(count) for _ in range(reads)]
+    checked, unchecked = shardstream.MapDataset(url), shardstream.MapDataset(url, verify_checksums=False)
+    contenders: dict[str, Callable[[], int]] = {
+        "shardstream": lookups(checked.__getitem__, indices),
+        "shardstream unchecked": lookups(unchecked.__getitem__, indices),
+    }
+    streaming = import_mosaic()
+    if streaming is not None:
+        directory = os.path.join(work, "small-mds")
+        write_mds(streaming, directory, count)
+        mosaic = streaming.StreamingDataset(local=directory, shuffle=False, batch_size=1)
+        got, want = mosaic[indices[0]], checked[indices[0]]
+        if (got["key"], got["txt"], got["cls"], got["json"]) != tuple(
+            want[k] for k in ("__key__", "txt", "cls", "json")
+        ):
+            raise SystemExit("MosaicML and shardstream disagree on a sample")
+        contenders["mosaicml"] = lookups(mosaic.__getitem__, indices)
+    rates = measure(contenders, repeat)
+    report(
+        f"random access: dataset[i] for {reads:,} random i of {count:,} x ~300 B, decoded, local, one process",
+        rates,
+    )
+    if "mosaicml" in rates.names:
+        ratios = rates.ratios(["mosaicml"])
+        met = "met" if sorted(ratios)[len(ratios) // 2] >= 2 else "MISSED"
+        print(f"  shardstream / mosaicml = {rates.ratio(['mosaicml'])}; target >= 2x: {met}")
+    checked.close()
+    unchecked.close()
+
+
+def bench_s3(count: int, repeat: int) -> None:
+    import boto3
+
+    server = MotoProcess("bench")
+    try:
+        options, url = server.options(), "s3://bench/small"
+        write_tar(url, map(small_sample, range(count)), 1_000, options)
+        dataset = shardstream.MapDataset(url, storage_options=options)
+        # without the block CRCs: a checked read of one ~3 KiB sample reads its 64 KiB block(s)
+        unchecked = shardstream.MapDataset(url, storage_options=options, verify_checksums=False)
+        rng = random.Random(1)
+        batches = [[rng.randrange(count) for _ in range(BATCH)] for _ in range(8)]
+        turn = iter(range(1 << 30))
+        sample_bytes = _sample_bytes(dataset, batches[0])
+        shard = dataset.manifest.shards[0]
+        storage = Storage(url, options)
+        span = ByteRange(0, min(sample_bytes, shard.bytes))
+        client = boto3.client(
+            "s3",
+            endpoint_url=options["endpoint_url"],
+            aws_access_key_id=options["key"],
+            aws_secret_access_key=options["secret"],
+            region_name="us-east-1",
+        )
+
+        def batch() -> int:
+            dataset.get_many(batches[next(turn) % len(batches)])
+            return 1
+
+        def batch_unchecked() -> int:
+            unchecked.get_many(batches[next(turn) % len(batches)])
+            return 1
+
+        def one_read() -> int:
+            storage.read(shard.path, span)
+            return 1
+
+        def boto() -> int:
+            key = f"small/{shard.path}"
+            client.get_object(Bucket="bench", Key=key, Range=f"bytes=0-{span.end - 1}")["Body"].read()
+            return 1
+
+        contenders = {"shardstream": batch, "shardstream unchecked": batch_unchecked, "one read": one_read}
+        rates = measure({**contenders, "boto3 one read": boto}, repeat)
+        report(
+            f"S3 (moto, loopback): a batch of {BATCH} random indices of {count:,} x ~300 B vs one read of "
+            f"their {sample_bytes:,} bytes",
+            rates,
+            unit="batches/s",
+        )
+        for name, which in (("shardstream", dataset), ("shardstream unchecked", unchecked)):
+            ratios = rates.ratios(["one read"], name)
+            median = sorted(ratios)[len(ratios) // 2]
+            met = "met" if median >= 0.5 else "MISSED"
+            print(f"  {name}: batch time / one read's time = {1 / median:.1f}x; target <= 2x: {met}")
+            _requests(which, batches[0], sample_bytes)
+        storage.close()
+        dataset.close()
+        unchecked.close()
+    finally:
+        server.stop()
+
+
+def _sample_bytes(dataset: shardstream.MapDataset, indices: list[int]) -> int:
+    """The bytes the samples at ``indices`` hold in their shards (tar headers included)."""
+    _, reader, _ = dataset._parts()
+    total = 0
+    for i in indices:
+        shard, position = dataset.locate(i)
+        total += reader.index(shard).byte_range(position, position + 1).length
+    return total
+
+
+def _requests(dataset: shardstream.MapDataset, indices: list[int], sample_bytes: int) -> None:
+    reads: list[int] = []
+    original = Storage.read
+
+    def counting(self: Storage, path: str, rng: ByteRange | None = None, **kwargs: object) -> bytes:
+        data = original(self, path, rng, **kwargs)  # type: ignore[arg-type]
+        reads.append(len(data))
+        return data
+
+    Storage.read = counting  # type: ignore[method-assign]
+    try:
+        dataset.get_many(indices)
+    finally:
+        Storage.read = original  # type: ignore[method-assign]
+    print(
+        f"  a batch reads {len(reads)} ranges, {sum(reads):,} bytes, for {len(set(indices))} samples of "
+        f"{sample_bytes:,} bytes"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="a smoke run: small sizes, one repeat")
+    parser.add_argument("--only", default="local,s3", help="sections: local, s3")
+    parser.add_argument("--repeat", type=int, default=5, help="timed rounds after the warm-up")
+    args = parser.parse_args()
+    only = set(args.only.split(","))
+    repeat = 1 if args.quick else args.repeat
+    count, reads, s3_count = (20_000, 2_000, 5_000) if args.quick else (100_000, 20_000, 20_000)
+    work = tempfile.mkdtemp(prefix="bench-access-")
+    try:
+        if "local" in only:
+            bench_local(work, count, reads, repeat)
+        if "s3" in only:
+            bench_s3(s3_count, repeat)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
