@@ -97,7 +97,7 @@ class ShardWriter:
         self._finalizer = weakref.finalize(self, _release, self._target)
         self._results: list[ShardResult] = []
         self._output: ShardOutput | None = None
-        self._sync = ShardSync(self._storage.url)
+        self._sync = ShardSync(self._storage)
         self._put: Callable[[Sample, int], int] = self._closed_put
         # The first write starts shard 0: it finds the (empty) current shard full.
         self._count = self._max_samples
