@@ -10,13 +10,14 @@
 # thread, and the next shard waited for the disk; instead a pack writes shards and
 # sidecars with ``Storage.writer(name, durable=False)`` (renamed without an fsync) and
 # hands their names to a ``ShardSync``, whose thread has the storage ``sync`` them while
-# the next shard is encoded. Before the manifest (or a part's record) is written, ``ShardSync.finish``
-# waits for that thread, fsyncs every file the manifest lists that this run did not
-# (shards reused from an earlier run may still be in the page cache only), then the
-# folder (the renames), and only then is the manifest written, with its own fsync
-# before its rename. Readers never see a partial file either way: every file is still
-# renamed into place whole. Object stores have no fsync (an object is durable when its
-# upload returns): a destination whose Storage does not ``needs_sync`` skips all of this.
+# the next shard is encoded. Before the manifest (or a part's record) is written,
+# ``ShardSync.finish`` waits for that thread, fsyncs every file the manifest lists that
+# this run did not (shards reused from an earlier run may still be in the page cache
+# only), then the folder (the renames), and only then is the manifest written, with its
+# own fsync before its rename. Readers never see a partial file either way: every file
+# is still renamed into place whole. Object stores have no fsync (an object is durable
+# when its upload returns): a destination whose Storage does not ``needs_sync`` skips
+# all of this.
 """
 
 from __future__ import annotations
