@@ -64,7 +64,6 @@ from functools import cache
 from shardstream.errors import ShardstreamError, StorageError, UsageError
 from shardstream.layout import CLAIM_RE, claim_name
 from shardstream.storage import Storage
-from shardstream.storage.local import deferred_fsync
 
 __all__ = ["LEASE_ENV", "PackLease", "lease_seconds", "write_unsynced"]
 
@@ -95,12 +94,7 @@ def write_unsynced(storage: Storage, path: str, data: bytes) -> None:
     naming ``--overwrite``, the safe side. So neither costs a disk flush, and the pack's
     only synchronous fsync stays the manifest's (NOTE [ Durable before the manifest ]).
     """
-    with deferred_fsync(_not_synced):
-        storage.write(path, data)
-
-
-def _not_synced(path: str) -> None:
-    """See ``write_unsynced``."""
+    storage.write(path, data, durable=False)
 
 
 @cache

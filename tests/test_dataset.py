@@ -377,8 +377,6 @@ def test_large_local_samples_are_read_right_and_never_mapped(tmp_path, monkeypat
     the process with SIGBUS (NOTE [ Getting the bytes ])."""
     import mmap
 
-    from shardstream.dataset import fetch
-
     url = str(tmp_path / "big")
     payloads = {f"b{i:02d}": os.urandom(100_000 + 1000 * i) for i in range(12)}
     with ShardWriter(url, format="tar", samples_per_shard=5) as writer:
@@ -391,7 +389,7 @@ def test_large_local_samples_are_read_right_and_never_mapped(tmp_path, monkeypat
         maps.append(args)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(fetch.mmap, "mmap", recording_mmap)
+    monkeypatch.setattr(mmap, "mmap", recording_mmap)  # wherever storage would map from
     samples = list(shardstream.StreamingDataset(url, decode=False, shuffle_window=4))
     assert {s["__key__"]: s["bin"] for s in samples} == payloads
     assert all(type(s["bin"]) is bytes for s in samples)

@@ -377,3 +377,67 @@ def test_format_rules_scan_finds_what_it_forbids(tmp_path):
         "from shardstream.formats.tar.scan import scan_tar\nimport shardstream.formats._sidecar\n"
     )
     assert {"shardstream.formats.tar.scan", "shardstream.formats._sidecar"} <= imported_modules(probe)
+
+
+# NOTE [ One backend per Storage ] (storage/backend.py): the kind of storage is storage's
+# business alone. Other code asks a Storage for a capability, never whether a URL is
+# local, and never opens files through fsspec itself (that would skip the retries).
+STORAGE_INTERNALS = ("shardstream.storage.local", "shardstream.storage.backend", "shardstream.storage.s3read")
+URL_KIND_HELPERS = {"is_local_url", "local_path", "split_protocol"}
+FSSPEC_OPENERS = {"url_to_fs", "filesystem", "open", "open_files", "get_filesystem_class"}
+
+
+def storage_seam_breaches(path: pathlib.Path) -> list[str]:
+    """What ``path`` does that only shardstream/storage may: see the comment above."""
+    bad = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            modules = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            modules = []
+        for name in modules:
+            if any(name == inner or name.startswith(inner + ".") for inner in STORAGE_INTERNALS):
+                bad.append(f"imports {name}")
+        if isinstance(node, ast.Name) and node.id in URL_KIND_HELPERS:
+            bad.append(f"uses {node.id}")
+        if isinstance(node, ast.alias) and node.name in URL_KIND_HELPERS:
+            bad.append(f"imports {node.name}")
+        if isinstance(node, ast.Attribute) and node.attr in URL_KIND_HELPERS:
+            bad.append(f"uses .{node.attr}")
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr in FSSPEC_OPENERS
+            and "fsspec" in ast.unparse(node.value).split(".")
+        ):
+            bad.append(f"calls {ast.unparse(node)}")
+    return bad
+
+
+def test_only_storage_knows_what_kind_of_storage_a_url_is():
+    root = PACKAGE.parent
+    files = [*PACKAGE.rglob("*.py"), *(root / "tools").glob("*.py")]
+    bad = [
+        f"{path.relative_to(root)} {breach}"
+        for path in sorted(files)
+        if (PACKAGE / "storage") not in path.parents
+        for breach in storage_seam_breaches(path)
+    ]
+    assert not bad, "only shardstream/storage may:\n" + "\n".join(bad)
+
+
+def test_the_storage_seam_check_catches_a_breach(tmp_path):
+    code = (
+        "from shardstream.storage import local\n"
+        "from shardstream.storage.local import is_local_url\n"
+        "import fsspec\n"
+        "fs, root = fsspec.core.url_to_fs('s3://b/x')\n"
+    )
+    (tmp_path / "m.py").write_text(code)
+    assert set(storage_seam_breaches(tmp_path / "m.py")) == {
+        "imports shardstream.storage.local",
+        "imports shardstream.storage.local.is_local_url",
+        "imports is_local_url",
+        "calls fsspec.core.url_to_fs",
+    }

@@ -99,27 +99,25 @@ def test_a_failed_fsync_leaves_no_manifest(tmp_path, monkeypatch):
     assert (tmp_path / "ds" / "manifest.json").exists()
 
 
-def write_and_fail(path) -> None:
-    with local.atomic_writer(str(path)) as f:
+def write_and_fail(path, *, durable: bool) -> None:
+    with local.atomic_writer(str(path), durable=durable) as f:
         f.write(b"partial")
         raise RuntimeError("failed mid-way")
 
 
-def test_deferred_writes_stay_atomic(tmp_path):
-    stored = []
+def test_deferred_writes_stay_atomic(tmp_path, monkeypatch):
+    recorder = Recorder(monkeypatch)
     target = tmp_path / "x.bin"
-    with local.deferred_fsync(stored.append):
-        with pytest.raises(RuntimeError, match="mid-way"):
-            write_and_fail(target)
-        assert os.listdir(tmp_path) == []
-        assert stored == []
-        with local.atomic_writer(str(target)) as f:
-            f.write(b"whole")
+    with pytest.raises(RuntimeError, match="mid-way"):
+        write_and_fail(target, durable=False)
+    assert os.listdir(tmp_path) == []
+    with local.atomic_writer(str(target), durable=False) as f:
+        f.write(b"whole")
     assert target.read_bytes() == b"whole"
-    assert stored == [str(target)]
-    with local.atomic_writer(str(target)) as f:  # outside the block: fsynced, not handed over
+    assert [kind for kind, _ in recorder.events] == ["rename"]  # no fsync of its own
+    with local.atomic_writer(str(target)) as f:  # durable by default: fsynced before its rename
         f.write(b"again")
-    assert stored == [str(target)]
+    assert [kind for kind, _ in recorder.events] == ["rename", "fsync", "rename"]
 
 
 def test_shard_writer_and_pack_write_the_same_bytes_for_every_worker_count(tmp_path):

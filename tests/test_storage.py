@@ -149,7 +149,7 @@ class StorageConformance:
         clone = pickle.loads(pickle.dumps(storage))
         assert clone.url == storage.url
         assert clone.retry == storage.retry
-        assert clone._fs is None  # configuration only, no live client
+        assert clone._backend._fs is None  # configuration only, no live client
         assert clone.read("x.bin", ByteRange(100, 200)) == DATA[100:200]
         clone.write("y.bin", b"from clone")
         assert storage.read("y.bin") == b"from clone"
@@ -183,11 +183,11 @@ def _child_copy(storage: Storage, parent_pid: int, method: str) -> None:
     """In a child process: the parent's file system must not be reused; read and write."""
     if os.getpid() == parent_pid:
         raise SystemExit(3)
-    inherited = storage._fs
+    inherited = storage._backend._fs
     if (inherited is None) != (method == "spawn"):  # fork inherits the object, spawn unpickles it
         raise SystemExit(4)
     data = storage.read("x.bin", ByteRange(1000, 2000))
-    if storage.fs is inherited or storage._fs_pid != os.getpid():
+    if storage.fs is inherited or storage._backend._fs_pid != os.getpid():
         raise SystemExit(5)
     storage.write("child.bin", b"child-ok:" + data)
     storage.close()

@@ -9,7 +9,7 @@ import pytest
 
 from shardstream.errors import TransientStorageError
 from shardstream.storage import RetryPolicy, Storage
-from shardstream.storage import core as core_module
+from shardstream.storage import backend as backend_module
 from shardstream.storage import retry as retry_module
 
 
@@ -77,8 +77,8 @@ def test_reads_are_still_bounded(clock, memory, monkeypatch):
 
 def test_the_timeouts_text_is_made_only_for_an_error(monkeypatch):
     made = []
-    real = core_module.timeouts_of
-    monkeypatch.setattr(core_module, "timeouts_of", lambda options: made.append(1) or real(options))
+    real = backend_module.timeouts_of
+    monkeypatch.setattr(backend_module, "timeouts_of", lambda options: made.append(1) or real(options))
     store = Storage("s3://bucket/ds")
     assert store._retry(lambda: 42, "read", "shard.bin") == 42
     assert made == []

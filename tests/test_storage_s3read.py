@@ -151,7 +151,7 @@ def test_reads_skip_s3fs_entirely(stub):
     storage = _stub_storage(stub, key="k", secret="s")
     assert storage.read("x.bin") == DATA
     assert storage.read("x.bin", ByteRange(1000, 251_000)) == DATA[1000:251_000]
-    assert storage._fs is None  # no s3fs file system was made for reads
+    assert storage._backend._fs is None  # no s3fs file system was made for reads
     assert [h.get("Range") for h in stub.gets()] == [None, "bytes=1000-250999"]
     storage.close()
 
@@ -340,7 +340,7 @@ def test_reads_through_faults_on_the_botocore_path(s3, moto_server, error, reset
             end = rng.randrange(start + 1, min(len(DATA), start + 80_000) + 1)
             assert storage.read("shard.bin", ByteRange(start, end)) == DATA[start:end]
         assert storage.read("shard.bin") == DATA
-        assert storage._fs is None  # every GET went through botocore
+        assert storage._backend._fs is None  # every GET went through botocore
         storage.close()
     assert proxy.faults() > 0
     assert proxy.stats["truncate"] > 0 or truncate == 0

@@ -44,7 +44,7 @@ def storage():
     store = Storage(url, retry=RetryPolicy(attempts=3, base_delay=0))
     store.write("shard.bin", DATA)
     counting = Counting(store.fs)
-    store._fs = counting
+    store._backend._fs = counting
     yield store, counting
     store.fs.rm(store._root, recursive=True)
 
@@ -100,10 +100,10 @@ def test_a_forked_process_asks_the_size_again(storage, monkeypatch):
     store, counting = storage
     expect = Expected(len(DATA))
     store.read("shard.bin", ByteRange(0, 10), expect=expect)
-    import shardstream.storage.core as core
+    import shardstream.storage.backend as core
 
     child = core.os.getpid() + 1
     monkeypatch.setattr(core.os, "getpid", lambda: child)
-    store._fs, store._fs_pid = counting, child  # keep counting in the "child"
+    store._backend._fs, store._backend._fs_pid = counting, child  # keep counting in the "child"
     store.read("shard.bin", ByteRange(0, 10), expect=expect)
     assert counting.calls["info"] == 2

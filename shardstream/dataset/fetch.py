@@ -24,7 +24,6 @@
 
 from __future__ import annotations
 
-import mmap
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -122,23 +121,8 @@ class ByteFetcher:
     def read(self, path: str, rng: ByteRange | None) -> bytes | memoryview:
         expect = self._expected.get(path)
         if rng is not None and rng.length and self.storage.cached:
-            return self._map(path, rng, expect)
+            return self.storage.map(path, rng, expect=expect)  # the cache entry, checked against expect
         return self.storage.read(path, rng, expect=expect)
-
-    def _map(self, path: str, rng: ByteRange, expect: Expected | None) -> memoryview:
-        with self.storage.open(path, expect=expect) as f:  # the cache entry, checked against expect
-            fd = f.fileno()
-            size = os.fstat(fd).st_size
-            if size < rng.end:
-                raise StorageError(
-                    f"bytes [{rng.start}, {rng.end}) are past the end of the file ({size} bytes)",
-                    url=self.storage.full_url(path),
-                    offset=rng.start,
-                )
-            base = rng.start - rng.start % mmap.ALLOCATIONGRANULARITY
-            mapped = mmap.mmap(fd, rng.end - base, offset=base, access=mmap.ACCESS_READ)
-        mapped.madvise(mmap.MADV_WILLNEED)  # read ahead now, in the prefetch thread's time
-        return memoryview(mapped)[rng.start - base :]
 
     def close(self) -> None:
         pool, self._pool = self._pool, None

@@ -17,7 +17,7 @@ from shardstream.pack.lifeline import usable_cores
 from shardstream.pack.options import PackOptions, Part, check_count
 from shardstream.pack.parallel import run_jobs
 from shardstream.pack.sources import Source, open_source
-from shardstream.pack.sources.base import Entry, is_local
+from shardstream.pack.sources.base import Entry, input_storage
 from shardstream.storage import Storage
 
 __all__ = ["PackProgress", "pack"]
@@ -88,7 +88,7 @@ def pack(
     with contextlib.ExitStack() as cleanup:
         storage = Storage(os.fspath(dest), storage_options)
         cleanup.callback(storage.close)
-        sync = ShardSync(storage.url)
+        sync = ShardSync(storage)
         cleanup.callback(sync.close)
         target = DatasetTarget(storage, options, origin=src.url)
         # the lease, if finish did not release it (NOTE [ One pack per destination ])
@@ -128,7 +128,7 @@ def _open(
     source_options: Mapping[str, Any] | None,
 ) -> Source:
     url = os.fspath(source)
-    if source_options is None and not is_local(url):
+    if source_options is None and input_storage(url, {}).local_root is None:  # a remote source
         source_options = storage_options
     return open_source(url, source_type=source_type, storage_options=source_options)
 

@@ -40,10 +40,7 @@ Only names that shardstream writes are ever deleted.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import re
 from typing import Any
 
 from shardstream.errors import ManifestError, ShardstreamError, UsageError
@@ -63,9 +60,7 @@ from shardstream.lock import PackLease, write_unsynced
 from shardstream.manifest import MANIFEST_NAME, Manifest, ShardInfo
 from shardstream.pack.durable import ShardSync
 from shardstream.pack.options import PackOptions
-from shardstream.pack.sources.base import is_local
-from shardstream.storage import Storage
-from shardstream.storage.local import TEMP_PREFIX, local_path
+from shardstream.storage import Storage, absolute_url
 
 # The names a pack writes are rules of ``shardstream.layout``, which ``index`` reads back
 # too; those ``index`` imported from here before stay importable.
@@ -78,9 +73,6 @@ __all__ = [
     "shard_name_re",
     "writer_name",
 ]
-
-# What ``Storage.writer`` names a local file in flight: the prefix, a random part, the target's name.
-_TEMP_RE = re.compile(re.escape(TEMP_PREFIX) + r"[0-9a-f]+-(.+)$")
 
 
 class DatasetTarget:
@@ -168,11 +160,8 @@ class DatasetTarget:
         """What decides this pack's shards: a rerun with the same may take over its files."""
         options = self.options
         part = options.part
-        origin = self.origin
-        if origin is not None and is_local(origin):
-            origin = os.path.abspath(local_path(origin))
         return {
-            "source": origin,
+            "source": None if self.origin is None else absolute_url(self.origin),
             "format": options.format,
             "shard_size": options.shard_size,
             "samples_per_shard": options.samples_per_shard,
@@ -222,27 +211,17 @@ class DatasetTarget:
         )
 
     def _remove_stale_temp_files(self) -> None:
-        """Delete the temp files of this pack's shards, record and lock that a killed run left
-        (local folders only).
+        """Delete the temp files of this pack's shards, record and lock that a killed run left.
 
-        Remote writes spool outside the dataset, so only a local destination can hold
-        them; a part removes only its own, since other parts may be writing theirs.
+        Only a local destination holds them (remote writes spool outside the dataset);
+        a part removes only its own, since other parts may be writing theirs.
         """
-        url = self.storage.url
-        if not is_local(url):
-            return
-        root = local_path(url)
-        try:
-            names = os.listdir(root)
-        except OSError:
-            return
-        for name in names:
-            match = _TEMP_RE.match(name)
-            target = match.group(1) if match else ""
-            ours = shard_name_re().match(target) and target.startswith(self.options.prefix)
-            if ours or target == self.record or self._lease.is_stale_claim(target):
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(root, name))
+
+        def ours(target: str) -> bool:
+            shard = shard_name_re().match(target) and target.startswith(self.options.prefix)
+            return bool(shard) or target == self.record or self._lease.is_stale_claim(target)
+
+        self.storage.remove_temp_files(ours)
 
     def _old_manifest(self) -> tuple[str, Manifest] | None:
         """The dataset there (its manifest, or for a part this part's record when there is none)."""

@@ -30,7 +30,6 @@ from shardstream.formats.checks import BlockHasher, ShardChecks
 from shardstream.layout import ShardResult, fields_and_schema, sidecar_name
 from shardstream.manifest import ShardInfo
 from shardstream.storage import Storage
-from shardstream.storage.local import deferred_fsync
 
 __all__ = ["HashingSink", "ShardOutput", "ShardResult", "checks_of", "sha256_of", "write_shard"]
 
@@ -155,9 +154,9 @@ class ShardOutput:
 
     ``expected`` is the manifest entry the shard must match when the destination
     already holds a dataset that may not be replaced (no ``overwrite``). With
-    ``on_stored``, local files (the shard, its sidecar) are renamed into place without
-    an fsync and their paths go to ``on_stored``, which must make them durable before
-    the manifest (NOTE [ Durable before the manifest ] in ``durable``).
+    ``on_stored``, the files (the shard, its sidecar) are written with ``durable=False``
+    and the name of each one stored goes to ``on_stored``, which must make them durable
+    before the manifest (NOTE [ Durable before the manifest ] in ``durable``).
     """
 
     def __init__(
@@ -174,9 +173,9 @@ class ShardOutput:
         self._storage = storage
         self._expected = expected
         self._on_stored = on_stored
-        self._context: AbstractContextManager[IO[bytes]] | None = storage.writer(name)
-        with self._durability():
-            self._sink = HashingSink(self._context.__enter__())
+        self._durable = on_stored is None
+        self._context: AbstractContextManager[IO[bytes]] | None = storage.writer(name, durable=self._durable)
+        self._sink = HashingSink(self._context.__enter__())
         try:
             self._encoder = fmt.encoder(cast(IO[bytes], self._sink), name=name, compression=compression)
         except BaseException:
@@ -185,12 +184,6 @@ class ShardOutput:
         # the hot path: no wrapper call per sample
         self.write = self._encoder.write
         self.write_within: Callable[[Sample, int], int] | None = getattr(self._encoder, "write_within", None)
-
-    def _durability(self) -> AbstractContextManager[None]:
-        """Where the storage's local writer is entered: with ``on_stored``, fsync deferred to it."""
-        if self._on_stored is None:
-            return contextlib.nullcontext()
-        return deferred_fsync(self._on_stored)
 
     @property
     def num_samples(self) -> int:
@@ -221,11 +214,13 @@ class ShardOutput:
             index=sidecar_name(self.name),
             index_bytes=len(sidecar),
         )
-        with self._durability():
-            if reused:
-                _write_if_changed(self._storage, info.index, sidecar)
-            else:  # a new shard: whatever sidecar was there belonged to other bytes
-                self._storage.write(info.index, sidecar)
+        if reused:
+            written = _write_if_changed(self._storage, info.index, sidecar, durable=self._durable)
+        else:  # a new shard: whatever sidecar was there belonged to other bytes
+            self._storage.write(info.index, sidecar, durable=self._durable)
+            written = True
+        if written and self._on_stored is not None:
+            self._on_stored(info.index)
         return ShardResult(info, *fields_and_schema(index), reused=reused)
 
     def abort(self) -> None:
@@ -241,6 +236,8 @@ class ShardOutput:
                 self._sink.close()
         if keep:
             context.__exit__(None, None, None)
+            if self._on_stored is not None:
+                self._on_stored(self.name)
             return
         with contextlib.suppress(_Discard):
             context.__exit__(_Discard, _Discard(), None)
@@ -266,13 +263,15 @@ class ShardOutput:
         return sha256_of(storage, self.name) == digest
 
 
-def _write_if_changed(storage: Storage, path: str, data: bytes) -> None:
+def _write_if_changed(storage: Storage, path: str, data: bytes, *, durable: bool) -> bool:
+    """Write ``data`` unless ``path`` already holds it; whether it was written."""
     try:
         if storage.size(path) == len(data) and storage.read(path) == data:
-            return
+            return False
     except ShardstreamError:
         pass  # unreadable: write it again
-    storage.write(path, data)
+    storage.write(path, data, durable=durable)
+    return True
 
 
 def write_shard(

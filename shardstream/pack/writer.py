@@ -87,7 +87,7 @@ class ShardWriter:
         self._finalizer = weakref.finalize(self, _release, self._target)
         self._results: list[ShardResult] = []
         self._output: ShardOutput | None = None
-        self._sync = ShardSync(self._storage.url)
+        self._sync = ShardSync(self._storage)
         self._put: Callable[[Sample, int], int] = self._closed_put
         self._done = 0  # samples of the shards finished
         self._closed = False

@@ -9,8 +9,17 @@ from __future__ import annotations
 from shardstream.storage.cache import ShardCache
 from shardstream.storage.core import Storage
 from shardstream.storage.expect import Expected
-from shardstream.storage.local import file_kind
+from shardstream.storage.local import absolute_url, file_kind
 from shardstream.storage.prefetch import Prefetcher
 from shardstream.storage.retry import RetryPolicy, is_transient
 
-__all__ = ["Expected", "Prefetcher", "RetryPolicy", "ShardCache", "Storage", "file_kind", "is_transient"]
+__all__ = [
+    "Expected",
+    "Prefetcher",
+    "RetryPolicy",
+    "ShardCache",
+    "Storage",
+    "absolute_url",
+    "file_kind",
+    "is_transient",
+]

@@ -6,38 +6,37 @@
 # forkserver rebuild their own. Under fork the object is inherited instead: the file
 # system is made lazily with ``skip_instance_cache=True`` and remembered with the pid
 # that made it; a process with another pid makes a fresh one. The parent's file system
-# is then kept referenced in ``_ABANDONED`` and never used or closed in the child:
+# is then kept referenced in ``_ABANDONED`` (backend.py), never used or closed in the child:
 # closing it there would run s3fs's finalizer on connections (and TLS state) that the
 # parent still owns. The botocore client that reads s3:// objects follows the same rules
-# (see NOTE [ S3 reads without s3fs ] in s3read.py).
+# (see NOTE [ S3 reads without s3fs ] in s3read.py). What a Storage does on each kind of
+# storage is its backend's: NOTE [ One backend per Storage ] in backend.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
-import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import IO, Any, TypeVar, cast
 
 from shardstream.errors import ManifestError, StorageError, TransientStorageError, UsageError
 from shardstream.manifest import MANIFEST_NAME, Manifest
 from shardstream.storage import local
+from shardstream.storage.backend import Backend, backend_for
 from shardstream.storage.cache import ShardCache
 from shardstream.storage.expect import Expected, SizeChanged, changed_error, download, size_changed_error
 from shardstream.storage.retry import RetryPolicy, call_with_retry, is_not_found, permanent_error
-from shardstream.storage.s3read import S3Reader, s3_options, timeouts_of
-from shardstream.storage.streams import RangeReader, spooled_writer
+from shardstream.storage.s3read import S3Reader
+from shardstream.storage.streams import RangeReader
 from shardstream.types import ByteRange
 
 __all__ = ["Storage"]
 
 R = TypeVar("R")
 
-_S3_PROTOCOLS = ("s3", "s3a")
 _DOWNLOAD_CHUNK = 32 * 2**20  # cache downloads go in ranged reads of this size, each retried
 _STREAM_BUFFER = 4 * 2**20  # read-ahead of open() streams on remote objects
-_ABANDONED: list[Any] = []  # file systems made by a parent process; see NOTE [ Storage across processes ]
 
 
 class Storage:
@@ -45,7 +44,8 @@ class Storage:
 
     Paths given to methods are relative to the folder (``"shard-000000.tar"``). Reads
     retry transient errors per ``retry``; writes are atomic. With ``cache_dir`` set,
-    remote shards are kept whole on local disk (see NOTE [ Shard cache ]).
+    remote shards are kept whole on local disk (see NOTE [ Shard cache ]). A
+    ``read_only`` Storage refuses every write and delete (pack sources read through one).
     """
 
     def __init__(
@@ -56,6 +56,7 @@ class Storage:
         retry: RetryPolicy | None = None,
         cache_dir: str | None = None,
         cache_limit: int | None = None,
+        read_only: bool = False,
     ) -> None:
         if not isinstance(url, str) or not url.strip():
             raise UsageError(f"storage URL must be a non-empty string, not {url!r}")
@@ -63,42 +64,24 @@ class Storage:
             raise UsageError("chained fsspec URLs (a::b) are not supported; use cache_dir to cache", url=url)
         if cache_limit is not None and cache_dir is None:
             raise UsageError("cache_limit needs cache_dir", url=url)
-        protocol, path = local.split_protocol(url)
-        self._protocol = protocol or "file"
-        self._is_local = local.is_local_url(url)
         self._options = dict(storage_options or {})
         self.retry = retry if retry is not None else RetryPolicy()
         self.cache_dir = cache_dir
         self.cache_limit = cache_limit
-        if self._is_local:
-            self._root = os.path.abspath(os.path.expanduser(path))
-            self.url = self._root if protocol is None else f"file://{self._root}"
-        else:
-            import fsspec  # not for local folders: see local.split_protocol
-
-            try:
-                fs_class = fsspec.get_filesystem_class(self._protocol)
-            except (ValueError, ImportError) as error:
-                raise UsageError(f"unsupported storage URL: {error}", url=url) from None
-            self._root = str(fs_class._strip_protocol(url)).rstrip("/")
-            self.url = url.rstrip("/")
-            if not self._root.strip("/"):
-                raise UsageError("the URL names no folder (like s3://bucket/dataset)", url=url)
+        self.read_only = read_only
+        # Chosen once: see NOTE [ One backend per Storage ] in backend.py.
+        self._backend: Backend
+        self._backend, self._root, self.url = backend_for(url, self._options)
         # Local files are already local: caching them would only copy them.
-        self._cache = ShardCache(cache_dir, cache_limit) if cache_dir and not self._is_local else None
-        self._fs: Any = None
-        self._fs_pid = -1
-        self._sizes: dict[str, int] = {}
-        self._sizes_pid = -1
-        # Object reads on s3:// skip s3fs; see NOTE [ S3 reads without s3fs ] in s3read.py.
-        self._s3 = S3Reader.create(self._options) if self._protocol in _S3_PROTOCOLS else None
+        local_files = self._backend.is_local
+        self._cache = ShardCache(cache_dir, cache_limit) if cache_dir and not local_files else None
 
     # -- configuration, pickling, life cycle ---------------------------------------
 
     @property
     def local_files(self) -> bool:
         """Whether reads come from local files: a local folder, or remote shards cached whole."""
-        return self._is_local or self._cache is not None
+        return self._backend.is_local or self._cache is not None
 
     @property
     def cached(self) -> bool:
@@ -106,11 +89,31 @@ class Storage:
         return self._cache is not None
 
     @property
+    def needs_sync(self) -> bool:
+        """Whether a file written with ``durable=False`` needs ``sync`` to survive a crash
+        (local folders; an object is durable once its upload returns)."""
+        return self._backend.needs_sync
+
+    @property
+    def local_root(self) -> str | None:
+        """The folder's absolute path where it is on local disk, else None.
+
+        For code that must walk local files itself (the pack's folder source refuses a
+        FIFO without opening it); everything else goes through the Storage's methods.
+        """
+        return self._root if self._backend.is_local else None
+
+    @property
     def storage_options(self) -> dict[str, Any]:
         return dict(self._options)
 
+    @property
+    def _s3(self) -> S3Reader | None:
+        """The botocore reader of s3:// objects, or None (NOTE [ S3 reads without s3fs ])."""
+        return getattr(self._backend, "reader", None)
+
     def __reduce__(self):  # configuration only; see NOTE [ Storage across processes ]
-        args = (self.url, self._options, self.retry, self.cache_dir, self.cache_limit)
+        args = (self.url, self._options, self.retry, self.cache_dir, self.cache_limit, self.read_only)
         return (_rebuild, args)
 
     def __repr__(self) -> str:  # never show storage_options: they may hold secrets
@@ -125,39 +128,14 @@ class Storage:
     @property
     def fs(self) -> Any:
         """This process's fsspec file system (made on first use, remade after fork)."""
-        fs, pid = self._fs, os.getpid()
-        if fs is None or self._fs_pid != pid:
-            if fs is not None:
-                _ABANDONED.append(fs)
-            import fsspec
-
-            fs = fsspec.filesystem(self._protocol, skip_instance_cache=True, **self._fs_options())
-            if self._protocol in _S3_PROTOCOLS:
-                # s3fs's own retry loop (a class attribute, not an option): one try, see
-                # NOTE [ One retry layer ] in retry.py.
-                fs.retries = 1
-            self._fs, self._fs_pid = fs, pid
-        return fs
+        return self._backend.fs
 
     def _fs_options(self) -> dict[str, Any]:
-        # The endpoint from the environment, and one try in botocore: see s3_options.
-        return s3_options(self._options) if self._protocol in _S3_PROTOCOLS else dict(self._options)
+        return self._backend.fs_options()
 
     def close(self) -> None:
         """Release this process's connections; the Storage can still be used later."""
-        if self._s3 is not None:
-            self._s3.close()
-        fs, self._fs = self._fs, None
-        if fs is None:
-            return
-        if self._fs_pid != os.getpid():  # the parent's: never close it here
-            _ABANDONED.append(fs)
-            return
-        creator = getattr(fs, "_s3creator", None)
-        if creator is not None and getattr(fs, "_s3", None) is not None:
-            with contextlib.suppress(Exception):
-                type(fs).close_session(fs.loop, creator)
-            fs._s3 = None
+        self._backend.close()
 
     # -- paths ---------------------------------------------------------------------
 
@@ -177,15 +155,13 @@ class Storage:
             )
 
     def _retry(self, operation: Callable[[], R], what: str, path: str, rng: ByteRange | None = None) -> R:
-        options = self._options
-        timeouts = (lambda: timeouts_of(options)) if self._protocol in _S3_PROTOCOLS else ""
         return call_with_retry(
             operation,
             self.retry,
             what=what,
             url=self.full_url(path),
             rng=rng,
-            timeouts=timeouts,  # made only for an error that timed out
+            timeouts=self._backend.timeouts,  # made only for an error that timed out
             bounded=what != "write",  # uploads keep their attempts: NOTE [ Bounded waits ]
         )
 
@@ -212,13 +188,7 @@ class Storage:
 
     def _read_once(self, path: str, fspath: str, rng: ByteRange | None, size: int | None) -> bytes:
         try:
-            if self._is_local:
-                data = local.read(fspath, rng, size=size)
-            elif self._s3 is not None:
-                bucket, _, key = fspath.partition("/")
-                data = self._s3.read(bucket, key, rng, size=size)
-            else:
-                data = self._read_fsspec(fspath, rng, size)
+            data = self._backend.read(fspath, rng, size)
             if rng is None and size is not None and len(data) != size:
                 self._short_whole_read(path, fspath, len(data), size)
         except SizeChanged as changed:
@@ -227,31 +197,10 @@ class Storage:
             self._short_read(path, rng, len(data), size)
         return data
 
-    def _read_fsspec(self, fspath: str, rng: ByteRange | None, size: int | None) -> bytes:
-        # fsspec's cat_file does not say the object's size, so a ranged read asks (a HEAD),
-        # once per path and process: NOTE [ One size check per object ]. A whole read is
-        # checked by its length instead (_read_once).
-        if rng is None:
-            return bytes(self.fs.cat_file(fspath))
-        if size is not None and self._sizes_checked.get(fspath) != size:
-            actual = self._size_once(fspath)
-            if actual != size:
-                raise SizeChanged(actual)
-            self._sizes_checked[fspath] = size
-        return bytes(self.fs.cat_file(fspath, start=rng.start, end=rng.end))
-
-    @property
-    def _sizes_checked(self) -> dict[str, int]:
-        """The objects whose size this process checked, and that size (reset after fork)."""
-        pid = os.getpid()
-        if self._sizes_pid != pid:
-            self._sizes, self._sizes_pid = {}, pid
-        return self._sizes
-
     def _short_whole_read(self, path: str, fspath: str, got: int, size: int) -> None:
         """A whole read of ``got`` bytes of an object the manifest says has ``size``: an
         object of another size, or (the object still has ``size`` bytes) a cut transfer."""
-        actual = self._size_once(fspath)
+        actual = self._backend.size(fspath)
         if actual != size:
             raise SizeChanged(actual)
         raise TransientStorageError(f"short read: {got} of {size} bytes", url=self.full_url(path))
@@ -260,7 +209,7 @@ class Storage:
         return size_changed_error(self.full_url(path), path, rng, actual, expected)
 
     def _short_read(self, path: str, rng: ByteRange, got: int, expected: int | None = None) -> None:
-        size = self._size_once(self._fspath(path))
+        size = self._backend.size(self._fspath(path))
         if expected is not None and size != expected:
             raise self._changed(path, rng, size, expected)
         where = f"bytes [{rng.start}, {rng.end})"
@@ -320,8 +269,9 @@ class Storage:
         """
         if self._cache is not None:
             return open(self._cached_path(path, expect), "rb")  # the caller closes it
-        if self._is_local:
-            return self._open_local(path, expect)
+        opened = self._open_direct(path, expect)
+        if opened is not None:
+            return opened
         size = expect.size if expect is not None and expect.size is not None else self.size(path)
         raw = RangeReader(
             lambda start, end: self._read_direct(path, ByteRange(start, end), expect),
@@ -330,10 +280,10 @@ class Storage:
         )
         return io.BufferedReader(raw, buffer_size=_STREAM_BUFFER)
 
-    def _open_local(self, path: str, expect: Expected | None) -> IO[bytes]:
+    def _open_direct(self, path: str, expect: Expected | None) -> IO[bytes] | None:
         size = expect.size if expect is not None else None
         try:
-            return local.open_file(self._fspath(path), size=size)
+            return self._backend.open_direct(self._fspath(path), size)
         except SizeChanged as changed:
             raise self._changed(path, None, changed.actual, size) from None
         except OSError as error:
@@ -342,13 +292,28 @@ class Storage:
     def size(self, path: str) -> int:
         """The object's size in bytes."""
         fspath = self._fspath(path)
-        return self._retry(lambda: self._size_once(fspath), "size", path)
+        return self._retry(lambda: self._backend.size(fspath), "size", path)
 
-    def _size_once(self, fspath: str) -> int:
-        if self._is_local:
-            return os.stat(fspath).st_size
-        self.fs.invalidate_cache(fspath)  # another process may have written it since
-        return int(self.fs.info(fspath)["size"])
+    def map(self, path: str, rng: ByteRange, *, expect: Expected | None = None) -> memoryview:
+        """The bytes of ``rng`` memory-mapped, not copied: from the shard cache, or a local file.
+
+        Reads copy by default on purpose: a local file truncated while mapped kills the
+        process with SIGBUS, and only cache entries are never truncated in place (NOTE
+        [ Getting the bytes ] in shardstream/dataset/fetch.py). Object stores have no
+        mapping: ``UsageError`` there without ``cache_dir``.
+        """
+        if self._cache is not None:  # the cache entry, checked against expect
+            return local.map_range(self._cached_path(path, expect), rng, self.full_url(path))
+        return self._backend.map(self._fspath(path), rng, self.full_url(path))
+
+    def is_folder(self, path: str = "") -> bool:
+        """Whether ``path`` is a folder (else a file); a missing one fails as "not found"."""
+        fspath = self._fspath(path)
+        return self._retry(lambda: self._backend.kind(fspath) == "folder", "info", path)
+
+    def list_sizes(self) -> list[tuple[str, int]]:
+        """(relative path, size) of every file under the folder, recursively, in no order."""
+        return self._retry(lambda: self._backend.find_sizes(self._root), "list", "")
 
     def exists(self, path: str) -> bool:
         """Whether ``path`` exists (a file, or for local paths also a folder)."""
@@ -356,7 +321,7 @@ class Storage:
 
         def check() -> bool:
             try:
-                self._size_once(fspath)
+                self._backend.size(fspath)
             except FileNotFoundError:
                 return False
             except Exception as error:
@@ -369,68 +334,72 @@ class Storage:
 
     def list_files(self) -> list[str]:
         """Every file under the folder, recursively, as sorted relative paths."""
-        if self._is_local:
-            return local.list_files(self._root)
-
-        def find() -> list[str]:
-            self.fs.invalidate_cache(self._root)
-            return list(self.fs.find(self._root, withdirs=False))
-
-        prefix = self._root + "/"
-        found = self._retry(find, "list", "")
-        rel = (p[len(prefix) :] for p in found if p.startswith(prefix))
-        return sorted(p for p in rel if not p.rsplit("/", 1)[-1].startswith(local.TEMP_PREFIX))
+        return self._retry(lambda: self._backend.find(self._root), "list", "")
 
     # -- writing -------------------------------------------------------------------
 
-    def write(self, path: str, data: bytes) -> None:
-        """Store ``data`` at ``path`` atomically: readers see no object or all of it."""
-        if self._is_local:
-            with self.writer(path) as f:
-                f.write(data)
-            return
+    def write(self, path: str, data: bytes, *, durable: bool = True) -> None:
+        """Store ``data`` at ``path`` atomically: readers see no object or all of it.
+
+        ``durable=False``: see ``writer``.
+        """
+        self._check_writable(path)
         fspath = self._fspath(path)
-        self._retry(lambda: self.fs.pipe_file(fspath, bytes(data)), "write", path)
+        self._backend.write(fspath, data, durable=durable, retried=self._upload_retry(path))
         self._forget_cached(path)
 
     @contextlib.contextmanager
-    def writer(self, path: str) -> Iterator[IO[bytes]]:
+    def writer(self, path: str, *, durable: bool = True) -> Iterator[IO[bytes]]:
         """An atomic streaming write; on an exception nothing becomes visible.
 
-        Local: a ``.shardstream-tmp-*`` file next to the target, renamed on success.
-        Remote: a ``shardstream-*`` temp file, uploaded in one go on success (s3fs uses
-        a multipart upload for large files; an upload is retried as a whole).
+        Local: a ``.shardstream-tmp-*`` file next to the target, fsynced and renamed on
+        success. Remote: a ``shardstream-*`` temp file, uploaded in one go on success
+        (s3fs uses a multipart upload for large files; an upload is retried as a whole).
+        ``durable=False`` renames a local file without its fsync: the caller must
+        ``sync`` it and then the folder (``sync("")``) before anything relies on it
+        surviving a crash (NOTE [ Durable before the manifest ] in pack/durable.py).
+        An uploaded object is durable either way.
         """
+        self._check_writable(path)
         fspath = self._fspath(path)
-        if self._is_local:
-            with local.atomic_writer(fspath) as f:
-                yield f
-            return
-
-        def upload(tmp: str) -> None:
-            self._retry(lambda: self.fs.put_file(tmp, fspath), "write", path)
-
-        with spooled_writer(upload) as f:
+        with self._backend.writer(fspath, durable=durable, retried=self._upload_retry(path)) as f:
             yield f
         self._forget_cached(path)
 
+    def _upload_retry(self, path: str) -> Callable[[Callable[[], None]], None]:
+        return lambda upload: self._retry(upload, "write", path)
+
     def delete(self, path: str) -> None:
         """Remove ``path``; a missing one is fine."""
+        self._check_writable(path)
         fspath = self._fspath(path)
-        if self._is_local:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(fspath)
-            return
-
-        def remove() -> None:
-            with contextlib.suppress(FileNotFoundError):
-                self.fs.rm_file(fspath)
-
-        self._retry(remove, "delete", path)
+        self._retry(lambda: self._backend.delete(fspath), "delete", path)
         self._forget_cached(path)
 
+    def sync(self, path: str = "") -> None:
+        """Make ``path`` (written with ``durable=False``), or with ``""`` the renames into
+        the folder, durable; nothing to do where ``needs_sync`` is False.
+
+        Raises the ``OSError`` of a failed fsync as it is: its caller says what could not
+        be made durable (``shardstream.pack.durable``).
+        """
+        self._backend.sync(self._fspath(path))
+
+    def remove_temp_files(self, ours: Callable[[str], bool]) -> None:
+        """Delete what writes that died left in flight at the top of the folder, where
+        ``ours(target name)`` says it is the caller's (other writers may be busy).
+
+        Only local folders hold such files: remote writes spool outside the dataset.
+        """
+        self._check_writable("")
+        self._backend.sweep_temp(self._root, ours)
+
+    def _check_writable(self, path: str) -> None:
+        if self.read_only:
+            raise UsageError(f"read-only storage: cannot change {path or 'the folder'!r}", url=self.url)
+
     def _forget_cached(self, path: str) -> None:
-        self._sizes_checked.pop(self._fspath(path), None)
+        self._backend.forget(self._fspath(path))
         if self._cache is not None:
             self._cache.forget(self._cache_key(path))
 
@@ -456,6 +425,13 @@ class Storage:
 
 
 def _rebuild(
-    url: str, options: dict[str, Any], retry: RetryPolicy, cache_dir: str | None, cache_limit: int | None
+    url: str,
+    options: dict[str, Any],
+    retry: RetryPolicy,
+    cache_dir: str | None,
+    cache_limit: int | None,
+    read_only: bool = False,
 ) -> Storage:
-    return Storage(url, options, retry=retry, cache_dir=cache_dir, cache_limit=cache_limit)
+    return Storage(
+        url, options, retry=retry, cache_dir=cache_dir, cache_limit=cache_limit, read_only=read_only
+    )

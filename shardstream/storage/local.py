@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import contextvars
+import mmap
 import os
+import re
 import secrets
 import stat
 from collections.abc import Callable, Iterator
@@ -16,27 +17,27 @@ from shardstream.types import ByteRange
 
 __all__ = [
     "TEMP_PREFIX",
+    "absolute_url",
     "atomic_writer",
-    "deferred_fsync",
     "file_kind",
     "fsync_path",
     "list_files",
+    "map_range",
     "open_file",
     "open_regular",
     "read",
     "read_all",
     "read_range",
+    "remove_temp_files",
 ]
 
 # In-flight files of ``atomic_writer`` start with this; ``list_files`` hides them.
 TEMP_PREFIX = ".shardstream-tmp-"
+# An in-flight file's name: the prefix, a random part, then its target's name (cut to 100).
+_TEMP_RE = re.compile(re.escape(TEMP_PREFIX) + r"[0-9a-f]+-(.+)$")
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
-# Set by ``deferred_fsync``: who makes the files renamed into place durable instead.
-_DEFERRED: contextvars.ContextVar[Callable[[str], None] | None] = contextvars.ContextVar(
-    "shardstream_deferred_fsync", default=None
-)
 
 
 # NOTE [ Only regular files ]
@@ -143,16 +144,18 @@ def read_all(path: str, *, size: int | None = None) -> bytes:
 
 
 @contextlib.contextmanager
-def atomic_writer(path: str) -> Iterator[IO[bytes]]:
+def atomic_writer(path: str, *, durable: bool = True) -> Iterator[IO[bytes]]:
     """Write ``path`` so that readers see no file or the whole file, never part of it.
 
     Bytes go to a temp file in the same directory (same file system, so the final
     ``os.replace`` is atomic); on an exception the temp file is removed and ``path`` is
-    untouched. The file is fsynced before the rename so a crash cannot leave an empty
-    file under the final name, unless the writer was entered inside ``deferred_fsync``:
-    then the rename comes first and the path goes to that context's callback.
+    untouched. With ``durable`` the file is fsynced before the rename, so a crash cannot
+    leave an empty file under the final name. ``durable=False`` renames without it: the
+    file is still whole for readers, and the caller must ``fsync_path`` it (and its
+    directory) before anything that relies on it surviving a crash is written. The pack
+    does so before the manifest: see NOTE [ Durable before the manifest ] in
+    ``shardstream.pack.durable``.
     """
-    on_replace = _DEFERRED.get()
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
     base = os.path.basename(path)[:100]
@@ -163,33 +166,50 @@ def atomic_writer(path: str) -> Iterator[IO[bytes]]:
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
-            if on_replace is None:
+            if durable:
                 os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    if on_replace is not None:
-        on_replace(path)
 
 
-@contextlib.contextmanager
-def deferred_fsync(on_replace: Callable[[str], None]) -> Iterator[None]:
-    """``atomic_writer`` entered inside this block renames without an fsync of its own.
-
-    Each such file is still written whole and renamed atomically, so readers see the
-    same thing; only its durability is left to the caller, who gets every final path
-    through ``on_replace(path)`` (right after the rename) and must ``fsync_path`` it (and
-    its directory) before anything that relies on it surviving a crash is written. The
-    pack does so before the manifest: see NOTE [ Durable before the manifest ] in
-    ``shardstream.pack.durable``.
-    """
-    token = _DEFERRED.set(on_replace)
+def remove_temp_files(root: str, ours: Callable[[str], bool]) -> None:
+    """Delete the files that ``atomic_writer`` left in ``root`` (not below) when its process
+    died, where ``ours(target name)`` says they are the caller's; other processes may be
+    writing theirs. A target name longer than 100 characters is seen cut to 100."""
     try:
-        yield
-    finally:
-        _DEFERRED.reset(token)
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        match = _TEMP_RE.match(name)
+        if match and ours(match.group(1)):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(root, name))
+
+
+def map_range(path: str, rng: ByteRange, url: str) -> memoryview:
+    """The bytes of ``rng`` of the file ``path``, memory-mapped (read ahead, not copied).
+
+    Only for files that are never truncated in place (the shard cache's entries): a
+    mapped file cut short kills the process with SIGBUS on first touch (NOTE [ Getting
+    the bytes ] in shardstream/dataset/fetch.py).
+    """
+    with open(open_regular(path), "rb") as f:  # NOTE [ Only regular files ]
+        fd = f.fileno()
+        size = os.fstat(fd).st_size
+        if size < rng.end:
+            raise StorageError(
+                f"bytes [{rng.start}, {rng.end}) are past the end of the file ({size} bytes)",
+                url=url,
+                offset=rng.start,
+            )
+        base = rng.start - rng.start % mmap.ALLOCATIONGRANULARITY
+        mapped = mmap.mmap(fd, rng.end - base, offset=base, access=mmap.ACCESS_READ)
+    mapped.madvise(mmap.MADV_WILLNEED)  # read ahead now, in the prefetch thread's time
+    return memoryview(mapped)[rng.start - base :]
 
 
 def split_protocol(url: str) -> tuple[str | None, str]:
@@ -220,6 +240,11 @@ def local_path(url: str) -> str:
             url = url[len(prefix) :]
             break
     return os.path.abspath(os.path.expanduser(url))
+
+
+def absolute_url(url: str) -> str:
+    """A local URL as its absolute path (so one folder has one name), any other unchanged."""
+    return os.path.abspath(local_path(url)) if is_local_url(url) else url
 
 
 def fsync_path(path: str) -> None:

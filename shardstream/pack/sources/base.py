@@ -8,10 +8,15 @@ lets workers read the files). Either way the parent process knows every sample's
 in the shard before any shard is written; see NOTE [ Deterministic parallel pack ] in
 ``shardstream.pack.parallel``. A lazy source is listed in chunks that any process
 expands into entries (NOTE [ Every process plans and writes ] there).
+
+Sources read their input through a read-only ``Storage`` (``input_storage``), so the
+retries and timeouts of NOTE [ One retry layer ] (storage/retry.py) apply to a pack's
+input as to everything else it reads.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -20,10 +25,10 @@ from collections.abc import Iterator, Mapping
 from itertools import islice
 from typing import IO, Any, ClassVar, NamedTuple
 
-from shardstream.errors import PackError, UsageError
+from shardstream.errors import PackError, StorageError, UsageError
 from shardstream.formats.base import Sample, ShardFormat
-from shardstream.storage.local import is_local_url as is_local
-from shardstream.storage.local import local_path
+from shardstream.storage import Storage
+from shardstream.storage.retry import is_not_found
 
 __all__ = [
     "COMPRESSION_SUFFIXES",
@@ -31,8 +36,8 @@ __all__ = [
     "Source",
     "folder_of",
     "has_suffix",
+    "input_storage",
     "is_dir",
-    "is_local",
     "list_files",
     "open_file",
     "sample_key",
@@ -152,28 +157,29 @@ def has_suffix(url: str, suffixes: tuple[str, ...], *, compressed: bool = True) 
     return name.endswith(suffixes)
 
 
+def input_storage(url: str, storage_options: Mapping[str, Any]) -> Storage:
+    """A read-only Storage of the source file or folder ``url`` (``""`` names it itself)."""
+    return Storage(url, storage_options, read_only=True)
+
+
 def list_files(url: str, storage_options: Mapping[str, Any]) -> Iterator[tuple[str, str, int]]:
     """(path relative to the folder ``url``, full path or URL, size) of every file in it.
 
     Recursive, in no particular order; files and folders whose name starts with a dot
     are skipped. Symbolic links to files are followed, to folders not.
     """
-    if is_local(url):
-        yield from _walk_local(local_path(url), "")
+    storage = input_storage(url, storage_options)
+    root = storage.local_root
+    if root is not None:  # walked here: FIFOs and the like are refused, never opened
+        yield from _walk_local(root, "")
         return
-    import fsspec  # remote only: local paths never import it
-
-    fs, root = fsspec.core.url_to_fs(url, **storage_options)
-    root = root.rstrip("/")
-    protocol = url.split("://", 1)[0]
     try:
-        found = fs.find(root, withdirs=False, detail=True)
-    except (OSError, ValueError) as error:
-        raise PackError(f"cannot list source folder: {error}", url=url) from None
-    for path, info in found.items():
-        rel = path[len(root) + 1 :]
-        if info.get("type") == "file" and not any(part.startswith(".") for part in rel.split("/")):
-            yield rel, f"{protocol}://{path}", int(info["size"])
+        found = storage.list_sizes()
+    except StorageError as error:
+        raise PackError(f"cannot list source folder: {error.message}", url=url) from None
+    for rel, size in found:
+        if not any(part.startswith(".") for part in rel.split("/")):
+            yield rel, storage.full_url(rel), size
 
 
 def _walk_local(directory: str, prefix: str) -> Iterator[tuple[str, str, int]]:
@@ -227,45 +233,37 @@ def folder_of(url: str, storage_options: Mapping[str, Any], suffixes: tuple[str,
 
 
 def is_dir(url: str, storage_options: Mapping[str, Any]) -> bool:
-    """Whether ``url`` is a folder; ``PackError`` if it does not exist."""
-    if is_local(url):
-        path = local_path(url)
-        if not os.path.exists(path):
-            raise UsageError("source not found", url=url)
-        return os.path.isdir(path)
-    import fsspec
-
-    fs, path = fsspec.core.url_to_fs(url, **storage_options)
+    """Whether ``url`` is a folder; ``UsageError`` if it does not exist."""
     try:
-        if fs.isdir(path):
-            return True
-        fs.info(path)
-    except FileNotFoundError:
-        raise UsageError("source not found", url=url) from None
-    except (OSError, ValueError) as error:
-        raise PackError(f"cannot reach source: {error}", url=url) from None
-    return False
+        return input_storage(url, storage_options).is_folder()
+    except StorageError as error:
+        if is_not_found(error):
+            raise UsageError("source not found", url=url) from None
+        raise PackError(f"cannot reach source: {error.message}", url=url) from None
 
 
 def open_file(url: str, storage_options: Mapping[str, Any], mode: str = "rb") -> IO[Any]:
     """``url`` opened for reading (any fsspec URL; ``.gz``, ``.zst``, ... decompressed).
 
-    A local path is opened directly, so pipes work too (``<(zcat corpus.jsonl.gz)``).
+    A local path is opened directly, so pipes work too (``<(zcat corpus.jsonl.gz)``);
+    anything else is read through the source's Storage (ranged reads, retried).
     """
-    import fsspec
     from fsspec.compression import compr
     from fsspec.utils import infer_compression
 
     try:
-        if not is_local(url):
-            return fsspec.open(url, mode, compression="infer", **storage_options).open()
-        f = open(local_path(url), mode)  # noqa: SIM115 (returned)
+        storage = input_storage(url, storage_options)
+        root = storage.local_root
+        raw: IO[Any] = open(root, "rb") if root is not None else storage.open("")  # noqa: SIM115 (returned)
         compression = infer_compression(url)
-        if compression is None:
-            return f
-        return compr[compression](f, mode=mode)
+        f = raw if compression is None else compr[compression](raw, mode="rb")
+        return f if "b" in mode else io.TextIOWrapper(f)
     except FileNotFoundError:
         raise PackError("source file not found", url=url) from None
+    except StorageError as error:
+        if is_not_found(error):
+            raise PackError("source file not found", url=url) from None
+        raise PackError(f"cannot open source file: {error.message}", url=url) from None
     except (OSError, ValueError) as error:
         raise PackError(f"cannot open source file: {error}", url=url) from None
 

@@ -28,12 +28,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any
 
-from shardstream.errors import PackError
+from shardstream.errors import PackError, StorageError
 from shardstream.formats.base import Sample, ShardFormat
 from shardstream.pack.sizing import file_sample_sizer
-from shardstream.pack.sources.base import Entry, Source, is_local, list_files, walk
+from shardstream.pack.sources.base import Entry, Source, input_storage, list_files, walk
 from shardstream.storage import file_kind
-from shardstream.storage.local import local_path
 
 __all__ = ["FolderSource"]
 
@@ -69,8 +68,11 @@ class FolderSource(Source):
         super().__init__(url, storage_options)
         self._sizer: Callable[[str, Any], int] | None = None
         self._sizer_format = ""
-        self._local = is_local(url)
-        self._base = local_path(url) if self._local else _remote_root(url, self.storage_options)
+        # Read-only, so retries and timeouts apply to remote files (NOTE [ One retry layer ]).
+        self._storage = input_storage(url, self.storage_options)
+        root = self._storage.local_root
+        self._local = root is not None
+        self._base = root if root is not None else self._storage.url
 
     def __getstate__(self) -> dict[str, Any]:  # workers need the configuration only
         return {"url": self.url, "storage_options": self.storage_options, "base": self._base}
@@ -149,31 +151,21 @@ class FolderSource(Source):
     def load(self, entry: Entry) -> Sample:
         key = entry.key
         sample: Sample = {"__key__": key}
-        read = _read_local if self._local else self._read_remote
         for field, size in zip(*entry.where, strict=True):
-            sample[field] = read(f"{self._base}/{key}.{field}", size)
+            if self._local:
+                sample[field] = _read_local(f"{self._base}/{key}.{field}", size)
+            else:
+                sample[field] = self._read_remote(f"{key}.{field}", size)
         return sample
 
-    def _read_remote(self, path: str, size: int) -> bytes:
+    def _read_remote(self, rel: str, size: int) -> bytes:
         try:
-            import fsspec
-
-            fs, fspath = fsspec.core.url_to_fs(path, **self.storage_options)
-            data = fs.cat_file(fspath)
-        except (OSError, ValueError) as error:
-            raise PackError(f"cannot read file: {error}", url=path) from None
+            data = self._storage.read(rel)
+        except StorageError as error:
+            raise PackError(f"cannot read file: {error.message}", url=self._storage.full_url(rel)) from None
         if len(data) != size:
-            raise _changed(path, size, len(data))
+            raise _changed(self._storage.full_url(rel), size, len(data))
         return data
-
-
-def _remote_root(url: str, storage_options: Mapping[str, Any]) -> str:
-    """The folder's URL as ``list_files`` spells the paths under it (``protocol://root``)."""
-    protocol = url.split("://", 1)[0]
-    import fsspec
-
-    root = fsspec.core.url_to_fs(url, **storage_options)[1].rstrip("/")
-    return f"{protocol}://{root}"
 
 
 def _remote_files(url: str, storage_options: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[int, ...]]:
