@@ -53,7 +53,7 @@ HOP_BY_HOP = frozenset(
     }
 )
 CONTROL_PREFIX = "/__wanproxy__/"
-_CHUNK = 16 * 1024  # bytes per paced write: 0.4 ms at 40 MB/s
+_CHUNK = 64 * 1024  # bytes per paced write: 1.6 ms at 40 MB/s; smaller costs the proxy more CPU
 
 
 @dataclasses.dataclass
