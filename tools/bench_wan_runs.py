@@ -134,64 +134,67 @@ def storage_options(endpoint: str, env: dict) -> dict:
 
 
 def epochs(spec: dict, cache: str) -> list:  # type: ignore[type-arg]
-    """The iterables of this run's epochs (cold, then warm if the tool has a cache)."""
-    tool, where, env, endpoint = spec["tool"], spec["where"], spec["env"], spec["endpoint"]
-    if tool in ("shardstream tar", "shardstream parquet", "shardstream tar cache", "local disk"):
-        url = where["local"] if tool == "local disk" else where["parquet" if "parquet" in tool else "tar"]
-        extra = {"cache_dir": cache} if tool.endswith("cache") else {}
-        local = tool == "local disk"  # two epochs: the warm one is what a warm cache must match
-        options = None if local else storage_options(endpoint, env)
-
-        def open_dataset():  # type: ignore[no-untyped-def]
-            return shardstream.StreamingDataset(
-                url, storage_options=options, shuffle=False, decode=False, **extra
-            )
-
-        holder: list = []  # type: ignore[type-arg]
-        cold = Lazy(lambda: holder.append(open_dataset()) or holder[0])
-        return [cold, Lazy(lambda: holder[0])] if extra or local else [cold]
+    """The iterables of this run's epochs: cold, then warm (the same dataset again) if the
+    tool has a cache. The cold one opens the dataset inside the timing, for every tool."""
+    tool = spec["tool"]
     if tool.startswith("boto3"):
         return [Lazy(lambda: boto3_epoch(spec))]
-    if tool == "litdata":
-        import litdata
-        import litdata.streaming.downloader as downloader
-
-        # Its obstore client refuses http:// endpoints without allow_http; with it, LitData
-        # takes its fast path (async ranged GETs) instead of falling back to boto3.
-        downloader._OBSTORE_CLIENT_OPTIONS = {**downloader._OBSTORE_CLIENT_OPTIONS, "allow_http": "true"}
-        options = boto_kwargs(endpoint, env)
-        options.pop("config")
-        options.pop("region_name")
-        dataset = litdata.StreamingDataset(
-            where["litdata"], cache_dir=cache, storage_options=options, shuffle=False
-        )
-        return [dataset, dataset]
     if tool == "webdataset":
-        import s3fs
-        import webdataset as wds
+        return [Lazy(lambda: webdataset_dataset(spec))]
+    opener = {"litdata": litdata_dataset, "mosaic": mosaic_dataset}.get(tool, shardstream_dataset)
+    opened: list = []  # type: ignore[type-arg]
+    cold = Lazy(lambda: opened.append(opener(spec, cache)) or opened[0])
+    if tool in ("shardstream tar", "shardstream parquet"):
+        return [cold]
+    return [cold, Lazy(lambda: opened[0])]  # "local disk" too: what a warm cache must match
 
-        fs = s3fs.S3FileSystem(**storage_options(endpoint, env))
-        # WebDataset opens URLs through gopen; an fsspec handler for s3:// is its documented
-        # way to read object storage in-process (pipe: would fork a CLI per shard).
-        importlib.import_module("webdataset.gopen").gopen_schemes["s3"] = (
-            lambda url, mode="rb", bufsize=8192, **kw: fs.open(
-                url, mode, block_size=8 * MB, cache_type="readahead"
-            )
-        )
-        urls = [f"s3://{BUCKET}/{key}" for key in where["tar_keys"]]
-        return [Lazy(lambda: wds.WebDataset(urls, shardshuffle=False, empty_check=False))]
-    if tool == "mosaic":
-        _stub_broken_torchvision()
-        os.environ.update(
-            S3_ENDPOINT_URL=endpoint, **{k: v for k, v in env.items() if k != "AWS_ENDPOINT_URL"}
-        )
-        from streaming import StreamingDataset
-        from streaming.base.util import clean_stale_shared_memory
 
-        clean_stale_shared_memory()
-        dataset = StreamingDataset(remote=where["mosaic"], local=cache, shuffle=False, batch_size=1)
-        return [dataset, dataset]
-    raise ValueError(tool)
+def shardstream_dataset(spec: dict, cache: str):  # type: ignore[no-untyped-def]
+    tool, where = spec["tool"], spec["where"]
+    local = tool == "local disk"
+    url = where["local"] if local else where["parquet" if "parquet" in tool else "tar"]
+    extra = {"cache_dir": cache} if tool.endswith("cache") else {}
+    options = None if local else storage_options(spec["endpoint"], spec["env"])
+    return shardstream.StreamingDataset(url, storage_options=options, shuffle=False, decode=False, **extra)
+
+
+def litdata_dataset(spec: dict, cache: str):  # type: ignore[no-untyped-def]
+    import litdata
+    import litdata.streaming.downloader as downloader
+
+    # Its obstore client (async ranged GETs, its fast path) refuses an http:// endpoint
+    # unless allow_http is among its client options, which LitData does not expose.
+    downloader._OBSTORE_CLIENT_OPTIONS = {**downloader._OBSTORE_CLIENT_OPTIONS, "allow_http": "true"}
+    options = boto_kwargs(spec["endpoint"], spec["env"])
+    del options["config"], options["region_name"]
+    return litdata.StreamingDataset(spec["where"]["litdata"], cache_dir=cache, storage_options=options)
+
+
+def webdataset_dataset(spec: dict):  # type: ignore[no-untyped-def]
+    import s3fs
+    import webdataset as wds
+
+    fs = s3fs.S3FileSystem(**storage_options(spec["endpoint"], spec["env"]))
+    # webdataset's gopen has no s3:// scheme; its docs stream object storage through
+    # ``pipe:`` and a CLI (no aws CLI here). This is the same in-process, through s3fs,
+    # without a process per shard.
+    importlib.import_module("webdataset.gopen").gopen_schemes["s3"] = (
+        lambda url, mode="rb", bufsize=8192, **kw: fs.open(
+            url, mode, block_size=8 * MB, cache_type="readahead"
+        )
+    )
+    urls = [f"s3://{BUCKET}/{key}" for key in spec["where"]["tar_keys"]]
+    return wds.WebDataset(urls, shardshuffle=False, empty_check=False)
+
+
+def mosaic_dataset(spec: dict, cache: str):  # type: ignore[no-untyped-def]
+    env = {k: v for k, v in spec["env"].items() if k != "AWS_ENDPOINT_URL"}
+    os.environ.update(S3_ENDPOINT_URL=spec["endpoint"], **env)
+    from streaming import StreamingDataset
+    from streaming.base.util import clean_stale_shared_memory
+
+    clean_stale_shared_memory()
+    return StreamingDataset(remote=spec["where"]["mosaic"], local=cache, shuffle=False, batch_size=1)
 
 
 class Lazy:
