@@ -152,7 +152,8 @@ def epochs(spec: dict, cache: str) -> list:  # type: ignore[type-arg]
 def shardstream_dataset(spec: dict, cache: str):  # type: ignore[no-untyped-def]
     tool, where = spec["tool"], spec["where"]
     local = tool == "local disk"
-    url = where["local"] if local else where["parquet" if "parquet" in tool else "tar"]
+    corpus = {"shardstream parquet": "parquet"}.get(tool, "tar")  # the tar corpus unless named
+    url = where["local"] if local else where[corpus]
     extra = {"cache_dir": cache} if tool.endswith("cache") else {}
     options = None if local else storage_options(spec["endpoint"], spec["env"])
     return shardstream.StreamingDataset(url, storage_options=options, shuffle=False, decode=False, **extra)
