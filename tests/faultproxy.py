@@ -1,8 +1,9 @@
 """A fault-injecting HTTP proxy in front of an S3 server, for retry tests.
 
 ``FaultProxy(upstream, seed=...)`` listens on 127.0.0.1 (free port, ``.endpoint``) and
-forwards every request to ``upstream``. For a deterministic pseudo-random fraction of
-GET requests it instead answers ``503 SlowDown`` (with S3's XML error body), resets the
+forwards every request to ``upstream`` (``shardstream.testing.ForwardingProxy`` does the
+forwarding, threads and shutdown). For a deterministic pseudo-random fraction of GET
+requests it instead answers ``503 SlowDown`` (with S3's XML error body), resets the
 connection, or sends the headers and only part of the body before closing. Whether a
 request is hit depends only on ``seed``, the request (method, path, Range) and how often
 that same request was seen before, not on thread timing. ``.stats`` counts what it did.
@@ -14,30 +15,14 @@ proxy's address stay valid; ``Range`` reaches the server as sent.
 from __future__ import annotations
 
 import collections
-import contextlib
 import hashlib
-import http.client
-import http.server
 import socket
 import struct
-import threading
-import urllib.parse
+
+from shardstream.testing.wanproxy import ForwardingProxy, ProxyHandler
 
 __all__ = ["FaultProxy"]
 
-# Per RFC 9110 these describe one hop and are not forwarded.
-_HOP_BY_HOP = {
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "expect",
-}
 _SLOWDOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n'
     b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message>"
@@ -45,8 +30,9 @@ _SLOWDOWN = (
 )
 
 
-class FaultProxy:
-    """A threaded HTTP proxy on 127.0.0.1 that injects S3-style faults into GETs."""
+class FaultProxy(ForwardingProxy):
+    """A threaded HTTP proxy on 127.0.0.1 that injects S3-style faults into GETs (the
+    forwarding, threads and shutdown are shardstream.testing's ``ForwardingProxy``)."""
 
     def __init__(
         self,
@@ -60,56 +46,45 @@ class FaultProxy:
     ) -> None:
         if error_rate + reset_rate + truncate_rate > 1:
             raise ValueError("fault rates add up to more than 1")
-        parsed = urllib.parse.urlsplit(upstream_endpoint)
-        self.upstream = (parsed.hostname or "127.0.0.1", parsed.port or 80)
+        super().__init__(upstream_endpoint)
         self.seed = seed
         self.rates = (error_rate, reset_rate, truncate_rate)
         # The draws hang on the request path (a test's random bucket name too): a cap on
         # the faults one request meets in a row keeps a test with fewer retries than that
         # from failing by chance, while every fault kind still happens.
         self.max_faults_in_a_row = max_faults_in_a_row
-        self.stats: collections.Counter[str] = collections.Counter()
-        self.endpoint = ""
+        self.stats: collections.Counter[str] = collections.Counter()  # type: ignore[assignment]
         self._seen: collections.Counter[tuple[str, str, str]] = collections.Counter()
-        self._lock = threading.Lock()
-        self._connections: set[socket.socket] = set()
-        self._server: http.server.ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> FaultProxy:
-        proxy = self
-
-        class Handler(_Handler):
-            owner = proxy
-
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        server.daemon_threads = True
-        server.handle_error = lambda request, client_address: None  # type: ignore[method-assign]
-        self._server = server
-        self.endpoint = f"http://127.0.0.1:{server.server_address[1]}"
-        self._thread = threading.Thread(target=server.serve_forever, name="faultproxy", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is None:
-            return
-        server.shutdown()
-        server.server_close()
-        with self._lock:
-            open_connections = list(self._connections)
-        for conn in open_connections:  # wake handler threads blocked on keep-alive reads
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
-        if self._thread is not None:
-            self._thread.join(timeout=10)
 
     def __enter__(self) -> FaultProxy:
-        return self.start()
+        self.start()
+        return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
+    def begin(self, method: str) -> None:
+        pass  # decide() counts
+
+    def end(self, body_bytes: int) -> None:
+        pass
+
+    def respond(self, handler: ProxyHandler, body: bytes) -> int:
+        action = self.decide(handler.command, handler.path, handler.headers.get("Range", ""))
+        if action == "error":
+            handler.send_whole(503, [("Content-Type", "application/xml")], _SLOWDOWN)
+            return len(_SLOWDOWN)
+        if action == "reset":
+            # SO_LINGER with a zero timeout makes close() send RST instead of FIN.
+            handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            handler.close_connection = True
+            handler.connection.close()
+            return 0
+        status, headers, payload = handler.forward_buffered(body)
+        if action == "truncate" and len(payload) > 1:
+            handler.send_whole(status, headers, payload[: len(payload) // 2], declared=len(payload))
+            handler.close_connection = True
+            handler.connection.shutdown(socket.SHUT_RDWR)
+            return len(payload) // 2
+        handler.send_whole(status, headers, payload)
+        return len(payload)
 
     def decide(self, method: str, path: str, byte_range: str) -> str:
         """What to do with this request: 'error', 'reset', 'truncate' or 'forward'."""
@@ -143,106 +118,3 @@ class FaultProxy:
     def faults(self) -> int:
         """How many faults were injected so far."""
         return self.stats["error"] + self.stats["reset"] + self.stats["truncate"]
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    owner: FaultProxy
-    protocol_version = "HTTP/1.1"  # keep-alive, as S3 clients expect
-
-    def setup(self) -> None:
-        super().setup()
-        with self.owner._lock:
-            self.owner._connections.add(self.connection)
-
-    def finish(self) -> None:
-        with contextlib.suppress(OSError, ValueError):  # reset or truncated on purpose
-            super().finish()
-        with self.owner._lock:
-            self.owner._connections.discard(self.connection)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        self._handle()
-
-    def do_HEAD(self) -> None:
-        self._handle()
-
-    def do_PUT(self) -> None:
-        self._handle()
-
-    def do_POST(self) -> None:
-        self._handle()
-
-    def do_DELETE(self) -> None:
-        self._handle()
-
-    def _handle(self) -> None:
-        body = self._request_body()
-        action = self.owner.decide(self.command, self.path, self.headers.get("Range", ""))
-        if action == "error":
-            self._send(503, [("Content-Type", "application/xml")], _SLOWDOWN)
-            return
-        if action == "reset":
-            self._reset()
-            return
-        status, headers, payload = self._forward(body)
-        if action == "truncate" and len(payload) > 1:
-            self._send(status, headers, payload[: len(payload) // 2], declared=len(payload))
-            self.close_connection = True
-            self.connection.shutdown(socket.SHUT_RDWR)
-            return
-        self._send(status, headers, payload)
-
-    def _request_body(self) -> bytes:
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            parts = []
-            while True:
-                size = int(self.rfile.readline().split(b";")[0].strip(), 16)
-                if size == 0:
-                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                        pass  # trailers
-                    return b"".join(parts)
-                parts.append(self.rfile.read(size))
-                self.rfile.readline()
-        length = int(self.headers.get("Content-Length") or 0)
-        return self.rfile.read(length) if length else b""
-
-    def _forward(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
-        upstream = http.client.HTTPConnection(*self.owner.upstream, timeout=60)
-        try:
-            upstream.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
-            for name, value in self.headers.items():
-                if name.lower() not in _HOP_BY_HOP and name.lower() != "content-length":
-                    upstream.putheader(name, value)  # Host included: it is signed
-            if body or self.command in ("PUT", "POST"):
-                upstream.putheader("Content-Length", str(len(body)))
-            upstream.endheaders(body or None)
-            response = upstream.getresponse()
-            payload = response.read()
-            headers = [(k, v) for k, v in response.getheaders() if k.lower() not in _HOP_BY_HOP]
-            if self.command != "HEAD":
-                headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
-            return response.status, headers, payload
-        finally:
-            upstream.close()
-
-    def _send(
-        self, status: int, headers: list[tuple[str, str]], payload: bytes, declared: int | None = None
-    ) -> None:
-        self.send_response_only(status)
-        for name, value in headers:
-            self.send_header(name, value)
-        if self.command != "HEAD" or not any(k.lower() == "content-length" for k, _ in headers):
-            self.send_header("Content-Length", str(declared if declared is not None else len(payload)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(payload)
-        self.wfile.flush()
-
-    def _reset(self) -> None:
-        # SO_LINGER with a zero timeout makes close() send RST instead of FIN.
-        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        self.close_connection = True
-        self.connection.close()

@@ -1,6 +1,6 @@
 """Streaming throughput: shardstream against the alternatives, measured in the same run.
 
-    python tools/bench_stream.py [--quick] [--only small,large,s3,loader] [--repeat 5]
+    python tools/bench_stream.py [--quick] [--only small,large,s3,loader,wan] [--repeat 5]
 
 - small: 100k samples of three fields (~300 B): shardstream vs ``webdataset.WebDataset``
   on the same tar shards and ``litdata.StreamingDataset`` on the same samples in its own
@@ -13,6 +13,9 @@
   of the same shards, one after another (the target) and in as many threads as
   shardstream's reader uses (for reference); and the time to the first batch.
 - loader: ``shardstream.DataLoader`` with 2 workers: samples/s and peak RSS per worker.
+- wan: object storage over a simulated network (latency, a bandwidth cap per response),
+  shardstream against LitData, WebDataset and MosaicML Streaming, cold and warm epochs;
+  not in the default sections (minutes); see tools/bench_wan.py, which also runs alone.
 
 How rates are measured (the machine is shared and noisy): each contender runs once
 untimed (warm-up: page cache, imports, connections, server-side caches), then
@@ -387,6 +390,10 @@ def main() -> int:
             bench_loader(os.path.join(work, "small"), os.path.join(work, "large"), large * MB)
         if "s3" in only:
             bench_s3(s3, repeat)
+        if "wan" in only:
+            import bench_wan
+
+            bench_wan.bench_wan(args.quick, 1 if args.quick else min(args.repeat, 3))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

