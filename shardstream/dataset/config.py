@@ -15,9 +15,11 @@ from shardstream.dataset.decode import Decoder, SampleDecoder
 from shardstream.errors import UsageError
 from shardstream.plan import PlanConfig
 
-__all__ = ["ON_ERROR", "DatasetConfig"]
+__all__ = ["LOCAL_READS", "ON_ERROR", "DatasetConfig"]
 
 ON_ERROR = ("raise", "skip")
+# How shards in a local folder are read: NOTE [ Getting the bytes ] in dataset/fetch.py.
+LOCAL_READS = ("auto", "copy", "map")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +46,7 @@ class DatasetConfig:
     on_error: str = "raise"
     prefetch_windows: int = 1
     verify_checksums: bool = True  # check each read's block CRCs (NOTE [ Checksummed reads ])
+    local_reads: str = "auto"  # one of LOCAL_READS: copy or map local shard files
 
     def __post_init__(self) -> None:
         if not isinstance(self.url, str) or not self.url:
@@ -59,6 +62,10 @@ class DatasetConfig:
         if not isinstance(self.verify_checksums, bool):
             raise UsageError(
                 f"verify_checksums must be True or False, got {self.verify_checksums!r}", url=self.url
+            )
+        if self.local_reads not in LOCAL_READS:
+            raise UsageError(
+                f"local_reads must be one of {LOCAL_READS}, got {self.local_reads!r}", url=self.url
             )
         if self.transform is not None and not callable(self.transform):
             raise UsageError("transform must be callable", url=self.url)

@@ -109,6 +109,7 @@ class WindowReader:
         on_error: str = "raise",
         prefetch: int = 1,
         verify_checksums: bool = True,
+        local_reads: str = "auto",
     ) -> None:
         self.storage = storage
         self.manifest = manifest
@@ -119,7 +120,8 @@ class WindowReader:
         self._holes = 0  # samples the format could not decode, replaced by None
         self._indexes = IndexCache.of(storage)
         self._prefetcher: Prefetcher[Any, list[Fetched]] | None = None
-        self.bytes = ByteFetcher(storage, manifest)  # reads are checked against the manifest
+        # reads are checked against the manifest
+        self.bytes = ByteFetcher(storage, manifest, local_reads=local_reads)
 
     # -- indexes -------------------------------------------------------------------------
 

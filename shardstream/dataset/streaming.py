@@ -41,6 +41,11 @@ class StreamingDataset(IterableDataset):
     per epoch. See ``DatasetConfig`` for the options; ``decoders`` maps extensions to
     decoders that override the registry, ``allow_pickle`` lets pickled fields load;
     ``verify_checksums=False`` skips the per-read CRC check of NOTE [ Checksummed reads ].
+    ``local_reads`` says how shards in a local folder are read: ``"copy"`` (``pread``),
+    ``"map"`` (memory-mapped: faster for small samples, but a shard file truncated in place
+    while it is read kills the process with SIGBUS, so only for a dataset nothing rewrites
+    in place meanwhile), or ``"auto"`` (the default: map on a read-only mount, else copy);
+    see NOTE [ Getting the bytes ] in dataset/fetch.py.
     ``topology`` detects rank, world size and DataLoader worker (default: torch.distributed,
     ``RANK``/``WORLD_SIZE``, ``get_worker_info()``); inject a ``topology.Detector`` with
     other detectors for odd launchers or tests.
@@ -67,6 +72,7 @@ class StreamingDataset(IterableDataset):
         allow_pickle: bool = False,
         verify_checksums: bool = True,
         topology: Detector | None = None,
+        local_reads: str = "auto",
     ) -> None:
         self.config = DatasetConfig.build(
             os.fspath(url),
@@ -86,6 +92,7 @@ class StreamingDataset(IterableDataset):
             cache_limit=cache_limit,
             on_error=on_error,
             verify_checksums=verify_checksums,
+            local_reads=local_reads,
         )
         if topology is not None and not isinstance(topology, Detector):
             raise UsageError(f"topology must be a topology.Detector, not {type(topology).__name__}", url=url)
@@ -259,6 +266,7 @@ class StreamingDataset(IterableDataset):
             on_error=self.config.on_error,
             prefetch=self.config.prefetch_windows,
             verify_checksums=self.config.verify_checksums,
+            local_reads=self.config.local_reads,
         )
         return self._samples(reader, plan.worker_windows(rank, worker), progress)
 

@@ -99,9 +99,14 @@ class Backend:
         the object by ranged reads instead."""
         return None
 
-    def map(self, fspath: str, rng: ByteRange, url: str) -> memoryview:
-        """The bytes of ``rng`` mapped, not copied (local files only)."""
+    def map(self, fspath: str, rng: ByteRange, url: str, size: int | None = None) -> memoryview:
+        """The bytes of ``rng`` mapped, not copied (local files only); ``size``: the
+        file's expected size, another raises ``SizeChanged``."""
         raise UsageError("only local files can be memory-mapped", url=url)
+
+    def read_only_mount(self, fspath: str) -> bool:
+        """Whether ``fspath`` is a local file on a read-only mount (mapping it is safe)."""
+        return False
 
     def find(self, root: str) -> list[str]:
         """Every file under ``root`` as sorted relative paths, temp files hidden."""
@@ -167,8 +172,11 @@ class LocalBackend(Backend):
     def open_direct(self, fspath: str, size: int | None) -> IO[bytes]:
         return local.open_file(fspath, size=size)
 
-    def map(self, fspath: str, rng: ByteRange, url: str) -> memoryview:
-        return local.map_range(fspath, rng, url)
+    def map(self, fspath: str, rng: ByteRange, url: str, size: int | None = None) -> memoryview:
+        return local.map_range(fspath, rng, url, size=size)
+
+    def read_only_mount(self, fspath: str) -> bool:
+        return local.on_read_only_mount(fspath)
 
     def find(self, root: str) -> list[str]:
         return local.list_files(root)

@@ -89,6 +89,13 @@ class Storage:
         return self._cache is not None
 
     @property
+    def read_only_mount(self) -> bool:
+        """Whether the folder is local, on a file system mounted read-only: its files
+        cannot be truncated in place, so mapping them is safe (NOTE [ Getting the bytes ]
+        in shardstream/dataset/fetch.py)."""
+        return self._backend.read_only_mount(self._root)
+
+    @property
     def needs_sync(self) -> bool:
         """Whether a file written with ``durable=False`` needs ``sync`` to survive a crash
         (local folders; an object is durable once its upload returns)."""
@@ -304,7 +311,11 @@ class Storage:
         """
         if self._cache is not None:  # the cache entry, checked against expect
             return local.map_range(self._cached_path(path, expect), rng, self.full_url(path))
-        return self._backend.map(self._fspath(path), rng, self.full_url(path))
+        size = expect.size if expect is not None else None
+        try:
+            return self._backend.map(self._fspath(path), rng, self.full_url(path), size)
+        except SizeChanged as changed:
+            raise self._changed(path, rng, changed.actual, size) from None
 
     def is_folder(self, path: str = "") -> bool:
         """Whether ``path`` is a folder (else a file); a missing one fails as "not found"."""

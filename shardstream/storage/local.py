@@ -24,6 +24,7 @@ __all__ = [
     "list_files",
     "map_range",
     "open_file",
+    "on_read_only_mount",
     "open_regular",
     "read",
     "read_all",
@@ -190,15 +191,18 @@ def remove_temp_files(root: str, ours: Callable[[str], bool]) -> None:
                 os.unlink(os.path.join(root, name))
 
 
-def map_range(path: str, rng: ByteRange, url: str) -> memoryview:
+def map_range(path: str, rng: ByteRange, url: str, *, size: int | None = None) -> memoryview:
     """The bytes of ``rng`` of the file ``path``, memory-mapped (read ahead, not copied).
 
-    Only for files that are never truncated in place (the shard cache's entries): a
-    mapped file cut short kills the process with SIGBUS on first touch (NOTE [ Getting
-    the bytes ] in shardstream/dataset/fetch.py).
+    Only for files that are never truncated in place (the shard cache's entries, files
+    on a read-only mount, or where the user says so): a mapped file cut short kills the
+    process with SIGBUS on first touch (NOTE [ Getting the bytes ] in
+    shardstream/dataset/fetch.py). ``size``: the file's expected size; another raises
+    ``SizeChanged``.
     """
     with open(open_regular(path), "rb") as f:  # NOTE [ Only regular files ]
         fd = f.fileno()
+        _check_size(fd, size)
         size = os.fstat(fd).st_size
         if size < rng.end:
             raise StorageError(
@@ -210,6 +214,15 @@ def map_range(path: str, rng: ByteRange, url: str) -> memoryview:
         mapped = mmap.mmap(fd, rng.end - base, offset=base, access=mmap.ACCESS_READ)
     mapped.madvise(mmap.MADV_WILLNEED)  # read ahead now, in the prefetch thread's time
     return memoryview(mapped)[rng.start - base :]
+
+
+def on_read_only_mount(path: str) -> bool:
+    """Whether ``path`` lies on a file system mounted read-only (no file on it can be
+    truncated in place, so mapping its files is safe); False where it cannot be told."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):  # AttributeError: no statvfs (Windows)
+        return False
 
 
 def split_protocol(url: str) -> tuple[str | None, str]:
