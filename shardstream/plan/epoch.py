@@ -15,7 +15,7 @@ import numpy as np
 from shardstream.errors import PlanError, StateError
 from shardstream.plan.config import PlanConfig, Run, Window, check_count, shard_sizes_array
 from shardstream.plan.intervals import from_points, points, shift
-from shardstream.plan.layout import lanes_for
+from shardstream.plan.windows import lanes_for
 from shardstream.plan.passes import Pass, PassInput, PassRecord, PassSetup, Remainder
 from shardstream.plan.shards import ShardOrder
 from shardstream.plan.state import make_state, read_state, same_epoch
