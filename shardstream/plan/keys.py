@@ -16,10 +16,11 @@ from __future__ import annotations
 import numpy as np
 from numpy.random import PCG64, SeedSequence  # numpy loads its random module lazily: pay at import
 
-__all__ = ["TAG_SHARDS", "TAG_WINDOW", "permutation", "random_words"]
+__all__ = ["TAG_GLOBAL", "TAG_SHARDS", "TAG_WINDOW", "permutation", "random_words"]
 
 TAG_SHARDS = 1  # the order of the shards in an epoch
 TAG_WINDOW = 2  # the order of the samples in one window
+TAG_GLOBAL = 3  # order="global": which chunk of a lane each global batch of a window takes
 
 _WORD = (1 << 32) - 1
 

@@ -1,0 +1,316 @@
+"""order="global": an epoch as a sequence of global batches that no topology changes.
+
+NOTE [ Global order ]
+The local order cuts the epoch into rank and worker slices, so what global batch k
+holds depends on how many ranks and workers read it. Here the epoch is first a
+sequence of global batches of ``G = global_batch_size`` samples that depends only on
+the shards, seed, epoch, ``G``, the read lanes ``L`` and the shuffle window; ranks and
+workers only cut it:
+
+- Positions are the local order's (shards permuted by ``(seed, epoch)``, laid end to
+  end), padded by repeats from the start to ``B * G`` (``B`` global batches, the last
+  one filled), or cut to ``B = N // G`` batches with ``drop_last``.
+- The padded positions are ``L`` lanes of contiguous positions (``L`` at most ``G``;
+  one lane with ``shuffle=False``, so the sequence is manifest order). Lane ``l``
+  gives every global batch ``take[l]`` samples (``take`` splits ``G`` evenly): one
+  chunk of ``take[l]`` consecutive positions, so a lane is read front to back and
+  every read is a run of about ``G / L`` samples (locality).
+- Global batch ``k`` is its lanes' chunks in lane order. Within a window of
+  ``M = shuffle_window // G`` global batches, which chunk of a lane each batch takes
+  is a permutation keyed by ``(seed, epoch, window, lane)``: batches mix ``L`` places
+  spread over the epoch, and consecutive batches are not consecutive chunks.
+- Rank ``r`` of ``R`` (``R`` divides ``G``) takes entries ``[r G/R, (r+1) G/R)`` of
+  every batch: whole chunks of about ``L/R`` lanes (two of them cut), so a rank reads
+  its own lanes only. Worker ``w`` of ``W`` takes the rank's batches ``w, w + W, ...``
+  counted from where the epoch (or the resumed state) starts: torch's DataLoader takes
+  batches from its workers round-robin from worker 0, so the batches come out in
+  global order, and the DataLoader's ``batch_size`` must be ``G/R``.
+
+Why this shape: a shuffle of samples across a window of batches would mix ranks and
+workers into every run (each worker would read every W-th sample of a chunk), and a
+rank part that is not whole lanes would need reads of single samples; whole chunks
+keep both. The price is that a batch holds runs of ``G / L`` consecutive samples of a
+shard (the local order's batch holds runs cut by its window's shuffle); more lanes
+mix more and read shorter runs, and ``L`` is the user's choice, never R's or W's.
+
+A resume state is the number of global batches taken (plus the parameters and the
+dataset's checksum): it resumes on any ``(R, W)`` with ``R`` dividing ``G``, and the
+rest of the epoch is the same batches. Memory is O(shards + window): a worker's
+window is its batches of one window of ``M`` batches.
+
+Mixtures (issue 11) fit the same mould: let the mixture decide, per global batch
+``k`` and keyed by ``(seed, epoch, k)`` only, how many of the ``G`` entries each source
+gives, each source with its own lanes over its own shard order; lay the entries of a
+batch source by source, lane by lane, and cut ranks and workers exactly as above. The
+sequence is then a function of the sources, the weights, ``G`` and the lanes only.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from shardstream.errors import PlanError, StateError
+from shardstream.plan.config import DEFAULT_LANES, PlanConfig, Run, Window, check_count, shard_sizes_array
+from shardstream.plan.epoch import EpochPlan
+from shardstream.plan.intervals import from_points, merge, points
+from shardstream.plan.keys import TAG_GLOBAL, permutation
+from shardstream.plan.shards import ShardOrder
+from shardstream.plan.state import make_global_state, read_global_state
+from shardstream.plan.windows import split_even
+
+__all__ = ["GlobalPlan", "GlobalSequence", "lanes_of"]
+
+
+def lanes_of(config: PlanConfig) -> int:
+    """The read lanes of a global order: never more than the global batch size."""
+    if not config.shuffle:
+        return 1
+    return max(1, min(int(config.read_lanes or DEFAULT_LANES), int(config.global_batch_size or 1)))
+
+
+class GlobalSequence:
+    """The global batches of one epoch (NOTE [ Global order ]); O(shards + lanes)."""
+
+    def __init__(self, shards: ShardOrder, config: PlanConfig, *, epoch: int, window: int) -> None:
+        self.shards, self.seed, self.epoch, self.shuffle = shards, config.seed, epoch, config.shuffle
+        self.size = int(config.global_batch_size or 1)
+        total = shards.total
+        self.batches = total // self.size if config.drop_last else -(-total // self.size)
+        self.lanes = lanes_of(config)
+        self.take = split_even(self.size, self.lanes)
+        self.entry = np.concatenate([[0], np.cumsum(self.take)]).astype(np.int64)
+        self.per_window = max(1, window // self.size)
+
+    def run_length(self) -> float:
+        """Samples per read of one lane's chunk (G / L)."""
+        return self.size / self.lanes
+
+    def pieces(self, lo: int, hi: int) -> list[tuple[int, int, int]]:
+        """``(lane, a, b)``: entries ``[lo, hi)`` of a batch are entries ``[a, b)`` of those lanes' chunks."""
+        first = int(np.searchsorted(self.entry, lo, side="right")) - 1
+        found = []
+        for lane in range(first, self.lanes):
+            start = int(self.entry[lane])
+            if start >= hi:
+                break
+            a, b = max(lo, start) - start, min(hi, int(self.entry[lane + 1])) - start
+            if b > a:
+                found.append((lane, a, b))
+        return found
+
+    def chunks(self, window: int, lane: int) -> np.ndarray:
+        """Which chunk of ``lane`` each batch of ``window`` takes (indices in the lane)."""
+        first = window * self.per_window
+        count = min(self.per_window, self.batches - first)
+        if not self.shuffle:
+            return np.arange(first, first + count, dtype=np.int64)
+        return first + permutation(count, (self.seed, self.epoch, TAG_GLOBAL, window, lane))
+
+    def positions(self, batches: np.ndarray, pieces: list[tuple[int, int, int]]) -> np.ndarray:
+        """Base positions of ``pieces`` of ``batches`` (ascending, one window), in yield order."""
+        if not batches.size or not pieces:
+            return np.zeros(0, dtype=np.int64)
+        window = int(batches[0]) // self.per_window
+        starts, stops = [], []
+        for lane, a, b in pieces:
+            chunk = self.chunks(window, lane)[batches - window * self.per_window]
+            start = self.batches * int(self.entry[lane]) + chunk * int(self.take[lane]) + a
+            starts.append(start)
+            stops.append(start + (b - a))
+        # batches outer, lanes inner: the yield order of a rank's part of each batch
+        spans = (np.stack(starts, axis=1).ravel(), np.stack(stops, axis=1).ravel())
+        padded = points(spans)
+        return padded % self.shards.total if padded.size else padded  # padding repeats from the start
+
+    def window_shards(self, window: int, pieces: list[tuple[int, int, int]]) -> tuple[int, ...]:
+        """The shards the lanes of ``pieces`` hold in ``window`` (what any worker of it may read)."""
+        first = window * self.per_window
+        count = min(self.per_window, self.batches - first)
+        lo = np.array(
+            [self.batches * int(self.entry[lane]) + first * int(self.take[lane]) for lane, _, _ in pieces]
+        )
+        hi = lo + count * self.take[[lane for lane, _, _ in pieces]]
+        found: dict[int, None] = {}
+        for u, v in zip(lo.tolist(), hi.tolist(), strict=True):
+            for run in self.shards.runs(_wrap(u, v, self.shards.total)):
+                found[run.shard] = None
+        return tuple(found)
+
+
+def _wrap(lo: int, hi: int, total: int) -> tuple[np.ndarray, np.ndarray]:
+    """Padded positions ``[lo, hi)`` as base intervals (padding repeats from the start)."""
+    if lo >= hi or total == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    if hi - lo >= total:
+        return np.array([0], dtype=np.int64), np.array([total], dtype=np.int64)
+    a, b = lo % total, (hi - 1) % total + 1
+    if a < b:
+        return np.array([a], dtype=np.int64), np.array([b], dtype=np.int64)
+    return merge((np.array([0, a], dtype=np.int64), np.array([b, total], dtype=np.int64)))
+
+
+def _window_parts(
+    sequence: GlobalSequence, batches: np.ndarray, pieces: list[tuple[int, int, int]]
+) -> tuple[tuple[Run, ...], np.ndarray]:
+    """The runs (ascending positions) and yield order of a worker's batches of one window."""
+    positions = sequence.positions(batches, pieces)
+    ascending = np.argsort(positions, kind="stable")
+    runs = sequence.shards.runs(from_points(positions[ascending]))
+    order = np.empty(positions.size, dtype=np.int64)
+    order[ascending] = np.arange(positions.size, dtype=np.int64)
+    order.setflags(write=False)
+    return runs, order
+
+
+class GlobalPlan(EpochPlan):
+    """The plan of an order="global" epoch for every rank and worker; see NOTE [ Global order ].
+
+    The interface is :class:`EpochPlan`'s; ``batch_size`` must be ``global_batch_size //
+    world_size``, and ``state_dict(steps)`` counts global batches (every rank takes one per step).
+    """
+
+    def __init__(
+        self,
+        shard_sizes: Sequence[int] | np.ndarray,
+        config: PlanConfig,
+        *,
+        epoch: int,
+        world_size: int,
+        num_workers: int = 1,
+        batch_size: int = 1,
+    ) -> None:
+        self._global_setup(shard_sizes, config, check_count(epoch, "epoch"), 0)
+        self._topology(world_size, num_workers, batch_size, error=PlanError)
+
+    @classmethod
+    def resume(
+        cls,
+        shard_sizes: Sequence[int] | np.ndarray,
+        config: PlanConfig,
+        state: Mapping[str, Any],
+        *,
+        world_size: int,
+        num_workers: int = 1,
+        batch_size: int = 1,
+    ) -> EpochPlan:
+        """The rest of the epoch after the global batches the state took, on any topology
+        whose world size divides the global batch size."""
+        sizes = shard_sizes_array(shard_sizes)
+        if not isinstance(config, PlanConfig) or not config.is_global:
+            raise PlanError("GlobalPlan.resume needs a PlanConfig with order='global'")
+        window = config.window_for(sizes)
+        epoch, taken = read_global_state(state, sizes, config, window=window, lanes=lanes_of(config))
+        plan = object.__new__(cls)
+        plan._global_setup(sizes, config, epoch, taken)
+        if taken > plan._sequence.batches:
+            raise StateError(
+                f"the state says {taken} global batches were taken, the epoch has {plan._sequence.batches}"
+            )
+        plan._topology(world_size, num_workers, batch_size, error=StateError)
+        return plan
+
+    def _global_setup(
+        self, shard_sizes: Sequence[int] | np.ndarray, config: PlanConfig, epoch: int, taken: int
+    ) -> None:
+        if not isinstance(config, PlanConfig) or not config.is_global:
+            raise PlanError("a GlobalPlan needs a PlanConfig with order='global'")
+        self._sizes = shard_sizes_array(shard_sizes)
+        self._config, self._epoch, self._taken, self._first = config, epoch, taken, 0
+        self._window = config.window_for(self._sizes)
+        shards = ShardOrder(self._sizes, shuffle=config.shuffle, seed=config.seed, epoch=epoch)
+        self._sequence = GlobalSequence(shards, config, epoch=epoch, window=self._window)
+
+    def _topology(
+        self, world_size: int, num_workers: int, batch_size: int, *, error: type[Exception]
+    ) -> None:
+        world = check_count(world_size, "world_size", minimum=1)
+        self._workers = max(1, check_count(num_workers, "num_workers"))
+        batch = check_count(batch_size, "batch_size", minimum=1)
+        size = self._sequence.size
+        if size % world:
+            raise error(
+                f"order='global' with global_batch_size={size} runs on a world size that divides it, "
+                f"not on {world} ranks"
+            )
+        if batch != size // world:
+            raise error(
+                f"order='global' with global_batch_size={size} on {world} ranks takes batches of "
+                f"{size // world} samples per rank, not batch_size={batch}"
+            )
+        self._world, self._batch = world, batch
+
+    # -- what the plan is ------------------------------------------------------------------
+
+    @property
+    def world_size(self) -> int:
+        return self._world
+
+    @property
+    def num_workers(self) -> int:
+        return self._workers
+
+    @property
+    def batch_size(self) -> int:
+        return self._batch
+
+    @property
+    def sequence(self) -> GlobalSequence:
+        return self._sequence
+
+    @property
+    def global_batches_taken(self) -> int:
+        return self._taken
+
+    def _left(self, worker: int) -> int:
+        left = self._sequence.batches - self._taken
+        return (left // self._workers + (worker < left % self._workers)) * self._batch
+
+    def samples_per_rank(self) -> int:
+        return (self._sequence.batches - self._taken) * self._batch
+
+    def batches_per_rank(self) -> int:
+        return self._sequence.batches - self._taken
+
+    def __repr__(self) -> str:
+        return (
+            f"GlobalPlan(epoch={self.epoch}, world_size={self.world_size}, num_workers={self.num_workers}, "
+            f"global_batch_size={self._sequence.size}, read_lanes={self._sequence.lanes}, "
+            f"global_batches_taken={self._taken} of {self._sequence.batches})"
+        )
+
+    # -- what a worker reads ---------------------------------------------------------------
+
+    def _windows(self, rank: int, worker: int) -> Iterator[Window]:
+        sequence = self._sequence
+        pieces = sequence.pieces(rank * self._batch, (rank + 1) * self._batch)
+        per = sequence.per_window
+        first = self._taken + worker
+        while first < sequence.batches:
+            window = first // per
+            stop = min((window + 1) * per, sequence.batches)
+            batches = np.arange(first, stop, self._workers, dtype=np.int64)
+            build = functools.partial(_window_parts, sequence, batches, pieces)
+            yield Window.lazy(sequence.window_shards(window, pieces), build)
+            first = int(batches[-1]) + self._workers
+
+    # -- resume ----------------------------------------------------------------------------
+
+    def state_dict(self, steps: int) -> dict[str, Any]:
+        """The state after every rank took ``steps`` batches (global batches) of this plan."""
+        steps = check_count(steps, "steps")
+        if steps > self.batches_per_rank():
+            raise PlanError(
+                f"steps={steps} is more than the {self.batches_per_rank()} batches this plan has per rank"
+            )
+        return make_global_state(
+            self._sizes,
+            self._config,
+            epoch=self._epoch,
+            window=self._window,
+            lanes=self._sequence.lanes,
+            taken=self._taken + steps,
+        )
