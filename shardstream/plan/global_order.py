@@ -17,8 +17,10 @@ workers only cut it:
   every read is a run of about ``G / L`` samples (locality).
 - Global batch ``k`` is its lanes' chunks in lane order. Within a window of
   ``M = shuffle_window // G`` global batches, which chunk of a lane each batch takes
-  is a permutation keyed by ``(seed, epoch, window, lane)``: batches mix ``L`` places
-  spread over the epoch, and consecutive batches are not consecutive chunks.
+  is a permutation drawn from the stream keyed by ``(seed, epoch, lane, block)`` (a
+  block is ``BLOCK_WORDS // M`` windows: one keyed stream per block, not per window,
+  so small windows cost no more than big ones): batches mix ``L`` places spread over
+  the epoch, and consecutive batches are not consecutive chunks.
 - Rank ``r`` of ``R`` (``R`` divides ``G``) takes entries ``[r G/R, (r+1) G/R)`` of
   every batch: whole chunks of about ``L/R`` lanes (two of them cut), so a rank reads
   its own lanes only. Worker ``w`` of ``W`` takes the rank's batches ``w, w + W, ...``
@@ -29,7 +31,9 @@ workers only cut it:
 Why this shape: a shuffle of samples across a window of batches would mix ranks and
 workers into every run (each worker would read every W-th sample of a chunk), and a
 rank part that is not whole lanes would need reads of single samples; whole chunks
-keep both. The price is that a batch holds runs of ``G / L`` consecutive samples of a
+keep both. A worker's ``Window`` is a group of its batches (the first small, for a
+fast first sample, then doubling up to ``shuffle_window`` samples), which only says
+what the reader fetches together; it changes nothing in the sequence. The price is that a batch holds runs of ``G / L`` consecutive samples of a
 shard (the local order's batch holds runs cut by its window's shuffle); more lanes
 mix more and read shorter runs, and ``L`` is the user's choice, never R's or W's.
 
@@ -57,12 +61,19 @@ from shardstream.errors import PlanError, StateError
 from shardstream.plan.config import DEFAULT_LANES, PlanConfig, Run, Window, check_count, shard_sizes_array
 from shardstream.plan.epoch import EpochPlan
 from shardstream.plan.intervals import from_points, merge, points
-from shardstream.plan.keys import TAG_GLOBAL, permutation
+from shardstream.plan.keys import TAG_GLOBAL, permutation, random_words, row_permutations
 from shardstream.plan.shards import ShardOrder
 from shardstream.plan.state import make_global_state, read_global_state
 from shardstream.plan.windows import split_even
 
-__all__ = ["GlobalPlan", "GlobalSequence", "lanes_of"]
+__all__ = ["BLOCK_WORDS", "GlobalPlan", "GlobalSequence", "lanes_of"]
+
+# Chunk permutations of a lane are drawn this many words per keyed stream (a block of
+# windows); a block's permutations are cached per lane while a worker reads them.
+BLOCK_WORDS = 8192
+_CACHED_BLOCKS = 128
+# A worker's first Window holds about this many samples, then each one twice the last.
+_FIRST_WINDOW = 1024
 
 
 def lanes_of(config: PlanConfig) -> int:
@@ -84,6 +95,8 @@ class GlobalSequence:
         self.take = split_even(self.size, self.lanes)
         self.entry = np.concatenate([[0], np.cumsum(self.take)]).astype(np.int64)
         self.per_window = max(1, window // self.size)
+        self.block = max(1, BLOCK_WORDS // self.per_window)  # windows per keyed stream
+        self._blocks: dict[tuple[int, int], np.ndarray] = {}
 
     def run_length(self) -> float:
         """Samples per read of one lane's chunk (G / L)."""
@@ -102,22 +115,44 @@ class GlobalSequence:
                 found.append((lane, a, b))
         return found
 
-    def chunks(self, window: int, lane: int) -> np.ndarray:
-        """Which chunk of ``lane`` each batch of ``window`` takes (indices in the lane)."""
-        first = window * self.per_window
-        count = min(self.per_window, self.batches - first)
+    def chunks(self, batches: np.ndarray, lane: int) -> np.ndarray:
+        """Which chunk of ``lane`` each of ``batches`` takes (indices in the lane)."""
         if not self.shuffle:
-            return np.arange(first, first + count, dtype=np.int64)
-        return first + permutation(count, (self.seed, self.epoch, TAG_GLOBAL, window, lane))
+            return batches
+        per = self.per_window
+        window, within = np.divmod(batches, per)
+        block = window // self.block
+        out = np.empty(batches.size, dtype=np.int64)
+        for number in np.unique(block).tolist():
+            mine = block == number
+            rows = self._block(lane, number)
+            out[mine] = window[mine] * per + rows[window[mine] - number * self.block, within[mine]]
+        return out
+
+    def _block(self, lane: int, number: int) -> np.ndarray:
+        """The chunk permutations of the windows of one block of a lane, one row each."""
+        key = (lane, number)
+        if key in self._blocks:
+            return self._blocks[key]
+        per, first = self.per_window, number * self.block
+        windows = min(self.block, -(-self.batches // per) - first)
+        words = random_words(windows * per, (self.seed, self.epoch, TAG_GLOBAL, lane, number))
+        rows = row_permutations(words.reshape(windows, per))
+        last = self.batches - (first + windows - 1) * per  # the epoch's last window may be short
+        if last < per:
+            rows[-1, :last] = permutation(last, (self.seed, self.epoch, TAG_GLOBAL, lane, number, last))
+        if len(self._blocks) >= _CACHED_BLOCKS:
+            self._blocks.pop(next(iter(self._blocks)))
+        self._blocks[key] = rows
+        return rows
 
     def positions(self, batches: np.ndarray, pieces: list[tuple[int, int, int]]) -> np.ndarray:
-        """Base positions of ``pieces`` of ``batches`` (ascending, one window), in yield order."""
+        """Base positions of ``pieces`` of ``batches`` (ascending), in yield order."""
         if not batches.size or not pieces:
             return np.zeros(0, dtype=np.int64)
-        window = int(batches[0]) // self.per_window
         starts, stops = [], []
         for lane, a, b in pieces:
-            chunk = self.chunks(window, lane)[batches - window * self.per_window]
+            chunk = self.chunks(batches, lane)
             start = self.batches * int(self.entry[lane]) + chunk * int(self.take[lane]) + a
             starts.append(start)
             stops.append(start + (b - a))
@@ -126,17 +161,15 @@ class GlobalSequence:
         padded = points(spans)
         return padded % self.shards.total if padded.size else padded  # padding repeats from the start
 
-    def window_shards(self, window: int, pieces: list[tuple[int, int, int]]) -> tuple[int, ...]:
-        """The shards the lanes of ``pieces`` hold in ``window`` (what any worker of it may read)."""
-        first = window * self.per_window
-        count = min(self.per_window, self.batches - first)
-        lo = np.array(
-            [self.batches * int(self.entry[lane]) + first * int(self.take[lane]) for lane, _, _ in pieces]
-        )
-        hi = lo + count * self.take[[lane for lane, _, _ in pieces]]
+    def window_shards(self, lo: int, hi: int, pieces: list[tuple[int, int, int]]) -> tuple[int, ...]:
+        """The shards the lanes of ``pieces`` hold in the windows of batches ``[lo, hi)``:
+        every shard a worker reading some of those batches may read."""
+        per = self.per_window
+        first, stop = lo // per * per, min(-(-hi // per) * per, self.batches)
         found: dict[int, None] = {}
-        for u, v in zip(lo.tolist(), hi.tolist(), strict=True):
-            for run in self.shards.runs(_wrap(u, v, self.shards.total)):
+        for lane, _, _ in pieces:
+            base, take = self.batches * int(self.entry[lane]), int(self.take[lane])
+            for run in self.shards.runs(_wrap(base + first * take, base + stop * take, self.shards.total)):
                 found[run.shard] = None
         return tuple(found)
 
@@ -285,17 +318,16 @@ class GlobalPlan(EpochPlan):
     # -- what a worker reads ---------------------------------------------------------------
 
     def _windows(self, rank: int, worker: int) -> Iterator[Window]:
-        sequence = self._sequence
+        sequence, step = self._sequence, self._workers
         pieces = sequence.pieces(rank * self._batch, (rank + 1) * self._batch)
-        per = sequence.per_window
-        first = self._taken + worker
+        first, count = self._taken + worker, max(1, _FIRST_WINDOW // self._batch)
+        most = max(1, self._window // self._batch)
         while first < sequence.batches:
-            window = first // per
-            stop = min((window + 1) * per, sequence.batches)
-            batches = np.arange(first, stop, self._workers, dtype=np.int64)
+            batches = np.arange(first, min(first + count * step, sequence.batches), step, dtype=np.int64)
             build = functools.partial(_window_parts, sequence, batches, pieces)
-            yield Window.lazy(sequence.window_shards(window, pieces), build)
-            first = int(batches[-1]) + self._workers
+            shards = sequence.window_shards(int(batches[0]), int(batches[-1]) + 1, pieces)
+            yield Window.lazy(shards, build)
+            first, count = int(batches[-1]) + step, min(most, 2 * count)
 
     # -- resume ----------------------------------------------------------------------------
 
