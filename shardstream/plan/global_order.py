@@ -31,9 +31,12 @@ workers only cut it:
 Why this shape: a shuffle of samples across a window of batches would mix ranks and
 workers into every run (each worker would read every W-th sample of a chunk), and a
 rank part that is not whole lanes would need reads of single samples; whole chunks
-keep both. A worker's ``Window`` is a group of its batches (the first small, for a
-fast first sample, then doubling up to ``shuffle_window`` samples), which only says
-what the reader fetches together; it changes nothing in the sequence. The price is that a batch holds runs of ``G / L`` consecutive samples of a
+keep both. A worker's ``Window`` is its batches of whole windows of the sequence (a
+few at first, for a fast first sample, then twice as many each time, up to
+``shuffle_window`` samples): every lane's part of a window is then fetched by one
+``Window`` (the reader joins a lane's nearby chunks into one read, so a Window cut
+inside a window of the sequence would fetch those bytes again). The grouping says
+only what the reader fetches together; it changes nothing in the sequence. The price is that a batch holds runs of ``G / L`` consecutive samples of a
 shard (the local order's batch holds runs cut by its window's shuffle); more lanes
 mix more and read shorter runs, and ``L`` is the user's choice, never R's or W's.
 
@@ -318,15 +321,18 @@ class GlobalPlan(EpochPlan):
     # -- what a worker reads ---------------------------------------------------------------
 
     def _windows(self, rank: int, worker: int) -> Iterator[Window]:
-        sequence, step = self._sequence, self._workers
+        sequence, step, per = self._sequence, self._workers, self._sequence.per_window
         pieces = sequence.pieces(rank * self._batch, (rank + 1) * self._batch)
-        first, count = self._taken + worker, max(1, _FIRST_WINDOW // self._batch)
-        most = max(1, self._window // self._batch)
+        # whole windows of the sequence per Window: see NOTE [ Global order ]
+        share = max(1, per * self._batch // step)  # this worker's samples of one window
+        most = max(1, self._window // share)
+        count = max(1, min(most, _FIRST_WINDOW // share))
+        first = self._taken + worker
         while first < sequence.batches:
-            batches = np.arange(first, min(first + count * step, sequence.batches), step, dtype=np.int64)
+            stop = min((first // per + count) * per, sequence.batches)
+            batches = np.arange(first, stop, step, dtype=np.int64)  # never empty: first < stop
             build = functools.partial(_window_parts, sequence, batches, pieces)
-            shards = sequence.window_shards(int(batches[0]), int(batches[-1]) + 1, pieces)
-            yield Window.lazy(shards, build)
+            yield Window.lazy(sequence.window_shards(first, stop, pieces), build)
             first, count = int(batches[-1]) + step, min(most, 2 * count)
 
     # -- resume ----------------------------------------------------------------------------
