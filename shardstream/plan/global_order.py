@@ -8,8 +8,10 @@ the shards, seed, epoch, ``G``, the read lanes ``L`` and the shuffle window; ran
 workers only cut it:
 
 - Positions are the local order's (shards permuted by ``(seed, epoch)``, laid end to
-  end), padded by repeats from the start to ``B * G`` (``B`` global batches, the last
-  one filled), or cut to ``B = N // G`` batches with ``drop_last``.
+  end), padded by repeats from the start to ``B * G`` (``B = ceil(N / G)`` global
+  batches, every one full), or cut to ``B = N // G`` batches with ``drop_last`` (the
+  tail of the shard order is dropped). The repeats are the tail of the last lane, so
+  they fall in the batches of the epoch's last window, not only in its last batch.
 - The padded positions are ``L`` lanes of contiguous positions (``L`` at most ``G``;
   one lane with ``shuffle=False``, so the sequence is manifest order). Lane ``l``
   gives every global batch ``take[l]`` samples (``take`` splits ``G`` evenly): one
