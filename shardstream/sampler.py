@@ -37,6 +37,11 @@ class ShardSampler(Sampler[int]):
     sizes, so its states are checked against those (and the plan's parameters), not
     against a dataset fingerprint as ``StreamingDataset`` states are: a state of another
     dataset with the same shard sizes loads. Keep it with the dataset it belongs to.
+
+    ``order="global"`` with ``global_batch_size`` (and optionally ``read_lanes``) gives the
+    same global batches on every ``num_replicas`` dividing it (NOTE [ Global order ]):
+    batch this sampler's indices by ``global_batch_size // num_replicas``, and count
+    ``num_consumed`` in whole such batches.
     """
 
     def __init__(
@@ -48,13 +53,24 @@ class ShardSampler(Sampler[int]):
         seed: int = 0,
         drop_last: bool = False,
         shuffle_window: int | None = None,
+        order: str = "local",
+        global_batch_size: int | None = None,
+        read_lanes: int | None = None,
     ) -> None:
         super().__init__()
         self.rank, self.num_replicas = detect_rank(rank=rank, world_size=num_replicas)
         self.shuffle, self.seed, self.drop_last = bool(shuffle), seed, bool(drop_last)
         self.config = PlanConfig(
-            shuffle=self.shuffle, seed=seed, drop_last=self.drop_last, shuffle_window=shuffle_window
+            shuffle=self.shuffle,
+            seed=seed,
+            drop_last=self.drop_last,
+            shuffle_window=shuffle_window,
+            order=order,
+            global_batch_size=global_batch_size,
+            read_lanes=read_lanes,
         )
+        # The plan's batch: this rank's part of a global batch, or single indices.
+        self._batch = max(1, int(global_batch_size or 1) // self.num_replicas) if self.config.is_global else 1
         self.shard_sizes = shard_sizes_array(shard_sizes)
         self.offsets = np.cumsum(self.shard_sizes) - self.shard_sizes
         self.epoch = 0
@@ -76,7 +92,7 @@ class ShardSampler(Sampler[int]):
     def plan(self) -> EpochPlan:
         """The plan the next iteration follows: resumed from a loaded state, or fresh."""
         if self._next is None:
-            topology = dict(world_size=self.num_replicas, num_workers=1, batch_size=1)
+            topology = dict(world_size=self.num_replicas, num_workers=1, batch_size=self._batch)
             if self._resume is not None:
                 self._next = EpochPlan.resume(self.shard_sizes, self.config, self._resume.plan, **topology)
             else:
@@ -113,7 +129,13 @@ class ShardSampler(Sampler[int]):
         """The state after this rank consumed ``num_consumed`` indices of the current
         iteration (of the next one, before it starts); JSON-serialisable."""
         plan = self._active if self._active is not None else self.plan()
-        return plan.state_dict(num_consumed)
+        num_consumed = check_count(num_consumed, "num_consumed")
+        if num_consumed % self._batch:
+            raise StateError(
+                f"num_consumed={num_consumed} is not a whole number of this rank's batches of "
+                f"{self._batch} (order='global': global_batch_size // num_replicas)"
+            )
+        return plan.state_dict(num_consumed // self._batch)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from ``state_dict()``: the next iteration yields what was not consumed

@@ -9,7 +9,10 @@ group, for each epoch given; the keys of every rank are gathered with
 rank, in order], "batches": [batches of each rank], "world_size": W, "len": len(loader)}``.
 With ``--stop-after K`` the last epoch stops after K batches and rank 0 also writes the
 loader's state to ``OUT/state.json`` (every rank's state must be the same). With
-``--resume STATE`` the loader loads that state first.
+``--resume STATE`` the loader loads that state first. With ``--global-batch-size G``
+the dataset has ``order="global"`` and each rank takes batches of ``G // world``. The
+record of the i-th epoch given is also written to ``OUT/pass-i.json`` (an epoch may be
+given twice).
 """
 
 from __future__ import annotations
@@ -40,15 +43,20 @@ def main() -> int:
     parser.add_argument("--stop-after", type=int, default=None)
     parser.add_argument("--resume", default=None)
     parser.add_argument("--start-method", default=None)
+    parser.add_argument("--global-batch-size", type=int, default=None)
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     out = pathlib.Path(args.out)
-    dataset = shardstream.StreamingDataset(args.url, shuffle=True, seed=7, decode=False)
+    batch_size, order = args.batch_size, {}
+    if args.global_batch_size is not None:
+        batch_size = args.global_batch_size // world
+        order = dict(order="global", global_batch_size=args.global_batch_size, read_lanes=3)
+    dataset = shardstream.StreamingDataset(args.url, shuffle=True, seed=7, decode=False, **order)
     loader = shardstream.DataLoader(
         dataset,
-        batch_size=args.batch_size,
+        batch_size=batch_size,
         num_workers=args.workers,
         collate_fn=keep,
         multiprocessing_context=args.start_method,
@@ -76,6 +84,7 @@ def main() -> int:
                 "len": len(loader),
             }
             (out / f"epoch-{epoch}.json").write_text(json.dumps(record))
+            (out / f"pass-{number}.json").write_text(json.dumps(record))
             if last and args.stop_after is not None:
                 states = [g["state"] for g in gathered]  # type: ignore[index]
                 if any(s != states[0] for s in states):

@@ -1,9 +1,9 @@
 """Real processes: torchrun with 2 ranks (gloo) x 2 DataLoader workers over S3 via HTTP,
 resume under another number of ranks and workers, and an epoch through a faulty proxy.
 
-torchrun takes seconds to start, so the launches are few (three): moto for a two-epoch
+torchrun takes seconds to start, so the launches are few (five): moto for a two-epoch
 run that stops mid-way through a third, moto again to finish that epoch with 1 rank x 3
-workers, and SeaweedFS for one epoch.
+workers, SeaweedFS for one epoch, and two for order="global" (NOTE [ Global order ]).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ BATCH = 4
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
 
-def torchrun(url, out, *, ranks, workers, epochs, env, stop_after=None, resume=None):
+def torchrun(url, out, *, ranks, workers, epochs, env, stop_after=None, resume=None, global_batch=None):
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
         str(WORKER), url, str(out), "--workers", str(workers), "--batch-size", str(BATCH),
@@ -39,6 +39,8 @@ def torchrun(url, out, *, ranks, workers, epochs, env, stop_after=None, resume=N
         command += ["--stop-after", str(stop_after)]
     if resume is not None:
         command += ["--resume", str(resume)]
+    if global_batch is not None:
+        command += ["--global-batch-size", str(global_batch)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert done.returncode == 0, f"torchrun failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
 
@@ -78,6 +80,38 @@ def test_torchrun_two_ranks_two_workers_then_resume_on_one_rank_three_workers(s3
     rest = read_epoch(second, 2)
     assert rest["world_size"] == 1
     assert_exactly_once([k for r in partial["ranks"] + rest["ranks"] for k in r], keys)
+
+
+def global_batches(record, size):
+    """Global batch k of a record: every rank's k-th batch of ``size // world_size`` keys."""
+    part = size // record["world_size"]
+    ranks = record["ranks"]
+    steps = len(ranks[0]) // part
+    return [[key for rank in ranks for key in rank[k * part : (k + 1) * part]] for k in range(steps)]
+
+
+def test_torchrun_global_order_same_batches_on_2x2_and_1x3_and_resume_from_2_on_1(s3, tmp_path):
+    base, options = s3
+    url = f"{base}/global"
+    keys = write_dataset(url, SIZES, storage_options=options)
+    env = dict(os.environ)
+    two, one = tmp_path / "two", tmp_path / "one"
+    two.mkdir()
+    one.mkdir()
+    size = 8  # 88 samples: 11 global batches
+    # 2 ranks x 2 workers: epoch 0 whole, then epoch 0 again stopped after 3 batches
+    torchrun(url, two, ranks=2, workers=2, epochs=[0, 0], stop_after=3, env=env, global_batch=size)
+    # 1 rank x 3 workers: the rest of that stopped epoch from its state, then epoch 0 whole
+    state = two / "state.json"
+    torchrun(url, one, ranks=1, workers=3, epochs=[0, 0], resume=state, env=env, global_batch=size)
+    whole = global_batches(json.loads((two / "pass-0.json").read_text()), size)
+    assert len(whole) == 11
+    assert_exactly_once([k for batch in whole for k in batch], keys)
+    assert global_batches(json.loads((one / "pass-1.json").read_text()), size) == whole  # key by key
+    head = global_batches(json.loads((two / "pass-1.json").read_text()), size)
+    rest = global_batches(json.loads((one / "pass-0.json").read_text()), size)
+    assert head == whole[:3]
+    assert head + rest == whole
 
 
 def test_torchrun_against_seaweedfs(seaweedfs, tmp_path):

@@ -29,6 +29,8 @@ def test_bench_plan_quick():
     assert "first 1000 samples at N=1e+07" in text
     assert "torch DistributedSampler" in text
     assert "M samples/s" in text
+    assert "order=global (global batch" in text
+    assert "run length per request: order=local" in text
 
 
 def test_shuffle_quality_quick_runs_real_webdataset():
@@ -36,5 +38,6 @@ def test_shuffle_quality_quick_runs_real_webdataset():
     rows = {line[:42].strip(): line[42:] for line in text.splitlines()}
     assert "perfect global shuffle" in rows
     assert "shardstream, window 4 shards" in rows
+    assert "shardstream global order, window 4 shards" in rows
     assert "webdataset shardshuffle + shuffle(1000)" in rows
     assert "(1.00x)" in rows["perfect global shuffle"]

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from shardstream.plan import PlanConfig, Run, Window
 from shardstream.plan.intervals import compose, from_points, merge, points, select
 from shardstream.plan.keys import permutation, random_words
-from shardstream.plan.layout import SliceLayout, lanes_for, round_robin, split_even
+from shardstream.plan.windows import SliceLayout, lanes_for, round_robin, split_even
 
 FAST = settings(max_examples=200, deadline=None)
 

@@ -4,6 +4,10 @@ and time to the first index next to torch's DistributedSampler.
     python tools/bench_plan.py           # N = 10^10 in 10^5 shards, R = 4096, W = 8; N = 10^8 vs DistributedSampler
     python tools/bench_plan.py --quick   # a small smoke run (seconds)
 
+The big case runs for order="local" and order="global" (NOTE [ Global order ]: global
+batch of R x 32 samples, the default read lanes), and prints for each the mean run
+length per request (samples per ranked read of the worker's first windows).
+
 Each measurement runs in a fresh subprocess, so imports, caches and earlier
 allocations do not count: time is wall-clock from building the plan (or sampler) to
 the sample (median of --repeat processes), memory is tracemalloc's peak over that span
@@ -33,14 +37,32 @@ def _rss_mb() -> float:
         return int(f.read().split()[1]) * 4096 / 2**20
 
 
+def _config(order: str, ranks: int):  # type: ignore[no-untyped-def]
+    from shardstream.plan import PlanConfig
+
+    if order == "global":
+        return PlanConfig(seed=1, order="global", global_batch_size=ranks * 32)
+    return PlanConfig(seed=1)
+
+
+def run_length(plan, rank: int, worker: int, windows: int = 64) -> float:  # type: ignore[no-untyped-def]
+    """Mean samples per run (one ranged read) over a worker's first ``windows`` windows."""
+    lengths = [
+        len(run)
+        for _, window in zip(range(windows), plan.worker_windows(rank, worker), strict=False)
+        for run in window.runs
+    ]
+    return sum(lengths) / max(1, len(lengths))
+
+
 def measure_plan(
-    num_samples: int, num_shards: int, ranks: int, workers: int, first: int, trace: bool
+    num_samples: int, num_shards: int, ranks: int, workers: int, first: int, trace: bool, order: str = "local"
 ) -> dict:
     """One worker of an EpochPlan: its first `first` samples, then the rest of its slice.
 
     With `trace`, tracemalloc follows the first part (it slows allocation, so timings
     come from runs without it)."""
-    from shardstream.plan import EpochPlan, PlanConfig
+    from shardstream.plan import EpochPlan
 
     sizes = [num_samples // num_shards] * num_shards
     rank, worker = ranks // 3, workers // 2
@@ -48,7 +70,8 @@ def measure_plan(
     if trace:
         tracemalloc.start()
     start, cpu = time.perf_counter(), time.process_time()
-    plan = EpochPlan(sizes, PlanConfig(seed=1), epoch=3, world_size=ranks, num_workers=workers, batch_size=32)
+    config = _config(order, ranks)
+    plan = EpochPlan(sizes, config, epoch=3, world_size=ranks, num_workers=workers, batch_size=32)
     stream = plan.worker_samples(rank, worker)
     head = [next(stream) for _ in range(first)]
     first_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu
@@ -59,7 +82,8 @@ def measure_plan(
     rest = sum(1 for _ in stream)
     rest_s = time.perf_counter() - start
     return {
-        "what": f"EpochPlan worker, N={num_samples:.0e}, {num_shards} shards, R={ranks}, W={workers}",
+        "what": f"EpochPlan worker, order={order}, N={num_samples:.0e}, {num_shards} shards, R={ranks}, W={workers}",
+        "run_length": run_length(plan, rank, worker),
         "first_ms": first_s * 1000,
         "cpu_ms": cpu_s * 1000,
         "peak_mb": peak / 2**20,
@@ -146,7 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     plan_small["peak_mb"] = _child("measure_plan", [small, shards_small, ranks, workers, 1, True])["peak_mb"]
     sampler = _median("measure_shard_sampler", [small, shards_small, ranks], repeat)
     torch_ds = _child("measure_distributed_sampler", [small, ranks])  # seconds and GBs: once is enough
-    results = [head, plan_small, sampler, torch_ds]
+    glob = _median("measure_plan", [big[0], big[1], ranks, workers, 1000, False, "global"], repeat)
+    glob["peak_mb"] = _child("measure_plan", [big[0], big[1], ranks, workers, 1000, True, "global"])[
+        "peak_mb"
+    ]
+    results = [head, glob, plan_small, sampler, torch_ds]
     print(f"{'first ms':>10} {'peak MB':>9} {'RSS+ MB':>9} {'M samp/s':>9}  what")
     for result in results:
         print(_row(result))
@@ -156,6 +184,15 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"first 1000 samples at N={big[0]:.0e}: {head['first_ms']:.1f} ms wall (median of {repeat} processes; "
         f"best {head['first_ms_min']:.1f} ms), {head['cpu_ms']:.1f} ms CPU (target < {TARGETS['first_ms']:.0f} ms)"
+    )
+    print(
+        f"order=global (global batch {ranks * 32}, default lanes): {glob['first_ms']:.1f} ms wall "
+        f"(best {glob['first_ms_min']:.1f} ms), {glob['cpu_ms']:.1f} ms CPU (target < {TARGETS['first_ms']:.0f} ms), "
+        f"peak {glob['peak_mb']:.1f} MB, {glob['rate'] / 1e6:.2f} M samples/s"
+    )
+    print(
+        f"run length per request: order=local {head['run_length']:.0f} samples, "
+        f"order=global {glob['run_length']:.0f} samples (min(G / lanes, G / R))"
     )
     print(f"peak traced memory then: {head['peak_mb']:.1f} MB (target < {TARGETS['peak_mb']:.0f} MB)")
     print(f"full rate of that worker: {head['rate'] / 1e6:.2f} M samples/s (target >= 1 M/s)")

@@ -1,6 +1,6 @@
 """Streaming throughput: shardstream against the alternatives, measured in the same run.
 
-    python tools/bench_stream.py [--quick] [--only small,large,s3,loader,wan] [--repeat 5]
+    python tools/bench_stream.py [--quick] [--only small,large,s3,loader,order,wan] [--repeat 5]
 
 - small: 100k samples of three fields (~300 B): shardstream vs ``webdataset.WebDataset``
   on the same tar shards and ``litdata.StreamingDataset`` on the same samples in its own
@@ -18,6 +18,9 @@
 - wan: object storage over a simulated network (latency, a bandwidth cap per response),
   shardstream against LitData, WebDataset and MosaicML Streaming, cold and warm epochs;
   not in the default sections (minutes); see tools/bench_wan.py, which also runs alone.
+- order: ``order="global"`` (default read lanes, NOTE [ Global order ]) against the
+  local order, shuffled, through ``shardstream.DataLoader`` with 2 workers, on the small
+  and the large samples on moto's S3 (loopback); target global / local >= 0.9x.
 
 How rates are measured (the machine is shared and noisy): each contender runs once
 untimed (warm-up: page cache, imports, connections, server-side caches), then
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import functools
 import os
 import pathlib
 import shutil
@@ -376,13 +380,42 @@ def bench_loader(small_url: str, large_url: str, large_bytes: int) -> None:
     )
 
 
+def bench_order(small: int, large: int, repeat: int) -> None:
+    server = MotoProcess("order")
+    try:
+        options = server.options()
+        cases = (("small", small_sample, small, 10_000, 256), ("large", large_sample, large, 16, 8))
+        for name, make, count, per_shard, batch in cases:
+            url = f"s3://order/{name}"
+            write_tar(url, map(make, range(count)), per_shard, options)
+            orders = {"local order": {}, "shardstream global": dict(order="global", global_batch_size=batch)}
+            contenders = {
+                label: functools.partial(loader_samples, url, options, batch, order)
+                for label, order in orders.items()
+            }
+            rates = measure(contenders, repeat)
+            report(f"order, {name}: {count:,} samples on moto S3, DataLoader 2 workers, batch {batch}", rates)
+            print("  target: shardstream global / local order >= 0.9x")
+    finally:
+        server.stop()
+
+
+def loader_samples(url: str, options: dict, batch: int, order: dict) -> int:
+    """One shuffled epoch through a DataLoader with 2 workers, in the given order."""
+    dataset = shardstream.StreamingDataset(url, storage_options=options, decode=False, **order)
+    loader = shardstream.DataLoader(dataset, batch_size=batch, num_workers=2, collate_fn=list)
+    return sum(len(b) for b in loader)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run: small sizes, one repeat")
     parser.add_argument(
-        "--only", default="small,large,s3,loader", help="sections, run as small, large, loader, s3"
+        "--only",
+        default="small,large,s3,loader,order",
+        help="sections: small, large, loader, s3, order, wan (wan: only when named)",
     )
     parser.add_argument("--repeat", type=int, default=5, help="timed rounds after the warm-up")
     args = parser.parse_args()
@@ -404,6 +437,8 @@ def main() -> int:
             bench_loader(os.path.join(work, "small"), os.path.join(work, "large"), large * MB)
         if "s3" in only:
             bench_s3(s3, repeat)
+        if "order" in only:
+            bench_order(small, s3 // 8, repeat)
         if "wan" in only:
             import bench_wan
 

@@ -14,6 +14,9 @@ a few epochs, for:
   read as the DataLoader reads it (``EpochPlan.rank_samples``: per-worker batches taken
   round-robin); and the same with consecutive windows (one lane, no striping, NOTE
   [ Striped windows ]) to show what striping buys;
+- the same plan with ``order="global"`` (NOTE [ Global order ]; global batch = ranks x
+  rank batch, default read lanes), read the same way: its global batches are the same
+  on every topology;
 - WebDataset's buffer shuffle of the same shards: real ``webdataset.WebDataset`` over
   real tar shards written by ``webdataset.TarWriter`` (labels in ``.cls``) with
   ``shardshuffle=100`` and ``.shuffle(1000)``. Ranks and workers are simulated the way
@@ -101,10 +104,21 @@ def consecutive_windows() -> Iterator[None]:
 
 
 def shardstream_plan(
-    num_shards: int, per_shard: int, ranks: int, workers: int, batch: int, window_shards: int, epochs: int
+    num_shards: int,
+    per_shard: int,
+    ranks: int,
+    workers: int,
+    batch: int,
+    window_shards: int,
+    epochs: int,
+    order: str = "local",
 ) -> float:
     labels = shard_labels(num_shards)
     config = PlanConfig(seed=17, shuffle_window=window_shards * per_shard)
+    if order == "global":
+        config = PlanConfig(
+            seed=17, shuffle_window=window_shards * per_shard, order="global", global_batch_size=ranks * batch
+        )
     batches = []
     for epoch in range(epochs):
         plan = EpochPlan(
@@ -181,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
         rows[f"shardstream, window {w} shards"] = [
             shardstream_plan(num_shards, per_shard, ranks, workers, b, w, epochs) for b in batch_sizes
         ]
+    for w in windows:
+        rows[f"shardstream global order, window {w} shards"] = [
+            shardstream_plan(num_shards, per_shard, ranks, workers, b, w, epochs, order="global")
+            for b in batch_sizes
+        ]
     with consecutive_windows():
         for w in windows:
             rows[f"  consecutive windows, {w} shards"] = [
@@ -208,6 +227,12 @@ def main(argv: list[str] | None = None) -> int:
             for b, r in zip(batch_sizes, ratios, strict=True)
         )
         print(f"\nwindow of 4 shards vs perfect (target <= {TARGET}x): {verdicts}")
+        ratios = [v / p for v, p in zip(rows["shardstream global order, window 4 shards"], base, strict=True)]
+        verdicts = ", ".join(
+            f"batch {b}: {r:.2f}x {'meets' if r <= TARGET else 'misses'}"
+            for b, r in zip(batch_sizes, ratios, strict=True)
+        )
+        print(f"global order, window of 4 shards vs perfect (target <= {TARGET}x): {verdicts}")
     return 0
 
 

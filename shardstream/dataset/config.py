@@ -12,7 +12,7 @@ from typing import Any
 
 from shardstream.counts import check_int
 from shardstream.dataset.decode import Decoder, SampleDecoder
-from shardstream.errors import UsageError
+from shardstream.errors import PlanError, UsageError
 from shardstream.plan import PlanConfig
 
 __all__ = ["LOCAL_READS", "ON_ERROR", "DatasetConfig"]
@@ -27,7 +27,8 @@ class DatasetConfig:
     """What to stream and how.
 
     ``plan`` holds the plan's knobs (``shuffle``, ``seed``, ``drop_last``,
-    ``shuffle_window``, also readable here as attributes); ``num_replicas``/``rank``
+    ``shuffle_window``, also readable here as attributes; ``order``,
+    ``global_batch_size`` and ``read_lanes`` of NOTE [ Global order ]); ``num_replicas``/``rank``
     override the detected topology (``None``: detect); ``batch_size`` is the batch size
     the plan assumes when no shardstream DataLoader tells it one; ``decoder`` is ``None``
     with ``decode=False``.
@@ -83,6 +84,9 @@ class DatasetConfig:
         seed: int = 0,
         drop_last: bool = False,
         shuffle_window: int | None = None,
+        order: str = "local",
+        global_batch_size: int | None = None,
+        read_lanes: int | None = None,
         **options: Any,
     ) -> DatasetConfig:
         """The config for ``StreamingDataset(url, ...)``: snapshots the decoder registry."""
@@ -92,9 +96,18 @@ class DatasetConfig:
         check_int(seed, "seed", minimum=None, url=url)
         if shuffle_window is not None:
             check_int(shuffle_window, "shuffle_window", minimum=1, url=url)
-        plan = PlanConfig(
-            shuffle=bool(shuffle), seed=seed, drop_last=bool(drop_last), shuffle_window=shuffle_window
-        )
+        try:
+            plan = PlanConfig(
+                shuffle=bool(shuffle),
+                seed=seed,
+                drop_last=bool(drop_last),
+                shuffle_window=shuffle_window,
+                order=order,
+                global_batch_size=global_batch_size,
+                read_lanes=read_lanes,
+            )
+        except PlanError as error:  # the order's options: a user's value, named with the dataset
+            raise UsageError(str(error), url=url) from error
         decoder = SampleDecoder.build(decoders, allow_pickle=allow_pickle) if decode else None
         return cls(
             url=url, plan=plan, decoder=decoder, storage_options=dict(storage_options or {}), **options

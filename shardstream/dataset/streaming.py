@@ -46,6 +46,9 @@ class StreamingDataset(IterableDataset):
     while it is read kills the process with SIGBUS, so only for a dataset nothing rewrites
     in place meanwhile), or ``"auto"`` (the default: map on a read-only mount, else copy);
     see NOTE [ Getting the bytes ] in dataset/fetch.py.
+    ``order="global"`` with ``global_batch_size`` (and optionally ``read_lanes``) yields
+    the same global batches on every world size dividing it (NOTE [ Global order ]); a
+    DataLoader over it then takes ``batch_size=global_batch_size // world_size``.
     ``topology`` detects rank, world size and DataLoader worker (default: torch.distributed,
     ``RANK``/``WORLD_SIZE``, ``get_worker_info()``); inject a ``topology.Detector`` with
     other detectors for odd launchers or tests.
@@ -59,6 +62,9 @@ class StreamingDataset(IterableDataset):
         seed: int = 0,
         drop_last: bool = False,
         shuffle_window: int | None = None,
+        order: str = "local",
+        global_batch_size: int | None = None,
+        read_lanes: int | None = None,
         num_replicas: int | None = None,
         rank: int | None = None,
         batch_size: int | None = None,
@@ -80,6 +86,9 @@ class StreamingDataset(IterableDataset):
             seed=seed,
             drop_last=drop_last,
             shuffle_window=shuffle_window,
+            order=order,
+            global_batch_size=global_batch_size,
+            read_lanes=read_lanes,
             num_replicas=num_replicas,
             rank=rank,
             batch_size=batch_size,
@@ -164,9 +173,13 @@ class StreamingDataset(IterableDataset):
         return self._rank_world
 
     def batch_size(self) -> int:
-        """The batch size the plan assumes: the DataLoader's, else the ``batch_size`` given."""
+        """The batch size the plan assumes: the DataLoader's, else the ``batch_size`` given,
+        else this rank's part of a global batch (order="global") or 1."""
         if self._loader_shape is not None:
             return self._loader_shape[0]
+        plan = self.config.plan
+        if self.config.batch_size is None and plan.is_global:
+            return max(1, int(plan.global_batch_size or 1) // self.rank_and_world()[1])
         return self.config.batch_size or 1
 
     def __len__(self) -> int:

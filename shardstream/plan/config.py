@@ -11,7 +11,9 @@ from shardstream.counts import check_int
 from shardstream.errors import PlanError
 
 __all__ = [
+    "DEFAULT_LANES",
     "MAX_WINDOW",
+    "ORDERS",
     "PlanConfig",
     "Run",
     "Window",
@@ -32,6 +34,11 @@ __all__ = [
 # (a 2^40-sample order is 8 TiB), so any window a real run ever used stays accepted.
 DEFAULT_WINDOW_SHARDS = 4
 MAX_WINDOW = 1 << 40
+
+ORDERS = ("local", "global")
+# Read lanes of order="global" when none are given (NOTE [ Global order ]): a fixed
+# number, never derived from the topology, so the order is the same on every cluster.
+DEFAULT_LANES = 64
 
 
 def check_count(value: object, name: str, *, minimum: int | None = 0) -> int:
@@ -69,22 +76,47 @@ class PlanConfig:
     """What a user chooses; the same knobs as ``torch.utils.data.DistributedSampler``.
 
     ``shuffle_window`` is the number of samples a worker holds for its in-window shuffle;
-    ``None`` means four mean-sized shards.
+    ``None`` means four mean-sized shards. ``order="global"`` makes the epoch a sequence
+    of global batches of ``global_batch_size`` read from ``read_lanes`` lanes (default
+    ``DEFAULT_LANES``), the same on every world size dividing it (NOTE [ Global order ]);
+    ``"local"`` (the default) cuts the epoch per rank and worker as always.
     """
 
     shuffle: bool = True
     seed: int = 0
     drop_last: bool = False
     shuffle_window: int | None = None
+    order: str = "local"
+    global_batch_size: int | None = None
+    read_lanes: int | None = None
 
     def __post_init__(self) -> None:
         check_count(self.seed, "seed", minimum=None)
+        self._check_order()
         if self.shuffle_window is not None:
             check_count(self.shuffle_window, "shuffle_window", minimum=1)
             if self.shuffle_window > MAX_WINDOW:
                 raise PlanError(
                     f"shuffle_window must be at most {MAX_WINDOW} samples, not {self.shuffle_window}"
                 )
+
+    def _check_order(self) -> None:
+        if self.order not in ORDERS:
+            raise PlanError(f"order must be one of {ORDERS}, not {self.order!r}")
+        if self.order == "local":
+            for name in ("global_batch_size", "read_lanes"):
+                if getattr(self, name) is not None:
+                    raise PlanError(f"{name} is an option of order='global'; this plan has order='local'")
+            return
+        if self.global_batch_size is None:
+            raise PlanError("order='global' needs a global_batch_size (samples per step over all ranks)")
+        check_count(self.global_batch_size, "global_batch_size", minimum=1)
+        if self.read_lanes is not None:
+            check_count(self.read_lanes, "read_lanes", minimum=1)
+
+    @property
+    def is_global(self) -> bool:
+        return self.order == "global"
 
     def window_for(self, sizes: np.ndarray) -> int:
         """The window in samples for a dataset of these shard sizes."""

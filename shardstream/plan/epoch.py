@@ -15,10 +15,10 @@ import numpy as np
 from shardstream.errors import PlanError, StateError
 from shardstream.plan.config import PlanConfig, Run, Window, check_count, shard_sizes_array
 from shardstream.plan.intervals import from_points, points, shift
-from shardstream.plan.layout import lanes_for
 from shardstream.plan.passes import Pass, PassInput, PassRecord, PassSetup, Remainder
 from shardstream.plan.shards import ShardOrder
 from shardstream.plan.state import make_state, read_state, same_epoch
+from shardstream.plan.windows import lanes_for
 
 __all__ = ["EpochPlan"]
 
@@ -31,7 +31,16 @@ class EpochPlan:
     Every rank gets the same number of samples; ranks x workers see every sample of the
     epoch once (plus at most ``world_size - 1`` repeats, or with ``drop_last`` fewer);
     the same inputs give the same plan everywhere. ``num_workers`` 0 is read as 1.
+    A config with ``order="global"`` makes a ``GlobalPlan`` (NOTE [ Global order ]).
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> EpochPlan:
+        config = args[1] if len(args) > 1 else kwargs.get("config")
+        if cls is EpochPlan and isinstance(config, PlanConfig) and config.is_global:
+            from shardstream.plan.global_order import GlobalPlan  # a subclass: imports this module
+
+            return super().__new__(GlobalPlan)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -60,6 +69,17 @@ class EpochPlan:
         """The rest of the epoch a ``state_dict()`` stopped in, for this topology: the
         same pass continued if the topology is the same, else a new pass over what is
         left. ``StateError`` if the state is of another dataset, seed or version."""
+        if cls is EpochPlan and isinstance(config, PlanConfig) and config.is_global:
+            from shardstream.plan.global_order import GlobalPlan
+
+            return GlobalPlan.resume(
+                shard_sizes,
+                config,
+                state,
+                world_size=world_size,
+                num_workers=num_workers,
+                batch_size=batch_size,
+            )
         record = _record(world_size, num_workers, batch_size)
         sizes = shard_sizes_array(shard_sizes)
         epoch, records = read_state(state, sizes, config, window=config.window_for(sizes))

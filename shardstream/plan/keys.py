@@ -16,10 +16,11 @@ from __future__ import annotations
 import numpy as np
 from numpy.random import PCG64, SeedSequence  # numpy loads its random module lazily: pay at import
 
-__all__ = ["TAG_SHARDS", "TAG_WINDOW", "permutation", "random_words"]
+__all__ = ["TAG_GLOBAL", "TAG_SHARDS", "TAG_WINDOW", "permutation", "random_words", "row_permutations"]
 
 TAG_SHARDS = 1  # the order of the shards in an epoch
 TAG_WINDOW = 2  # the order of the samples in one window
+TAG_GLOBAL = 3  # order="global": which chunk of a lane each global batch of a window takes
 
 _WORD = (1 << 32) - 1
 
@@ -51,5 +52,21 @@ def permutation(n: int, key: tuple[int, ...]) -> np.ndarray:
     keys <<= bits
     keys |= np.arange(n, dtype=np.int64)
     keys.sort()
+    keys &= (1 << bits) - 1
+    return keys
+
+
+def row_permutations(words: np.ndarray) -> np.ndarray:
+    """Each row of ``words`` (uint64, 2-D, raw words of keyed streams) made a permutation
+    of ``range(columns)`` as :func:`permutation` makes one: many small ones in one sort."""
+    rows, n = words.shape
+    if n <= 1:
+        return np.zeros((rows, n), dtype=np.int64)
+    bits = (n - 1).bit_length()
+    keys = (words >> np.uint64(1)).view(np.int64)
+    keys >>= bits
+    keys <<= bits
+    keys |= np.arange(n, dtype=np.int64)
+    keys.sort(axis=1)
     keys &= (1 << bits) - 1
     return keys

@@ -25,8 +25,8 @@ import numpy as np
 from shardstream.plan.config import Run
 from shardstream.plan.intervals import EMPTY, Intervals, compose, concat, from_points, merge, points, select
 from shardstream.plan.keys import TAG_WINDOW, permutation
-from shardstream.plan.layout import SliceLayout, round_robin, split_even
 from shardstream.plan.shards import ShardOrder
+from shardstream.plan.windows import SliceLayout, round_robin, split_even
 
 __all__ = ["Pass", "PassInput", "PassRecord", "Remainder"]
 

@@ -24,7 +24,17 @@ from shardstream.manifest import counts_checksum
 from shardstream.plan.config import PlanConfig
 from shardstream.plan.passes import PassRecord
 
-__all__ = ["RESUME_VERSION", "STATE_VERSION", "Key", "ResumeState", "make_state", "read_state", "same_epoch"]
+__all__ = [
+    "RESUME_VERSION",
+    "STATE_VERSION",
+    "Key",
+    "ResumeState",
+    "make_global_state",
+    "make_state",
+    "read_global_state",
+    "read_state",
+    "same_epoch",
+]
 
 STATE_VERSION = 1  # of a plan state (and so of a ShardSampler's)
 RESUME_VERSION = 1  # of a dataset's (and DataLoader's) state around a plan state
@@ -43,6 +53,11 @@ class Key:
     NUM_SHARDS = "num_shards"
     COUNTS_CHECKSUM = "counts_checksum"
     PASSES = "passes"
+    # order="global" (NOTE [ Global order ]): a local state has none of these
+    ORDER = "order"
+    GLOBAL_BATCH_SIZE = "global_batch_size"
+    READ_LANES = "read_lanes"
+    GLOBAL_BATCHES = "global_batches"
     # a pass record
     WORLD_SIZE = "world_size"
     NUM_WORKERS = "num_workers"
@@ -175,6 +190,41 @@ def read_state(
 ) -> tuple[int, list[PassRecord]]:
     """``(epoch, pass records)`` of a plan state, or ``StateError`` if it does not fit
     this dataset (shard counts) and these parameters."""
+    _check_plan(state, sizes, config, window=window)
+    return _integer(state, Key.EPOCH), _records(state.get(Key.PASSES))
+
+
+def make_global_state(
+    sizes: np.ndarray, config: PlanConfig, *, epoch: int, window: int, lanes: int, taken: int
+) -> dict[str, Any]:
+    """The plan state of order="global": the local state's parameters (no passes), the
+    global batch size, the lanes and the number of global batches taken."""
+    state = make_state(sizes, config, epoch=epoch, window=window, records=[])
+    del state[Key.PASSES]
+    state[Key.ORDER] = "global"
+    state[Key.GLOBAL_BATCH_SIZE] = int(config.global_batch_size or 0)
+    state[Key.READ_LANES] = int(lanes)
+    state[Key.GLOBAL_BATCHES] = int(taken)
+    return state
+
+
+def read_global_state(
+    state: Mapping[str, Any], sizes: np.ndarray, config: PlanConfig, *, window: int, lanes: int
+) -> tuple[int, int]:
+    """``(epoch, global batches taken)`` of an order="global" plan state, or ``StateError``."""
+    _check_plan(state, sizes, config, window=window)
+    _check_same(
+        state,
+        Key.GLOBAL_BATCH_SIZE,
+        int(config.global_batch_size or 0),
+        "resume with the same global_batch_size",
+    )
+    _check_same(state, Key.READ_LANES, int(lanes), "resume with the same read_lanes")
+    return _integer(state, Key.EPOCH), _integer(state, Key.GLOBAL_BATCHES)
+
+
+def _check_plan(state: Mapping[str, Any], sizes: np.ndarray, config: PlanConfig, *, window: int) -> None:
+    """What every plan state must match: version, dataset, order and parameters."""
     if not isinstance(state, Mapping):
         raise StateError(f"a plan state is a mapping, not {type(state).__name__}")
     if not _same(state.get(Key.VERSION), STATE_VERSION):
@@ -195,8 +245,13 @@ def read_state(
             f"{brief[Key.NUM_SAMPLES]} samples, shard counts checksum {brief[Key.COUNTS_CHECKSUM]}; "
             f"this one has {sizes.size} shards, {int(sizes.sum())} samples, checksum {checksum!r}"
         )
+    order = state.get(Key.ORDER, "local")  # states written before order="global" are local
+    if not _same(order, config.order):
+        raise StateError(
+            f"the state was saved with order={shown(order)}, this plan has order={config.order!r}: "
+            "a state resumes only the order it was saved in"
+        )
     _check_same(state, Key.SEED, int(config.seed), "resume with the same seed")
     _check_same(state, Key.SHUFFLE, bool(config.shuffle), "resume with the same shuffle setting")
     _check_same(state, Key.DROP_LAST, bool(config.drop_last), "resume with the same drop_last")
     _check_same(state, Key.SHUFFLE_WINDOW, int(window), "resume with the same shuffle window")
-    return _integer(state, Key.EPOCH), _records(state.get(Key.PASSES))

@@ -1,0 +1,356 @@
+"""order="global": an epoch as a sequence of global batches that no topology changes.
+
+NOTE [ Global order ]
+The local order cuts the epoch into rank and worker slices, so what global batch k
+holds depends on how many ranks and workers read it. Here the epoch is first a
+sequence of global batches of ``G = global_batch_size`` samples that depends only on
+the shards, seed, epoch, ``G``, the read lanes ``L`` and the shuffle window; ranks and
+workers only cut it:
+
+- Positions are the local order's (shards permuted by ``(seed, epoch)``, laid end to
+  end), padded by repeats from the start to ``B * G`` (``B = ceil(N / G)`` global
+  batches, every one full), or cut to ``B = N // G`` batches with ``drop_last`` (the
+  tail of the shard order is dropped). The repeats are the tail of the last lane, so
+  they fall in the batches of the epoch's last window, not only in its last batch.
+- The padded positions are ``L`` lanes of contiguous positions (``L`` at most ``G``;
+  one lane with ``shuffle=False``, so the sequence is manifest order). Lane ``l``
+  gives every global batch ``take[l]`` samples (``take`` splits ``G`` evenly): one
+  chunk of ``take[l]`` consecutive positions, so a lane is read front to back and
+  every read is a run of about ``G / L`` samples (locality).
+- Global batch ``k`` is its lanes' chunks in lane order. Within a window of
+  ``M = shuffle_window // G`` global batches, which chunk of a lane each batch takes
+  is a permutation drawn from the stream keyed by ``(seed, epoch, lane, block)`` (a
+  block is ``BLOCK_WORDS // M`` windows: one keyed stream per block, not per window,
+  so small windows cost no more than big ones): batches mix ``L`` places spread over
+  the epoch, and consecutive batches are not consecutive chunks.
+- Rank ``r`` of ``R`` (``R`` divides ``G``) takes entries ``[r G/R, (r+1) G/R)`` of
+  every batch: whole chunks of about ``L/R`` lanes (two of them cut), so a rank reads
+  its own lanes only. Worker ``w`` of ``W`` takes the rank's batches ``w, w + W, ...``
+  counted from where the epoch (or the resumed state) starts: torch's DataLoader takes
+  batches from its workers round-robin from worker 0, so the batches come out in
+  global order, and the DataLoader's ``batch_size`` must be ``G/R``.
+
+Why this shape: a shuffle of samples across a window of batches would mix ranks and
+workers into every run (each worker would read every W-th sample of a chunk), and a
+rank part that is not whole lanes would need reads of single samples; whole chunks
+keep both. A worker's ``Window`` is its batches of whole windows of the sequence (a
+few at first, for a fast first sample, then twice as many each time, up to
+``shuffle_window`` samples): every lane's part of a window is then fetched by one
+``Window`` (the reader joins a lane's nearby chunks into one read, so a Window cut
+inside a window of the sequence would fetch those bytes again). The grouping says
+only what the reader fetches together; it changes nothing in the sequence. The price is that a batch holds runs of ``G / L`` consecutive samples of a
+shard (the local order's batch holds runs cut by its window's shuffle); more lanes
+mix more and read shorter runs, and ``L`` is the user's choice, never R's or W's.
+
+A resume state is the number of global batches taken (plus the parameters and the
+dataset's checksum): it resumes on any ``(R, W)`` with ``R`` dividing ``G``, and the
+rest of the epoch is the same batches. Memory is O(shards + window): a worker's
+window is its batches of one window of ``M`` batches.
+
+Mixtures (issue 11) fit the same mould: let the mixture decide, per global batch
+``k`` and keyed by ``(seed, epoch, k)`` only, how many of the ``G`` entries each source
+gives, each source with its own lanes over its own shard order; lay the entries of a
+batch source by source, lane by lane, and cut ranks and workers exactly as above. The
+sequence is then a function of the sources, the weights, ``G`` and the lanes only.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from shardstream.errors import PlanError, StateError
+from shardstream.plan.config import DEFAULT_LANES, PlanConfig, Run, Window, check_count, shard_sizes_array
+from shardstream.plan.epoch import EpochPlan
+from shardstream.plan.intervals import from_points, merge, points
+from shardstream.plan.keys import TAG_GLOBAL, permutation, random_words, row_permutations
+from shardstream.plan.shards import ShardOrder
+from shardstream.plan.state import make_global_state, read_global_state
+from shardstream.plan.windows import split_even
+
+__all__ = ["BLOCK_WORDS", "GlobalPlan", "GlobalSequence", "lanes_of"]
+
+# Chunk permutations of a lane are drawn this many words per keyed stream (a block of
+# windows); a block's permutations are cached per lane while a worker reads them.
+BLOCK_WORDS = 8192
+_CACHED_BLOCKS = 128
+# A worker's first Window holds about this many samples, then each one twice the last.
+_FIRST_WINDOW = 1024
+
+
+def lanes_of(config: PlanConfig) -> int:
+    """The read lanes of a global order: never more than the global batch size."""
+    if not config.shuffle:
+        return 1
+    return max(1, min(int(config.read_lanes or DEFAULT_LANES), int(config.global_batch_size or 1)))
+
+
+class GlobalSequence:
+    """The global batches of one epoch (NOTE [ Global order ]); O(shards + lanes)."""
+
+    def __init__(self, shards: ShardOrder, config: PlanConfig, *, epoch: int, window: int) -> None:
+        self.shards, self.seed, self.epoch, self.shuffle = shards, config.seed, epoch, config.shuffle
+        self.size = int(config.global_batch_size or 1)
+        total = shards.total
+        self.batches = total // self.size if config.drop_last else -(-total // self.size)
+        self.lanes = lanes_of(config)
+        self.take = split_even(self.size, self.lanes)
+        self.entry = np.concatenate([[0], np.cumsum(self.take)]).astype(np.int64)
+        self.per_window = max(1, window // self.size)
+        self.block = max(1, BLOCK_WORDS // self.per_window)  # windows per keyed stream
+        self._blocks: dict[tuple[int, int], np.ndarray] = {}
+
+    def run_length(self) -> float:
+        """Samples per read of one lane's chunk (G / L)."""
+        return self.size / self.lanes
+
+    def pieces(self, lo: int, hi: int) -> list[tuple[int, int, int]]:
+        """``(lane, a, b)``: entries ``[lo, hi)`` of a batch are entries ``[a, b)`` of those lanes' chunks."""
+        first = int(np.searchsorted(self.entry, lo, side="right")) - 1
+        found = []
+        for lane in range(first, self.lanes):
+            start = int(self.entry[lane])
+            if start >= hi:
+                break
+            a, b = max(lo, start) - start, min(hi, int(self.entry[lane + 1])) - start
+            if b > a:
+                found.append((lane, a, b))
+        return found
+
+    def chunks(self, batches: np.ndarray, lane: int) -> np.ndarray:
+        """Which chunk of ``lane`` each of ``batches`` takes (indices in the lane)."""
+        if not self.shuffle:
+            return batches
+        per = self.per_window
+        window, within = np.divmod(batches, per)
+        block = window // self.block
+        out = np.empty(batches.size, dtype=np.int64)
+        for number in np.unique(block).tolist():
+            mine = block == number
+            rows = self._block(lane, number)
+            out[mine] = window[mine] * per + rows[window[mine] - number * self.block, within[mine]]
+        return out
+
+    def _block(self, lane: int, number: int) -> np.ndarray:
+        """The chunk permutations of the windows of one block of a lane, one row each."""
+        key = (lane, number)
+        if key in self._blocks:
+            return self._blocks[key]
+        per, first = self.per_window, number * self.block
+        windows = min(self.block, -(-self.batches // per) - first)
+        words = random_words(windows * per, (self.seed, self.epoch, TAG_GLOBAL, lane, number))
+        rows = row_permutations(words.reshape(windows, per))
+        last = self.batches - (first + windows - 1) * per  # the epoch's last window may be short
+        if last < per:
+            rows[-1, :last] = permutation(last, (self.seed, self.epoch, TAG_GLOBAL, lane, number, last))
+        if len(self._blocks) >= _CACHED_BLOCKS:
+            self._blocks.pop(next(iter(self._blocks)))
+        self._blocks[key] = rows
+        return rows
+
+    def positions(self, batches: np.ndarray, pieces: list[tuple[int, int, int]]) -> np.ndarray:
+        """Base positions of ``pieces`` of ``batches`` (ascending), in yield order."""
+        if not batches.size or not pieces:
+            return np.zeros(0, dtype=np.int64)
+        starts, stops = [], []
+        for lane, a, b in pieces:
+            chunk = self.chunks(batches, lane)
+            start = self.batches * int(self.entry[lane]) + chunk * int(self.take[lane]) + a
+            starts.append(start)
+            stops.append(start + (b - a))
+        # batches outer, lanes inner: the yield order of a rank's part of each batch
+        spans = (np.stack(starts, axis=1).ravel(), np.stack(stops, axis=1).ravel())
+        padded = points(spans)
+        return padded % self.shards.total if padded.size else padded  # padding repeats from the start
+
+    def window_shards(self, lo: int, hi: int, pieces: list[tuple[int, int, int]]) -> tuple[int, ...]:
+        """The shards the lanes of ``pieces`` hold in the windows of batches ``[lo, hi)``:
+        every shard a worker reading some of those batches may read."""
+        per = self.per_window
+        first, stop = lo // per * per, min(-(-hi // per) * per, self.batches)
+        found: dict[int, None] = {}
+        for lane, _, _ in pieces:
+            base, take = self.batches * int(self.entry[lane]), int(self.take[lane])
+            for run in self.shards.runs(_wrap(base + first * take, base + stop * take, self.shards.total)):
+                found[run.shard] = None
+        return tuple(found)
+
+
+def _wrap(lo: int, hi: int, total: int) -> tuple[np.ndarray, np.ndarray]:
+    """Padded positions ``[lo, hi)`` as base intervals (padding repeats from the start)."""
+    if lo >= hi or total == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    if hi - lo >= total:
+        return np.array([0], dtype=np.int64), np.array([total], dtype=np.int64)
+    a, b = lo % total, (hi - 1) % total + 1
+    if a < b:
+        return np.array([a], dtype=np.int64), np.array([b], dtype=np.int64)
+    return merge((np.array([0, a], dtype=np.int64), np.array([b, total], dtype=np.int64)))
+
+
+def _window_parts(
+    sequence: GlobalSequence, batches: np.ndarray, pieces: list[tuple[int, int, int]]
+) -> tuple[tuple[Run, ...], np.ndarray]:
+    """The runs (ascending positions) and yield order of a worker's batches of one window."""
+    positions = sequence.positions(batches, pieces)
+    ascending = np.argsort(positions, kind="stable")
+    runs = sequence.shards.runs(from_points(positions[ascending]))
+    order = np.empty(positions.size, dtype=np.int64)
+    order[ascending] = np.arange(positions.size, dtype=np.int64)
+    order.setflags(write=False)
+    return runs, order
+
+
+class GlobalPlan(EpochPlan):
+    """The plan of an order="global" epoch for every rank and worker; see NOTE [ Global order ].
+
+    The interface is :class:`EpochPlan`'s; ``batch_size`` must be ``global_batch_size //
+    world_size``, and ``state_dict(steps)`` counts global batches (every rank takes one per step).
+    """
+
+    def __init__(
+        self,
+        shard_sizes: Sequence[int] | np.ndarray,
+        config: PlanConfig,
+        *,
+        epoch: int,
+        world_size: int,
+        num_workers: int = 1,
+        batch_size: int = 1,
+    ) -> None:
+        self._global_setup(shard_sizes, config, check_count(epoch, "epoch"), 0)
+        self._topology(world_size, num_workers, batch_size, error=PlanError)
+
+    @classmethod
+    def resume(
+        cls,
+        shard_sizes: Sequence[int] | np.ndarray,
+        config: PlanConfig,
+        state: Mapping[str, Any],
+        *,
+        world_size: int,
+        num_workers: int = 1,
+        batch_size: int = 1,
+    ) -> EpochPlan:
+        """The rest of the epoch after the global batches the state took, on any topology
+        whose world size divides the global batch size."""
+        sizes = shard_sizes_array(shard_sizes)
+        if not isinstance(config, PlanConfig) or not config.is_global:
+            raise PlanError("GlobalPlan.resume needs a PlanConfig with order='global'")
+        window = config.window_for(sizes)
+        epoch, taken = read_global_state(state, sizes, config, window=window, lanes=lanes_of(config))
+        plan = object.__new__(cls)
+        plan._global_setup(sizes, config, epoch, taken)
+        if taken > plan._sequence.batches:
+            raise StateError(
+                f"the state says {taken} global batches were taken, the epoch has {plan._sequence.batches}"
+            )
+        plan._topology(world_size, num_workers, batch_size, error=StateError)
+        return plan
+
+    def _global_setup(
+        self, shard_sizes: Sequence[int] | np.ndarray, config: PlanConfig, epoch: int, taken: int
+    ) -> None:
+        if not isinstance(config, PlanConfig) or not config.is_global:
+            raise PlanError("a GlobalPlan needs a PlanConfig with order='global'")
+        self._sizes = shard_sizes_array(shard_sizes)
+        self._config, self._epoch, self._taken, self._first = config, epoch, taken, 0
+        self._window = config.window_for(self._sizes)
+        shards = ShardOrder(self._sizes, shuffle=config.shuffle, seed=config.seed, epoch=epoch)
+        self._sequence = GlobalSequence(shards, config, epoch=epoch, window=self._window)
+
+    def _topology(
+        self, world_size: int, num_workers: int, batch_size: int, *, error: type[Exception]
+    ) -> None:
+        world = check_count(world_size, "world_size", minimum=1)
+        self._workers = max(1, check_count(num_workers, "num_workers"))
+        batch = check_count(batch_size, "batch_size", minimum=1)
+        size = self._sequence.size
+        if size % world:
+            raise error(
+                f"order='global' with global_batch_size={size} runs on a world size that divides it, "
+                f"not on {world} ranks"
+            )
+        if batch != size // world:
+            raise error(
+                f"order='global' with global_batch_size={size} on {world} ranks takes batches of "
+                f"{size // world} samples per rank, not batch_size={batch}"
+            )
+        self._world, self._batch = world, batch
+
+    # -- what the plan is ------------------------------------------------------------------
+
+    @property
+    def world_size(self) -> int:
+        return self._world
+
+    @property
+    def num_workers(self) -> int:
+        return self._workers
+
+    @property
+    def batch_size(self) -> int:
+        return self._batch
+
+    @property
+    def sequence(self) -> GlobalSequence:
+        return self._sequence
+
+    @property
+    def global_batches_taken(self) -> int:
+        return self._taken
+
+    def _left(self, worker: int) -> int:
+        left = self._sequence.batches - self._taken
+        return (left // self._workers + (worker < left % self._workers)) * self._batch
+
+    def samples_per_rank(self) -> int:
+        return (self._sequence.batches - self._taken) * self._batch
+
+    def batches_per_rank(self) -> int:
+        return self._sequence.batches - self._taken
+
+    def __repr__(self) -> str:
+        return (
+            f"GlobalPlan(epoch={self.epoch}, world_size={self.world_size}, num_workers={self.num_workers}, "
+            f"global_batch_size={self._sequence.size}, read_lanes={self._sequence.lanes}, "
+            f"global_batches_taken={self._taken} of {self._sequence.batches})"
+        )
+
+    # -- what a worker reads ---------------------------------------------------------------
+
+    def _windows(self, rank: int, worker: int) -> Iterator[Window]:
+        sequence, step, per = self._sequence, self._workers, self._sequence.per_window
+        pieces = sequence.pieces(rank * self._batch, (rank + 1) * self._batch)
+        # whole windows of the sequence per Window: see NOTE [ Global order ]
+        share = max(1, per * self._batch // step)  # this worker's samples of one window
+        most = max(1, self._window // share)
+        count = max(1, min(most, _FIRST_WINDOW // share))
+        first = self._taken + worker
+        while first < sequence.batches:
+            stop = min((first // per + count) * per, sequence.batches)
+            batches = np.arange(first, stop, step, dtype=np.int64)  # never empty: first < stop
+            build = functools.partial(_window_parts, sequence, batches, pieces)
+            yield Window.lazy(sequence.window_shards(first, stop, pieces), build)
+            first, count = int(batches[-1]) + step, min(most, 2 * count)
+
+    # -- resume ----------------------------------------------------------------------------
+
+    def state_dict(self, steps: int) -> dict[str, Any]:
+        """The state after every rank took ``steps`` batches (global batches) of this plan."""
+        steps = check_count(steps, "steps")
+        if steps > self.batches_per_rank():
+            raise PlanError(
+                f"steps={steps} is more than the {self.batches_per_rank()} batches this plan has per rank"
+            )
+        return make_global_state(
+            self._sizes,
+            self._config,
+            epoch=self._epoch,
+            window=self._window,
+            lanes=self._sequence.lanes,
+            taken=self._taken + steps,
+        )
