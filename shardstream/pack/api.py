@@ -6,13 +6,13 @@ import contextlib
 import os
 from collections.abc import Mapping
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 from shardstream.errors import PackError
 from shardstream.manifest import Manifest
 from shardstream.pack.dest import DatasetTarget
 from shardstream.pack.durable import ShardSync
-from shardstream.pack.jobs import JobContext, Packed, ShardJob, ShardPlan
+from shardstream.pack.jobs import JobContext, Packed, PackProgress, ShardJob, ShardPlan
 from shardstream.pack.lifeline import usable_cores
 from shardstream.pack.options import PackOptions, Part, check_count
 from shardstream.pack.parallel import run_jobs
@@ -21,14 +21,6 @@ from shardstream.pack.sources.base import Entry, input_storage
 from shardstream.storage import Storage
 
 __all__ = ["PackProgress", "pack"]
-
-
-class PackProgress(Protocol):
-    """What ``pack`` reports progress to (``shardstream.progress.Progress`` is one)."""
-
-    def set_total(self, samples: int | None) -> None: ...
-
-    def update(self, samples: int, nbytes: int) -> None: ...
 
 
 def pack(

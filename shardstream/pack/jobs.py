@@ -28,6 +28,7 @@ from shardstream.storage import Storage
 __all__ = [
     "EntrySizer",
     "JobContext",
+    "PackProgress",
     "Packed",
     "Progress",
     "ShardJob",
@@ -305,8 +306,16 @@ def _at_entry(error: ShardstreamError, entry: Entry, source: Source) -> PackErro
     )
 
 
-class Progress(Protocol):
+class PackProgress(Protocol):
+    """What a pack reports progress to (``shardstream.progress.ProgressBar`` is one): the
+    samples to pack when known, then samples and bytes as each shard is written."""
+
+    def set_total(self, samples: int | None) -> None: ...
+
     def update(self, samples: int, nbytes: int) -> None: ...
+
+
+Progress = PackProgress  # its name here before the naming pass of issue 8; kept importable
 
 
 _TICK = 1024  # samples between progress updates while a shard is written in this process
@@ -316,7 +325,7 @@ _FEED = 64  # samples between looks for a free worker while this process writes 
 def write_job(
     job: ShardJob,
     context: JobContext,
-    progress: Progress | None = None,
+    progress: PackProgress | None = None,
     on_stored: Callable[[str], None] | None = None,
     feed: Callable[[], None] | None = None,
 ) -> ShardResult:

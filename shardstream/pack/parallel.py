@@ -60,7 +60,7 @@ from shardstream.pack.jobs import (
     EntrySizer,
     JobContext,
     Packed,
-    Progress,
+    PackProgress,
     ShardJob,
     ShardPlan,
     Sized,
@@ -134,7 +134,7 @@ def run_jobs(
     context: JobContext,
     workers: int,
     sync: ShardSync,
-    progress: Progress | None = None,
+    progress: PackProgress | None = None,
 ) -> list[ShardResult]:
     """Write every shard of ``plan``; results in shard order. One worker: all in this process.
 
@@ -147,7 +147,7 @@ def run_jobs(
 
 
 def _run_jobs(
-    plan: ShardPlan, context: JobContext, workers: int, sync: ShardSync, progress: Progress | None
+    plan: ShardPlan, context: JobContext, workers: int, sync: ShardSync, progress: PackProgress | None
 ) -> list[ShardResult]:
     lazy = context.source.lazy
     if workers <= 1 and not lazy:
@@ -193,7 +193,7 @@ class _Pool:
     """
 
     def __init__(
-        self, context: JobContext, children: int, sync: ShardSync, progress: Progress | None
+        self, context: JobContext, children: int, sync: ShardSync, progress: PackProgress | None
     ) -> None:
         self.context = context
         self.children = children
