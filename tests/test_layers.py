@@ -298,7 +298,7 @@ def names_imported_from(path: pathlib.Path, module: str) -> set[str]:
 
 
 def test_writer_and_pack_cut_with_the_one_cutter():
-    """ShardWriter and the pack's ShardPlan both cut with ``ShardCutter``; the pool cuts nothing
+    """ShardWriter and the pack's ShardJobs both cut with ``ShardCutter``; the pool cuts nothing
     itself and sizes nothing itself (``parallel`` is processes and results; ``jobs`` is the work)."""
     for module in ("writer.py", "jobs.py"):
         names = names_imported_from(PACKAGE / "pack" / module, "shardstream.pack.cutter")

@@ -12,7 +12,7 @@ from shardstream.errors import PackError
 from shardstream.manifest import Manifest
 from shardstream.pack.dest import DatasetTarget
 from shardstream.pack.durable import ShardSync
-from shardstream.pack.jobs import JobContext, Packed, PackProgress, ShardJob, ShardPlan
+from shardstream.pack.jobs import JobContext, Packed, PackProgress, ShardJob, ShardJobs
 from shardstream.pack.lifeline import usable_cores
 from shardstream.pack.options import PackOptions, Part, check_count
 from shardstream.pack.parallel import run_jobs
@@ -102,11 +102,11 @@ def _run(
     start, stop, total = _slice(src, options.part, want_total=_shows(progress))
     if progress is not None:
         progress.set_total(total)
-    plan = ShardPlan(src, options, partial(_job, options, target), start, stop)
+    jobs = ShardJobs(src, options, partial(_job, options, target), start, stop)
     context = JobContext(storage, src, options)
     if storage.url.startswith("memory://"):
         workers = 1  # a memory:// file system lives in one process: other processes cannot write it
-    results = run_jobs(plan, context, workers or usable_cores(), sync, progress)
+    results = run_jobs(jobs, context, workers or usable_cores(), sync, progress)
     if not results and options.part is None:
         raise PackError("the source holds no samples", url=src.url)
     target.prepare_once()

@@ -62,6 +62,7 @@ from shardstream.pack.jobs import (
     Packed,
     PackProgress,
     ShardJob,
+    ShardJobs,
     ShardPlan,
     Sized,
     _pack_entries,
@@ -72,7 +73,7 @@ from shardstream.pack.jobs import (
 from shardstream.pack.lifeline import cap_workers, die_with_parent
 from shardstream.pack.shard import ShardResult
 
-__all__ = ["JobContext", "ShardJob", "ShardPlan", "run_jobs"]
+__all__ = ["JobContext", "ShardJob", "ShardJobs", "ShardPlan", "run_jobs"]
 
 
 _WORKER: dict[str, Any] = {}
@@ -130,29 +131,29 @@ def _mp_context() -> Any:
 
 
 def run_jobs(
-    plan: ShardPlan,
+    jobs: ShardJobs,
     context: JobContext,
     workers: int,
     sync: ShardSync,
     progress: PackProgress | None = None,
 ) -> list[ShardResult]:
-    """Write every shard of ``plan``; results in shard order. One worker: all in this process.
+    """Write every shard of ``jobs``; results in shard order. One worker: all in this process.
 
     Local shards are fsynced by ``sync`` as they are done (NOTE [ Durable before the manifest ]).
     ``workers`` is capped at what can be used (``lifeline.cap_workers``), with a logged note.
     """
-    workers = cap_workers(workers, None if plan.stop is None else plan.stop - plan.start)
+    workers = cap_workers(workers, None if jobs.stop is None else jobs.stop - jobs.start)
     with _collect_per_shard():
-        return _run_jobs(plan, context, workers, sync, progress)
+        return _run_jobs(jobs, context, workers, sync, progress)
 
 
 def _run_jobs(
-    plan: ShardPlan, context: JobContext, workers: int, sync: ShardSync, progress: PackProgress | None
+    jobs: ShardJobs, context: JobContext, workers: int, sync: ShardSync, progress: PackProgress | None
 ) -> list[ShardResult]:
     lazy = context.source.lazy
     if workers <= 1 and not lazy:
         results = []
-        for job in plan.scan():
+        for job in jobs.scan():
             results.append(write_job(job, context, progress, on_stored=sync.add))
             gc.collect(1)
         return results
@@ -161,9 +162,9 @@ def _run_jobs(
     pool = _Pool(context, workers - 1 if lazy else workers, sync, progress)
     try:
         if lazy:
-            pool.share(plan)
+            pool.share(jobs)
         else:
-            pool.hand_out(plan.scan())
+            pool.hand_out(jobs.scan())
     except BrokenProcessPool:
         raise PackError("a pack worker process died (out of memory, or killed)") from None
     finally:
@@ -207,7 +208,7 @@ class _Pool:
         self.walk: Iterator[Any] = iter(())
         self.walked = False  # every chunk taken from the source (or the slice is full)
         self.cut_all = False  # and every shard planned
-        self.plan: ShardPlan | None = None
+        self.jobs: ShardJobs | None = None
         self.size = EntrySizer(context.source, context.options)
         self.pool: ProcessPoolExecutor | None = None
         if children:
@@ -264,10 +265,10 @@ class _Pool:
         while self.writing:
             self.collect(block=True)
 
-    def share(self, plan: ShardPlan) -> None:
+    def share(self, jobs: ShardJobs) -> None:
         """Every process sizes chunks and writes shards (NOTE [ Every process plans and writes ])."""
-        self.plan = plan
-        self.walk = plan.source.chunks()
+        self.jobs = jobs
+        self.walk = jobs.source.chunks()
         while True:
             self.feed()
             if self.ready:  # the largest planned shard (the last one is often a small one)
@@ -319,22 +320,24 @@ class _Pool:
 
     def cut(self) -> None:
         """Cut the entries sized so far, in walk order, into planned shards."""
-        plan = self.plan
-        if plan is None:
-            raise PackError("a pack pool was asked to cut sized chunks before it was given a plan (share)")
+        jobs = self.jobs
+        if jobs is None:
+            raise PackError(
+                "a pack pool was asked to cut sized chunks before it was given the shard jobs (share)"
+            )
         chunks = self.chunks
         taken = 0
         while taken < len(chunks) and (sized := chunks[taken].sized) is not None:
             taken += 1
             if isinstance(sized, BaseException):
                 raise sized
-            self.ready += plan.take(sized.entries, sized.sizes)
-            if plan.full:
+            self.ready += jobs.take(sized.entries, sized.sizes)
+            if jobs.full:
                 self.walked = True
                 taken = len(chunks)
         del chunks[:taken]
         if not chunks and self.walked and not self.cut_all:
-            self.ready += plan.finish()
+            self.ready += jobs.finish()
             self.cut_all = True
 
     def unsized(self) -> _Chunk | None:
