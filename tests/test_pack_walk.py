@@ -1,6 +1,6 @@
 """Packing a folder of files: the walk, sized in chunks by every process of a pack, in order.
 
-NOTE [ Every process plans and writes ] in ``shardstream.pack.parallel``: a folder is
+NOTE [ Every process sizes and writes ] in ``shardstream.pack.parallel``: a folder is
 listed and sized in chunks by whichever process is free, and the chunks are put back in
 walk order, so shards, errors and parts do not depend on the number of workers.
 """

@@ -46,7 +46,7 @@ def pack(
     ``shard_size`` (bytes or ``"256MB"``) and/or ``samples_per_shard`` cut shards;
     with neither, shards are of 256MB. ``workers`` processes write shards (default:
     the core count; for a folder this process is one of them, and all of them list and
-    size its files too, see NOTE [ Every process plans and writes ]); the result is
+    size its files too, see NOTE [ Every process sizes and writes ]); the result is
     byte-identical for any number. ``storage_options``
     go to fsspec for ``dest`` (and for a remote source, unless ``source_options``).
     With ``part="I/N"`` only the I-th of N slices is packed, into shards named for the

@@ -4,7 +4,7 @@ The parent process cuts the samples of a source into shards (``ShardJobs``, NOTE
 [ Deterministic parallel pack ] in ``parallel``); each shard becomes a ``ShardJob``.
 Any process of the pool, this one included, runs the two kinds of task: ``write_job``
 writes one shard, ``size_chunk`` sizes one chunk of a lazy source (NOTE [ Every process
-plans and writes ] in ``parallel``). Nothing here starts or talks to a process.
+sizes and writes ] in ``parallel``). Nothing here starts or talks to a process.
 """
 
 from __future__ import annotations
@@ -336,7 +336,7 @@ def write_job(
     """Write one shard, loading its entries (in a worker, or in the parent).
 
     ``on_stored`` is as in ``ShardOutput``; ``feed`` is called every few dozen samples
-    (NOTE [ Every process plans and writes ] in ``parallel``).
+    (NOTE [ Every process sizes and writes ] in ``parallel``).
     """
     options = context.options
     source = context.source
