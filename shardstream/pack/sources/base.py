@@ -268,9 +268,9 @@ def open_file(url: str, storage_options: Mapping[str, Any], mode: str = "rb") ->
         raise PackError(f"cannot open source file: {error}", url=url) from None
 
 
-def sample_key(index: int) -> str:
-    """The key of the ``index``-th sample of a source whose samples have no names."""
-    return f"{index:09d}"
+def sample_key(number: int) -> str:
+    """The key of sample ``number`` (from 0) of a source whose samples have no names."""
+    return f"{number:09d}"
 
 
 def tar_ready(sample: Sample, entry_url: str, line: int | None) -> Sample:

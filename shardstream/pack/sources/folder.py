@@ -220,14 +220,14 @@ def _split(
         start, want = end, _CHUNK_FILES
 
 
-def _key_boundary(names: Sequence[str], index: int) -> int:
-    """The first position from ``index`` on where a new key starts (files of a key are adjacent)."""
-    if index >= len(names):
+def _key_boundary(names: Sequence[str], position: int) -> int:
+    """The first position from ``position`` on where a new key starts (files of a key are adjacent)."""
+    if position >= len(names):
         return len(names)
-    last = _stem(names[index - 1])
-    while index < len(names) and _stem(names[index]) == last:
-        index += 1
-    return index
+    last = _stem(names[position - 1])
+    while position < len(names) and _stem(names[position]) == last:
+        position += 1
+    return position
 
 
 def _stem(path: str) -> str:
