@@ -620,3 +620,14 @@ def test_module_state_check_leaves_constants_alone():
     assert not process_state(
         "_TABLE = {1: 2}\n_ITEMS = [1]\ndef f(k):\n    return _TABLE[k] + _ITEMS[0]", "m.py"
     )
+
+
+def test_names_before_the_naming_pass_still_import():
+    """The old names stay importable where they were public (aliases, not second classes)."""
+    from shardstream.pack import jobs, parallel
+    from shardstream.pack.api import PackProgress
+    from shardstream.progress import Progress, ProgressBar
+
+    assert Progress is ProgressBar
+    assert jobs.Progress is jobs.PackProgress is PackProgress
+    assert jobs.ShardPlan is jobs.ShardJobs is parallel.ShardPlan
