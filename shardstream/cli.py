@@ -19,7 +19,7 @@ from typing import Any
 from shardstream._version import __version__
 from shardstream.counts import check_count
 from shardstream.errors import ShardstreamError, UsageError
-from shardstream.progress import Progress, human_bytes
+from shardstream.progress import ProgressBar, human_bytes
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main", "storage_options_for"]
 
@@ -93,7 +93,7 @@ def add_pack(subparsers: Any, common: argparse.ArgumentParser) -> None:
 def run_pack(args: argparse.Namespace) -> int:
     from shardstream.pack import pack
 
-    progress = Progress("pack", enabled=False if args.quiet else None)
+    progress = ProgressBar("pack", enabled=False if args.quiet else None)
     try:
         manifest = pack(
             args.source,

@@ -80,9 +80,9 @@ PACK_RECORD_RE = re.compile(r"^\.shardstream-pack(?:-part-(\d{5}))?\.json$")
 CLAIM_RE = re.compile(r"^\.shardstream-lock(-part-\d{5})?\.([0-9a-f]+)\.json$")
 
 
-def part_prefix(index: int) -> str:
-    """The start of the shard names of part ``index``."""
-    return f"part-{index:05d}-shard-"
+def part_prefix(part: int) -> str:
+    """The start of the shard names of part number ``part``."""
+    return f"part-{part:05d}-shard-"
 
 
 def shard_name(prefix: str, number: int, suffix: str) -> str:
@@ -95,14 +95,14 @@ def sidecar_name(shard: str) -> str:
     return shard + ".idx"
 
 
-def part_record_name(index: int, count: int) -> str:
-    """The record of part ``index`` of ``count``, written when the part is whole."""
-    return f"part-{index:05d}-of-{count:05d}.json"
+def part_record_name(part: int, count: int) -> str:
+    """The record of part number ``part`` of ``count``, written when the part is whole."""
+    return f"part-{part:05d}-of-{count:05d}.json"
 
 
-def part_scope(index: int | None) -> str:
+def part_scope(part: int | None) -> str:
     """What the names of a pack's record and claims carry: ``""`` for a whole pack, else its part."""
-    return "" if index is None else f"-part-{index:05d}"
+    return "" if part is None else f"-part-{part:05d}"
 
 
 def pack_record_name(scope: str) -> str:

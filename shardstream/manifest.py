@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardstream.counts import MAX_COUNT, check_int
 from shardstream.errors import ManifestError
 from shardstream.formats import available_formats
 
@@ -34,7 +35,6 @@ MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
 # The built-in formats; a manifest may name any format registered when it loads.
 FORMATS = ("tar", "parquet")
-_MAX_COUNT = 1 << 63
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
 
@@ -209,13 +209,9 @@ def _schema(value: object, url: str | None) -> dict[str, str]:
 
 def _count(value: object, key: str, url: str | None, shard: str | None = None) -> int:
     """A JSON integer in ``[0, 2**63)`` (what numpy and the plan can hold)."""
-    if type(value) is not int or not 0 <= value < _MAX_COUNT:
-        raise ManifestError(
-            f"manifest field {key!r} must be an integer from 0 to 2**63-1, not {reprlib.repr(value)}",
-            url=url,
-            shard=shard,
-        )
-    return value
+    return check_int(
+        value, f"manifest field {key!r}", maximum=MAX_COUNT, error=ManifestError, url=url, shard=shard
+    )
 
 
 def _shard_info(entry: object, number: int, url: str | None) -> ShardInfo:

@@ -10,7 +10,7 @@ import sys
 import time
 from typing import TextIO
 
-__all__ = ["Progress", "human_bytes", "human_duration"]
+__all__ = ["Progress", "ProgressBar", "human_bytes", "human_duration"]
 
 _REDRAW_SECONDS = 0.2
 _BAR_WIDTH = 24
@@ -32,8 +32,12 @@ def human_duration(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
-class Progress:
-    """Counts samples and bytes; draws a bar when ``enabled`` (default: stderr is a TTY)."""
+class ProgressBar:
+    """Counts samples and bytes; draws a bar when ``enabled`` (default: stderr is a TTY).
+
+    The CLI's display of a ``PackProgress`` (``shardstream.pack.api``), the protocol
+    ``pack`` reports progress to.
+    """
 
     def __init__(
         self,
@@ -107,6 +111,9 @@ class Progress:
             f"{done}{' ' + what if what else ''} in {elapsed:.1f} s "
             f"({human_bytes(rate)}/s, {per_second:,.0f} samples/s)"
         )
+
+
+Progress = ProgressBar  # the name before the naming pass of issue 8; kept importable
 
 
 def _is_tty(stream: TextIO) -> bool:

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from shardstream.cli import main
-from shardstream.progress import Progress
+from shardstream.progress import ProgressBar
 
 
 @pytest.fixture
@@ -118,7 +118,7 @@ def test_parts_then_index(tmp_path, corpus, capsys):
 
 def test_progress_bar_draws_on_a_terminal_only():
     stream = io.StringIO()
-    progress = Progress("pack", total=100, stream=stream, enabled=True)
+    progress = ProgressBar("pack", total=100, stream=stream, enabled=True)
     progress.update(50, 5_000_000)
     progress.update(50, 5_000_000)
     progress.close()
@@ -128,7 +128,7 @@ def test_progress_bar_draws_on_a_terminal_only():
     assert "100 samples" in drawn
     assert "MB" in drawn
     quiet = io.StringIO()
-    progress = Progress("pack", total=100, stream=quiet)  # StringIO is not a TTY
+    progress = ProgressBar("pack", total=100, stream=quiet)  # StringIO is not a TTY
     progress.update(100, 10)
     progress.close()
     assert quiet.getvalue() == ""

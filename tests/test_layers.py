@@ -298,7 +298,7 @@ def names_imported_from(path: pathlib.Path, module: str) -> set[str]:
 
 
 def test_writer_and_pack_cut_with_the_one_cutter():
-    """ShardWriter and the pack's ShardPlan both cut with ``ShardCutter``; the pool cuts nothing
+    """ShardWriter and the pack's ShardJobs both cut with ``ShardCutter``; the pool cuts nothing
     itself and sizes nothing itself (``parallel`` is processes and results; ``jobs`` is the work)."""
     for module in ("writer.py", "jobs.py"):
         names = names_imported_from(PACKAGE / "pack" / module, "shardstream.pack.cutter")
@@ -441,3 +441,193 @@ def test_the_storage_seam_check_catches_a_breach(tmp_path):
         "imports is_local_url",
         "calls fsspec.core.url_to_fs",
     }
+
+
+# -- one name per concept (issue 8's naming pass; README "Words") ---------------------
+
+
+def class_names() -> dict[str, list[str]]:
+    """Every class the package defines, by name: the modules that define one of that name."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                found.setdefault(node.name, []).append(path.relative_to(PACKAGE).as_posix())
+    return found
+
+
+def test_a_public_class_name_means_one_thing():
+    """Two public classes of one name (once: two ``Progress``) leave a reader asking which."""
+    twice = {
+        name: where for name, where in class_names().items() if len(where) > 1 and not name.startswith("_")
+    }
+    assert not twice, f"one class name, several classes: {twice}"
+
+
+# A word and the classes that may carry it in their names: only its one meaning's.
+WORD_OWNERS = {
+    "Source": lambda where, name: where.startswith("pack/sources/"),  # where pack samples come from
+    "Plan": lambda where, name: where.startswith("plan/") or name == "PlanError",  # the epoch plan
+    "Progress": lambda where, name: name in {"ProgressBar", "PackProgress"},  # the bar, the pack's protocol
+}
+
+
+@pytest.mark.parametrize("word", sorted(WORD_OWNERS))
+def test_a_word_names_one_concept(word):
+    """A pass of the plan reads a ``PassInput``, the pack's planner is ``ShardJobs``, the
+    dataset counts an ``_Iteration``: none is called what another concept is."""
+    owns = WORD_OWNERS[word]
+    bad = [
+        f"{where}: class {name}"
+        for name, places in sorted(class_names().items())
+        if word in name
+        for where in places
+        if not owns(where, name)
+    ]
+    assert not bad, f"{word!r} in a class name outside its one meaning:\n" + "\n".join(bad)
+
+
+# -- module state -----------------------------------------------------------------------
+
+_MUTATORS = {
+    *("append", "appendleft", "extend", "insert", "add", "update", "setdefault"),
+    *("pop", "popitem", "clear", "remove", "discard", "move_to_end"),
+}
+_STATEFUL = {
+    *("Lock", "RLock", "Condition", "Event", "Semaphore", "BoundedSemaphore", "local", "ContextVar"),
+    *("count", "Counter", "deque", "OrderedDict", "defaultdict", "WeakKeyDictionary", "WeakValueDictionary"),
+}
+
+# State a module (or a class, for all its objects) keeps across calls, and why it is not
+# an object's. A new entry needs a reason; state that belongs to an object goes into it.
+PROCESS_STATE = {
+    "formats/__init__.py:_registry": "the format registry (register_format), process-wide by design",
+    "pack/sources/__init__.py:_SOURCES": "the source registry (register_source)",
+    "dataset/decode.py:_REGISTRY": "the decoder registry (register_decoder)",
+    "formats/tar/header.py:_SIZE_RECIPES": "a bounded memo of a pure function: right in any process",
+    "formats/tar/write.py:_TAILS": "a bounded memo of a pure function (checksum -> header bytes)",
+    "pack/sources/folder.py:_primed": "what this process's allocator has seen (malloc is per process)",
+    "pack/parallel.py:_WORKER": "a pool worker process's own context, set by its initializer",
+    "storage/backend.py:_ABANDONED": "file systems of a parent process, kept (never used) in a child",
+    "storage/s3read.py:_ABANDONED": "clients of a parent process, kept (never used) in a child",
+    "storage/s3read.py:_LOADERS": "botocore's model loaders by data path, shared by every client",
+    "storage/s3read.py:_lock": "guards _LOADERS; made anew in a fork child",
+    # Per-object state still at module level: each belongs to the Storage or dataset it
+    # serves, in modules other work owns now (reads: fetch, reader, storage).
+    "dataset/indexes.py:IndexCache._by_storage": "per Storage: belongs in the Storage",
+    "dataset/indexes.py:IndexCache._by_storage_lock": "guards _by_storage; made anew in a fork child",
+    "dataset/fetch.py:_shared": "per manifest: belongs to the dataset that holds the manifest",
+    "dataset/fetch.py:_shared_lock": "guards _shared; made anew in a fork child",
+    "dataset/reader.py:_SKIPPED": "skips logged per shard URL: belongs to the dataset that skips",
+}
+
+
+def _assigned(body: list[ast.stmt]) -> dict[str, ast.expr | None]:
+    names: dict[str, ast.expr | None] = {}
+    for node in body:
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, ast.AnnAssign)
+            else []
+        )
+        names.update({t.id: node.value for t in targets if isinstance(t, ast.Name)})
+    return names
+
+
+def _made_stateful(value: ast.expr | None) -> bool:
+    func = value.func if isinstance(value, ast.Call) else None
+    return (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) in _STATEFUL
+
+
+def _changed(scope: ast.AST, owner: str | None) -> set[str]:
+    """Names of the module (``owner=None``) or of ``cls`` that code in ``scope`` rebinds or mutates."""
+
+    def name_of(node: ast.expr) -> str | None:
+        if owner is None:
+            return node.id if isinstance(node, ast.Name) else None
+        is_owner = (
+            isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == owner
+        )
+        return node.attr if is_owner else None
+
+    found: set[str] = set()
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Global) and owner is None:
+            found.update(node.names)
+        targets = node.targets if isinstance(node, ast.Assign | ast.Delete) else []
+        targets = [node.target] if isinstance(node, ast.AugAssign) else targets
+        for target in targets:
+            name = name_of(target.value) if isinstance(target, ast.Subscript) else None
+            found.add(name or (name_of(target) if owner is not None else None) or "")
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in _MUTATORS
+        ):
+            found.add(name_of(node.func.value) or "")
+    return found - {""}
+
+
+def process_state(source: str, module: str) -> set[str]:
+    """``module:name`` (``module:Class.name``) of the state ``source`` keeps across calls."""
+    tree = ast.parse(source)
+    state = {
+        f"{module}:{n}"
+        for n, v in _assigned(tree.body).items()
+        if n in _changed(tree, None) or _made_stateful(v)
+    }
+    for cls in (node for node in tree.body if isinstance(node, ast.ClassDef)):
+        changed = _changed(cls, "cls")
+        state |= {
+            f"{module}:{cls.name}.{n}"
+            for n, v in _assigned(cls.body).items()
+            if n in changed or _made_stateful(v)
+        }
+    return state
+
+
+def test_module_state_is_process_wide_or_named():
+    """No new module-level (or class-level) mutable state: what belongs to an object is
+    kept in it, so two datasets, Storages or packs in one process never share it."""
+    found = set().union(
+        *(process_state(p.read_text(), p.relative_to(PACKAGE).as_posix()) for p in PACKAGE.rglob("*.py"))
+    )
+    new = sorted(found - set(PROCESS_STATE))
+    assert not new, (
+        "module state without a reason in PROCESS_STATE (or move it into its object):\n" + "\n".join(new)
+    )
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "_seen = {}\ndef f(k):\n    _seen[k] = 1",
+        "_n = 0\ndef f():\n    global _n\n    _n += 1",
+        "import threading\n_lock = threading.Lock()",
+        "_runs = []\ndef f():\n    _runs.append(1)",
+        "class C:\n    _all = {}\n    @classmethod\n    def f(cls):\n        cls._all[1] = 2",
+    ],
+)
+def test_module_state_check_finds_what_it_forbids(source):
+    """The check above can fail: each kind of kept state is found..."""
+    assert process_state(source, "m.py")
+
+
+def test_module_state_check_leaves_constants_alone():
+    """...and tables that are only read are not state."""
+    assert not process_state(
+        "_TABLE = {1: 2}\n_ITEMS = [1]\ndef f(k):\n    return _TABLE[k] + _ITEMS[0]", "m.py"
+    )
+
+
+def test_names_before_the_naming_pass_still_import():
+    """The old names stay importable where they were public (aliases, not second classes)."""
+    from shardstream.pack import jobs, parallel
+    from shardstream.pack.api import PackProgress
+    from shardstream.progress import Progress, ProgressBar
+
+    assert Progress is ProgressBar
+    assert jobs.Progress is jobs.PackProgress is PackProgress
+    assert jobs.ShardPlan is jobs.ShardJobs is parallel.ShardPlan

@@ -20,7 +20,7 @@ from shardstream.formats import get_format
 from shardstream.formats.tar.header import exact_sample_size
 from shardstream.pack import ShardWriter, pack
 from shardstream.pack.sizing import sample_sizer
-from shardstream.progress import Progress
+from shardstream.progress import ProgressBar
 from shardstream.types import ByteRange
 
 
@@ -274,7 +274,7 @@ def test_fast_tar_sizes_are_the_bytes_written(key, fields):
 def test_progress_counts_every_sample_and_byte(tmp_path, workers):
     (tmp_path / "c.jsonl").write_text("".join(json.dumps({"txt": f"t{i}" * 30}) + "\n" for i in range(3000)))
     stream = io.StringIO()
-    progress = Progress("pack", stream=stream, enabled=True)
+    progress = ProgressBar("pack", stream=stream, enabled=True)
     manifest = pack(
         tmp_path / "c.jsonl", tmp_path / "ds", samples_per_shard=1200, workers=workers, progress=progress
     )

@@ -181,7 +181,7 @@ def test_a_pool_without_worker_processes_refuses_what_needs_them(tmp_path):
         pool = parallel._Pool(context, 0, sync, None)
         with pytest.raises(PackError, match="no worker process"):
             pool.hand_out(iter(()))
-        with pytest.raises(PackError, match="before it was given a plan"):
+        with pytest.raises(PackError, match="before it was given the shard jobs"):
             pool.cut()
     finally:
         sync.close()

@@ -1,6 +1,6 @@
 """Packing a folder of files: the walk, sized in chunks by every process of a pack, in order.
 
-NOTE [ Every process plans and writes ] in ``shardstream.pack.parallel``: a folder is
+NOTE [ Every process sizes and writes ] in ``shardstream.pack.parallel``: a folder is
 listed and sized in chunks by whichever process is free, and the chunks are put back in
 walk order, so shards, errors and parts do not depend on the number of workers.
 """
@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from shardstream.errors import PackError
 from shardstream.formats.base import Sample
 from shardstream.pack import Entry, PackOptions, ShardWriter, Source, pack
-from shardstream.pack.jobs import Packed, ShardJob, ShardPlan, _pack_entries
+from shardstream.pack.jobs import Packed, ShardJob, ShardJobs, _pack_entries
 from shardstream.pack.sources.base import walk
 from shardstream.pack.sources.folder import _CHUNK_FILES, _CHUNK_FOLDERS
 from tests.test_pack import read_shards, snapshot
@@ -165,22 +165,22 @@ def test_an_error_found_early_by_one_process_waits_for_the_errors_before_it(tmp_
     packed=st.booleans(),
 )
 def test_cutting_whole_chunks_is_cutting_one_sample_at_a_time(chunks, shard_size, per_shard, part, packed):
-    """ShardPlan.take takes a chunk at once when it fits; the shards are those of the rule."""
+    """ShardJobs.take takes a chunk at once when it fits; the shards are those of the rule."""
     options = PackOptions.create(shard_size=shard_size, samples_per_shard=per_shard)
     start, stop = (min(part), max(part)) if part else (0, None)
 
     def cut(pieces: list[list[int]], packed: bool = False) -> list[list[str]] | str:
-        plan = ShardPlan(SlowThenBad("x"), options, lambda n, e: ShardJob(n, f"s{n}", e), start, stop)
+        jobs = ShardJobs(SlowThenBad("x"), options, lambda n, e: ShardJob(n, f"s{n}", e), start, stop)
         shards, number = [], 0
         try:
             for sizes in pieces:
                 entries = [Entry(f"k{number + i}", None, None, "x") for i in range(len(sizes))]
                 number += len(sizes)
                 if packed:  # as a worker sends them: this process never unpacks them
-                    shards += plan.take(Packed(_pack_entries(entries), 0, len(entries)), list(sizes))
+                    shards += jobs.take(Packed(_pack_entries(entries), 0, len(entries)), list(sizes))
                 else:
-                    shards += plan.take(entries, list(sizes))
-            shards += plan.finish()
+                    shards += jobs.take(entries, list(sizes))
+            shards += jobs.finish()
         except PackError as error:
             return error.message
         return [[entry.key for entry in job.entries] for job in shards]

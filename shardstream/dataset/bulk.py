@@ -192,7 +192,7 @@ def decoded_window(
     """What ``StreamingDataset._decoded`` yields for one window, decoded in bulk.
 
     ``ordered`` is the window's iterator over its samples in yield order; it is advanced
-    in step with what is yielded (the dataset's progress reads it), so the samples are
+    in step with what is yielded (the dataset's iteration count reads it), so the samples are
     taken from a copy of it.
     """
     decoder = dataset.config.decoder

@@ -22,13 +22,14 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
+from shardstream.counts import check_int
 from shardstream.dataset.bulk import decode_samples
 from shardstream.dataset.config import DatasetConfig
 from shardstream.dataset.decode import Decoder
 from shardstream.dataset.fetch import ByteFetcher
 from shardstream.dataset.keys import KeyFinder
 from shardstream.dataset.reader import Read, WindowReader
-from shardstream.errors import FormatError, ShardstreamError, StorageError, UsageError
+from shardstream.errors import FormatError, ShardstreamError, StorageError
 from shardstream.manifest import Manifest
 from shardstream.plan import Run
 from shardstream.storage import Storage
@@ -96,9 +97,7 @@ class MapDataset(Dataset):
             cache_limit=cache_limit,
             verify_checksums=verify_checksums,
         )
-        if isinstance(read_threads, bool) or not isinstance(read_threads, int) or read_threads < 1:
-            raise UsageError(f"read_threads must be an integer >= 1, got {read_threads!r}", url=self.url)
-        self.read_threads = read_threads
+        self.read_threads = check_int(read_threads, "read_threads", minimum=1, url=self.url)
         self._manifest: Manifest | None = None
         self._ends: list[int] | None = None  # prefix sums of the shards' sample counts
         self._starts: list[int] | None = None  # the index of each shard's first sample

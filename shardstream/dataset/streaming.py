@@ -115,7 +115,7 @@ class StreamingDataset(IterableDataset):
         self._fingerprint: str | None = None  # of the manifest, computed once
         self._storage: Storage | None = None
         self._storage_pid = -1
-        self._progress: _Progress | None = None  # the latest in-process iteration
+        self._iteration: _Iteration | None = None  # the latest in-process one
         self.num_skipped = 0  # samples skipped with on_error="skip", in this process
 
     # -- what the dataset is -------------------------------------------------------------
@@ -207,15 +207,15 @@ class StreamingDataset(IterableDataset):
     def state_dict(self) -> dict[str, Any]:
         """Where the latest in-process iteration stands (iterating the dataset directly;
         through a DataLoader use ``DataLoader.state_dict()``), at a batch boundary."""
-        progress = self._progress
-        if progress is not None and progress.plan.of_epoch(self.epoch):
-            if progress.count % progress.plan.batch_size and not progress.done:
+        iteration = self._iteration
+        if iteration is not None and iteration.plan.of_epoch(self.epoch):
+            if iteration.count % iteration.plan.batch_size and not iteration.done:
                 raise StateError(
-                    f"{progress.count} samples is not a whole number of batches of {progress.plan.batch_size}",
+                    f"{iteration.count} samples is not a whole number of batches of {iteration.plan.batch_size}",
                     url=self.url,
                 )
-            steps = -(-progress.count // progress.plan.batch_size)
-            return self.make_state(progress.plan.state_dict(steps))
+            steps = -(-iteration.count // iteration.plan.batch_size)
+            return self.make_state(iteration.plan.state_dict(steps))
         return self.start_state()
 
     def start_state(self) -> dict[str, Any]:
@@ -238,16 +238,16 @@ class StreamingDataset(IterableDataset):
         """Resume from ``state_dict()`` (of a dataset or a shardstream DataLoader), also
         under another world size or number of workers; ``StateError`` if it does not fit."""
         loaded = ResumeState.read(state, url=self.url)
-        before = (self.epoch, self._resume, self._progress)
+        before = (self.epoch, self._resume, self._iteration)
         self.set_epoch(loaded.epoch)
         self._resume = dataclasses.replace(loaded, dataset_fingerprint=self.fingerprint)
-        self._progress = None
+        self._iteration = None
         try:
             self.make_plan(consume=False)  # validate now, not in a worker
             self._check_fingerprint(loaded.dataset_fingerprint)
         except Exception:  # a refused state changes nothing: not the epoch, nor a loaded state
             self.set_epoch(before[0])
-            self._resume, self._progress = before[1], before[2]
+            self._resume, self._iteration = before[1], before[2]
             raise
 
     def _check_fingerprint(self, saved: object) -> None:
@@ -270,9 +270,9 @@ class StreamingDataset(IterableDataset):
         rank, _ = self.rank_and_world()
         worker, num_workers = self._detector.worker()
         plan = self.make_plan(num_workers=num_workers, consume=True)
-        progress = _Progress(plan)
+        iteration = _Iteration(plan)
         if not self._detector.in_worker():
-            self._progress = progress
+            self._iteration = iteration
         reader = WindowReader(
             self.storage,
             self.manifest,
@@ -281,21 +281,21 @@ class StreamingDataset(IterableDataset):
             verify_checksums=self.config.verify_checksums,
             local_reads=self.config.local_reads,
         )
-        return self._samples(reader, plan.worker_windows(rank, worker), progress)
+        return self._samples(reader, plan.worker_windows(rank, worker), iteration)
 
-    def _samples(self, reader: WindowReader, windows: Iterator[Any], progress: _Progress) -> Iterator[Any]:
+    def _samples(self, reader: WindowReader, windows: Iterator[Any], iteration: _Iteration) -> Iterator[Any]:
         decoder, transform = self.config.decoder, self.config.transform
         try:
             for window, samples, holes in reader.stream(windows):
                 order = window.order.tolist()
-                ordered = progress.start_window(list(map(samples.__getitem__, order)))
+                ordered = iteration.start_window(list(map(samples.__getitem__, order)))
                 del samples
                 if decoder is None and not holes:
                     # The hot path: no Python code runs per sample but the caller's.
                     yield from ordered if transform is None else map(transform, ordered)
                 else:
                     yield from decoded_window(self, ordered, order, window, reader)  # NOTE [ Bulk decode ]
-            progress.done = True
+            iteration.done = True
         finally:
             reader.close()
 
@@ -330,13 +330,14 @@ class StreamingDataset(IterableDataset):
         if not self._detector.in_worker():
             self.rank_and_world()  # resolve in the main process, where torch.distributed lives
         state = dict(self.__dict__)
-        state["_storage"], state["_storage_pid"], state["_progress"] = None, -1, None
+        state["_storage"], state["_storage_pid"], state["_iteration"] = None, -1, None
         return state  # the epoch pickles as Epoch decides: shared only with starting workers
 
 
-class _Progress:
-    """How far one in-process iteration got, for ``state_dict()``: read off the list
-    iterator of the current window, so the hot path counts nothing per sample."""
+class _Iteration:
+    """One in-process iteration: its plan and how many samples it has taken, for
+    ``state_dict()``; the count is read off the list iterator of the current window, so
+    the hot path counts nothing per sample."""
 
     __slots__ = ("_base", "_iterator", "_size", "done", "plan")
 

@@ -232,7 +232,7 @@ def sample_builder(fields: tuple[str, ...]) -> Callable[..., Sample]:
     as ``dict(zip(...))`` does."""
     params = ", ".join(f"v{i}" for i in range(len(fields)))
     entries = "".join(f"{name!r}: v{i}, " for i, name in enumerate(fields))
-    source = f"lambda key{', ' if params else ''}{params}: {{'__key__': key, {entries}}}"
-    code = compile(source, "<shardstream tar sample>", "eval")
+    text = f"lambda key{', ' if params else ''}{params}: {{'__key__': key, {entries}}}"
+    code = compile(text, "<shardstream tar sample>", "eval")
     builder: Callable[..., Sample] = eval(code, {"__builtins__": {}})
     return builder

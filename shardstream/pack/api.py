@@ -6,13 +6,13 @@ import contextlib
 import os
 from collections.abc import Mapping
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 from shardstream.errors import PackError
 from shardstream.manifest import Manifest
 from shardstream.pack.dest import DatasetTarget
 from shardstream.pack.durable import ShardSync
-from shardstream.pack.jobs import JobContext, Packed, ShardJob, ShardPlan
+from shardstream.pack.jobs import JobContext, Packed, PackProgress, ShardJob, ShardJobs
 from shardstream.pack.lifeline import usable_cores
 from shardstream.pack.options import PackOptions, Part, check_count
 from shardstream.pack.parallel import run_jobs
@@ -21,14 +21,6 @@ from shardstream.pack.sources.base import Entry, input_storage
 from shardstream.storage import Storage
 
 __all__ = ["PackProgress", "pack"]
-
-
-class PackProgress(Protocol):
-    """What ``pack`` reports progress to (``shardstream.progress.Progress`` is one)."""
-
-    def set_total(self, samples: int | None) -> None: ...
-
-    def update(self, samples: int, nbytes: int) -> None: ...
 
 
 def pack(
@@ -54,7 +46,7 @@ def pack(
     ``shard_size`` (bytes or ``"256MB"``) and/or ``samples_per_shard`` cut shards;
     with neither, shards are of 256MB. ``workers`` processes write shards (default:
     the core count; for a folder this process is one of them, and all of them list and
-    size its files too, see NOTE [ Every process plans and writes ]); the result is
+    size its files too, see NOTE [ Every process sizes and writes ]); the result is
     byte-identical for any number. ``storage_options``
     go to fsspec for ``dest`` (and for a remote source, unless ``source_options``).
     With ``part="I/N"`` only the I-th of N slices is packed, into shards named for the
@@ -110,11 +102,11 @@ def _run(
     start, stop, total = _slice(src, options.part, want_total=_shows(progress))
     if progress is not None:
         progress.set_total(total)
-    plan = ShardPlan(src, options, partial(_job, options, target), start, stop)
+    jobs = ShardJobs(src, options, partial(_job, options, target), start, stop)
     context = JobContext(storage, src, options)
     if storage.url.startswith("memory://"):
         workers = 1  # a memory:// file system lives in one process: other processes cannot write it
-    results = run_jobs(plan, context, workers or usable_cores(), sync, progress)
+    results = run_jobs(jobs, context, workers or usable_cores(), sync, progress)
     if not results and options.part is None:
         raise PackError("the source holds no samples", url=src.url)
     target.prepare_once()

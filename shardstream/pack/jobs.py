@@ -1,10 +1,10 @@
 """Shard jobs: what a pack cuts a source into, and what a process does with one.
 
-The parent process cuts the samples of a source into shards (``ShardPlan``, NOTE
+The parent process cuts the samples of a source into shards (``ShardJobs``, NOTE
 [ Deterministic parallel pack ] in ``parallel``); each shard becomes a ``ShardJob``.
 Any process of the pool, this one included, runs the two kinds of task: ``write_job``
 writes one shard, ``size_chunk`` sizes one chunk of a lazy source (NOTE [ Every process
-plans and writes ] in ``parallel``). Nothing here starts or talks to a process.
+sizes and writes ] in ``parallel``). Nothing here starts or talks to a process.
 """
 
 from __future__ import annotations
@@ -28,9 +28,11 @@ from shardstream.storage import Storage
 __all__ = [
     "EntrySizer",
     "JobContext",
+    "PackProgress",
     "Packed",
     "Progress",
     "ShardJob",
+    "ShardJobs",
     "ShardPlan",
     "Sized",
     "size_chunk",
@@ -154,7 +156,7 @@ class EntrySizer:
             raise _at_entry(PackError(_TOO_DEEP), entry, self.source) from None
 
 
-class ShardPlan:
+class ShardJobs:
     """The shard jobs of a pack: its samples, in order and sized, cut by ``ShardCutter``.
 
     Takes the samples ``[start, stop)`` of the source, in order and sized, and gives the
@@ -239,6 +241,9 @@ class ShardPlan:
         return self.make_job(self.shards - 1, parts)
 
 
+ShardPlan = ShardJobs  # its name before the naming pass of issue 8 (a plan is the epoch's); kept importable
+
+
 class Sized(NamedTuple):
     """Entries of a lazy source, and their sizes (or the errors sizing them gave)."""
 
@@ -305,8 +310,16 @@ def _at_entry(error: ShardstreamError, entry: Entry, source: Source) -> PackErro
     )
 
 
-class Progress(Protocol):
+class PackProgress(Protocol):
+    """What a pack reports progress to (``shardstream.progress.ProgressBar`` is one): the
+    samples to pack when known, then samples and bytes as each shard is written."""
+
+    def set_total(self, samples: int | None) -> None: ...
+
     def update(self, samples: int, nbytes: int) -> None: ...
+
+
+Progress = PackProgress  # its name here before the naming pass of issue 8; kept importable
 
 
 _TICK = 1024  # samples between progress updates while a shard is written in this process
@@ -316,14 +329,14 @@ _FEED = 64  # samples between looks for a free worker while this process writes 
 def write_job(
     job: ShardJob,
     context: JobContext,
-    progress: Progress | None = None,
+    progress: PackProgress | None = None,
     on_stored: Callable[[str], None] | None = None,
     feed: Callable[[], None] | None = None,
 ) -> ShardResult:
     """Write one shard, loading its entries (in a worker, or in the parent).
 
     ``on_stored`` is as in ``ShardOutput``; ``feed`` is called every few dozen samples
-    (NOTE [ Every process plans and writes ] in ``parallel``).
+    (NOTE [ Every process sizes and writes ] in ``parallel``).
     """
     options = context.options
     source = context.source

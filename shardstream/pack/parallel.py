@@ -10,18 +10,18 @@
 # pipe. Results come back in any order and are put back in shard order for the
 # manifest. With one worker every step runs in this process, in the same order.
 
-# NOTE [ Every process plans and writes ]
+# NOTE [ Every process sizes and writes ]
 # ``workers=N`` is N processes: N - 1 worker processes and this one. An inline source
 # (JSON Lines, CSV, ...) is read and parsed here, which is work enough: its shards all
-# go to the N - 1 workers, and a planned shard is handed out before the next one is
+# go to the N - 1 workers, and a cut shard is handed out before the next one is
 # read (the source may be a pipe that waits for its writer). A lazy source (a folder of
 # files) lists its samples in chunks without sizing them (``Source.chunks``, names
 # only), and sizing a chunk (``Source.expand``: a ``stat`` per file) is most of the
-# time a plan takes, so it is a task any process does, like writing a shard. Every
-# process, this one included, takes a planned shard to write if there is one and
+# time cutting takes, so it is a task any process does, like writing a shard. Every
+# process, this one included, takes a cut shard to write if there is one and
 # otherwise sizes the next chunk; this process puts the sized chunks back in order and
 # cuts them (its chunks and shards are its own work, the workers' are handed out
-# whenever they are free). So no process waits on a serial planner: while one writes a
+# whenever they are free). So no process waits on a serial cutter: while one writes a
 # shard, another sizes the next, and at the end the last shards end within about one
 # shard's time of each other. A worker sends its sized entries back packed, with their
 # sizes; this process cuts from the sizes and forwards the packed bytes to whichever
@@ -37,7 +37,7 @@
 # small files. None of these objects is part of a cycle, so every process of a pack
 # turns automatic collection off while it runs and collects the young generations after
 # each shard instead: the rare cycles (an exception's frames, the asyncio objects of an
-# S3 upload) are still freed, and the planned entries are not rescanned.
+# S3 upload) are still freed, and the entries of cut shards are not rescanned.
 """
 
 from __future__ import annotations
@@ -60,8 +60,9 @@ from shardstream.pack.jobs import (
     EntrySizer,
     JobContext,
     Packed,
-    Progress,
+    PackProgress,
     ShardJob,
+    ShardJobs,
     ShardPlan,
     Sized,
     _pack_entries,
@@ -72,7 +73,7 @@ from shardstream.pack.jobs import (
 from shardstream.pack.lifeline import cap_workers, die_with_parent
 from shardstream.pack.shard import ShardResult
 
-__all__ = ["JobContext", "ShardJob", "ShardPlan", "run_jobs"]
+__all__ = ["JobContext", "ShardJob", "ShardJobs", "ShardPlan", "run_jobs"]
 
 
 _WORKER: dict[str, Any] = {}
@@ -130,40 +131,40 @@ def _mp_context() -> Any:
 
 
 def run_jobs(
-    plan: ShardPlan,
+    jobs: ShardJobs,
     context: JobContext,
     workers: int,
     sync: ShardSync,
-    progress: Progress | None = None,
+    progress: PackProgress | None = None,
 ) -> list[ShardResult]:
-    """Write every shard of ``plan``; results in shard order. One worker: all in this process.
+    """Write every shard of ``jobs``; results in shard order. One worker: all in this process.
 
     Local shards are fsynced by ``sync`` as they are done (NOTE [ Durable before the manifest ]).
     ``workers`` is capped at what can be used (``lifeline.cap_workers``), with a logged note.
     """
-    workers = cap_workers(workers, None if plan.stop is None else plan.stop - plan.start)
+    workers = cap_workers(workers, None if jobs.stop is None else jobs.stop - jobs.start)
     with _collect_per_shard():
-        return _run_jobs(plan, context, workers, sync, progress)
+        return _run_jobs(jobs, context, workers, sync, progress)
 
 
 def _run_jobs(
-    plan: ShardPlan, context: JobContext, workers: int, sync: ShardSync, progress: Progress | None
+    jobs: ShardJobs, context: JobContext, workers: int, sync: ShardSync, progress: PackProgress | None
 ) -> list[ShardResult]:
     lazy = context.source.lazy
     if workers <= 1 and not lazy:
         results = []
-        for job in plan.scan():
+        for job in jobs.scan():
             results.append(write_job(job, context, progress, on_stored=sync.add))
             gc.collect(1)
         return results
-    # The workers start (fork) while the first shard is planned, not after it: a
-    # planned shard waiting for a worker is a core idle.
+    # The workers start (fork) while the first shard is cut, not after it: a
+    # cut shard waiting for a worker is a core idle.
     pool = _Pool(context, workers - 1 if lazy else workers, sync, progress)
     try:
         if lazy:
-            pool.share(plan)
+            pool.share(jobs)
         else:
-            pool.hand_out(plan.scan())
+            pool.hand_out(jobs.scan())
     except BrokenProcessPool:
         raise PackError("a pack worker process died (out of memory, or killed)") from None
     finally:
@@ -193,7 +194,7 @@ class _Pool:
     """
 
     def __init__(
-        self, context: JobContext, children: int, sync: ShardSync, progress: Progress | None
+        self, context: JobContext, children: int, sync: ShardSync, progress: PackProgress | None
     ) -> None:
         self.context = context
         self.children = children
@@ -202,12 +203,12 @@ class _Pool:
         self.done: dict[int, ShardResult] = {}
         self.writing: dict[Future[ShardResult], int] = {}  # shard number, by future
         self.sizing: dict[Future[Any], _Chunk] = {}
-        self.ready: deque[ShardJob] = deque()  # planned shards no process has taken yet
+        self.ready: deque[ShardJob] = deque()  # cut shards no process has taken yet
         self.chunks: list[_Chunk] = []  # the walk from the next sample to cut on, in order
         self.walk: Iterator[Any] = iter(())
         self.walked = False  # every chunk taken from the source (or the slice is full)
-        self.cut_all = False  # and every shard planned
-        self.plan: ShardPlan | None = None
+        self.cut_all = False  # and every shard cut
+        self.jobs: ShardJobs | None = None
         self.size = EntrySizer(context.source, context.options)
         self.pool: ProcessPoolExecutor | None = None
         if children:
@@ -252,11 +253,11 @@ class _Pool:
         return self.pool.submit(_work_pickled, blob)
 
     def hand_out(self, jobs: Iterator[ShardJob]) -> None:
-        """Worker processes write every shard; this one only plans (an inline source reads here)."""
+        """Worker processes write every shard; this one only cuts (an inline source reads here)."""
         if self.pool is None:
             raise PackError("a pack pool with no worker process was asked to hand out every shard")
         for job in jobs:
-            # Bounded: at most two shards per worker planned ahead of the writers.
+            # Bounded: at most two shards per worker cut ahead of the writers.
             while len(self.writing) >= 2 * self.children:
                 self.collect(block=True)
             self.writing[self.submit(job)] = job.number
@@ -264,13 +265,13 @@ class _Pool:
         while self.writing:
             self.collect(block=True)
 
-    def share(self, plan: ShardPlan) -> None:
-        """Every process sizes chunks and writes shards (NOTE [ Every process plans and writes ])."""
-        self.plan = plan
-        self.walk = plan.source.chunks()
+    def share(self, jobs: ShardJobs) -> None:
+        """Every process sizes chunks and writes shards (NOTE [ Every process sizes and writes ])."""
+        self.jobs = jobs
+        self.walk = jobs.source.chunks()
         while True:
             self.feed()
-            if self.ready:  # the largest planned shard (the last one is often a small one)
+            if self.ready:  # the largest cut shard (the last one is often a small one)
                 job = max(reversed(self.ready), key=lambda job: job.samples)
                 self.ready.remove(job)
                 self.done[job.number] = write_job(
@@ -318,23 +319,25 @@ class _Pool:
                 return
 
     def cut(self) -> None:
-        """Cut the entries sized so far, in walk order, into planned shards."""
-        plan = self.plan
-        if plan is None:
-            raise PackError("a pack pool was asked to cut sized chunks before it was given a plan (share)")
+        """Cut the entries sized so far, in walk order, into shard jobs."""
+        jobs = self.jobs
+        if jobs is None:
+            raise PackError(
+                "a pack pool was asked to cut sized chunks before it was given the shard jobs (share)"
+            )
         chunks = self.chunks
         taken = 0
         while taken < len(chunks) and (sized := chunks[taken].sized) is not None:
             taken += 1
             if isinstance(sized, BaseException):
                 raise sized
-            self.ready += plan.take(sized.entries, sized.sizes)
-            if plan.full:
+            self.ready += jobs.take(sized.entries, sized.sizes)
+            if jobs.full:
                 self.walked = True
                 taken = len(chunks)
         del chunks[:taken]
         if not chunks and self.walked and not self.cut_all:
-            self.ready += plan.finish()
+            self.ready += jobs.finish()
             self.cut_all = True
 
     def unsized(self) -> _Chunk | None:

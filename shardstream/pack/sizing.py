@@ -2,7 +2,7 @@
 
 For samples in memory this is the format's own ``sample_size`` (for tar exact and fast
 in the usual case: NOTE [ Fast tar sample sizes ] in ``shardstream.formats.tar.header``).
-A folder of files is planned before any file is read, so ``file_sample_sizer`` sizes a
+A folder of files is cut into shards before any file is read, so ``file_sample_sizer`` sizes a
 sample from its key, field names and file sizes alone, by the format's ``file_sizer``.
 """
 

@@ -225,9 +225,9 @@ def _rows(
     lo, hi = index.row_groups(start, stop)
     footer = index.footer
     tail = footer + struct.pack("<I", len(footer)) + MAGIC
-    source = _SparseFile(index.file_size, [(base, data), (index.file_size - len(tail), tail)])
+    sparse = _SparseFile(index.file_size, [(base, data), (index.file_size - len(tail), tail)])
     try:
-        parquet = pq.ParquetFile(source, metadata=index.metadata, pre_buffer=False)
+        parquet = pq.ParquetFile(sparse, metadata=index.metadata, pre_buffer=False)
         table = parquet.read_row_groups(list(range(lo, hi)), use_threads=False)
         table = table.slice(start - index.first_row(lo), stop - start)
         names = [n for n in table.column_names if n != KEY_COLUMN]  # a non-str __key__ is no sample data

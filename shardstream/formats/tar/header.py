@@ -47,7 +47,7 @@ __all__ = [
 # How webdataset splits a member name into key and field, and the names it skips as metadata.
 KEY_FIELD_RE = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 WDS_SKIPPED_RE = re.compile(r"__[^/]*__($|/)")
-_SIZE_PLANS_MAX = 4096  # distinct field sets whose sizes take the fast path
+_SIZE_RECIPES_MAX = 4096  # distinct field sets whose sizes take the fast path
 
 BLOCK = 512
 NAME_FIELD = 100  # bytes of the ustar name field
@@ -241,7 +241,7 @@ def _sorted_fields(sample: Sample, key: Any, shard: str | None) -> list:
 # The encoder's fast path applies the same rule while it writes (``write_within``).
 
 # field names in dict order -> (the data fields, the longest b"." + field); bounded
-_SIZE_PLANS: dict[tuple[Any, ...], tuple[tuple[str, ...], int]] = {}
+_SIZE_RECIPES: dict[tuple[Any, ...], tuple[tuple[str, ...], int]] = {}
 
 
 def plain_key(key: object) -> bool:
@@ -265,10 +265,10 @@ def plain_key(key: object) -> bool:
 def sample_size(sample: Sample, shard: str | None) -> int:
     """Bytes ``sample`` adds to a tar shard, exactly; ``PackError`` (naming ``shard``) if invalid."""
     try:
-        fields, longest = _SIZE_PLANS[tuple(sample)]
+        fields, longest = _SIZE_RECIPES[tuple(sample)]
         key = sample["__key__"]
     except (KeyError, TypeError):
-        return _size_and_plan(sample, shard)
+        return _size_and_recipe(sample, shard)
     if type(sample) is not dict or not plain_key(key) or len(key) + longest > NAME_FIELD:
         return exact_sample_size(sample, shard)
     total = 0
@@ -287,13 +287,13 @@ def sample_size(sample: Sample, shard: str | None) -> int:
     return total
 
 
-def _size_and_plan(sample: Sample, shard: str | None) -> int:
-    """The general path; a valid sample of plain ASCII field names leaves a plan for the next."""
+def _size_and_recipe(sample: Sample, shard: str | None) -> int:
+    """The general path; a valid sample of plain ASCII field names leaves a recipe for the next."""
     size = exact_sample_size(sample, shard)
-    if type(sample) is dict and len(_SIZE_PLANS) < _SIZE_PLANS_MAX:
+    if type(sample) is dict and len(_SIZE_RECIPES) < _SIZE_RECIPES_MAX:
         fields = tuple(field for field in sample if not field.startswith("_"))
         if all(field.isascii() for field in fields):
-            _SIZE_PLANS[tuple(sample)] = (fields, 1 + max(map(len, fields)))
+            _SIZE_RECIPES[tuple(sample)] = (fields, 1 + max(map(len, fields)))
     return size
 
 

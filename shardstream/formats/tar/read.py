@@ -14,7 +14,7 @@
 # - When every sample of the shard has the same fields (the usual case), each sample dict
 #   is built by a function generated once per field tuple, a dict display with constant
 #   keys (BUILD_CONST_KEY_MAP): about twice as fast as ``dict(zip(names, values))``.
-#   Field names enter the generated source only as ``repr()`` literals.
+#   Field names enter the generated code only as ``repr()`` literals.
 # Values stay ``bytes``, as webdataset gives them, so each field is copied once: out of
 # the page cache for a mapped range, out of the response body for object storage.
 """

@@ -51,7 +51,7 @@ _FLUSH = 1 << 20  # bytes the encoder gathers before one write to its file objec
 _DIRECT = 256 << 10  # a sample this large goes to the file object without a copy
 _NO_LIMIT = 1 << 62
 _CACHE_MAX = 4096  # entries of each per-field header cache
-_PLANS_MAX = 1024  # distinct field sets with a fast-path plan (per encoder)
+_RECIPES_MAX = 1024  # distinct field sets with a fast-path recipe (per encoder)
 
 # checksum -> the header from the checksum field on (regular member, empty prefix); bounded
 _TAILS: dict[int, bytes] = {}
@@ -69,7 +69,7 @@ class _SlowPath(Exception):
     """Raised inside the fast path for what only the slow path writes (PAX sizes)."""
 
 
-# A plan's members for one key length: (field, its name field after the key, header cache
+# A recipe's members for one key length: (field, its name field after the key, header cache
 # by data size: the name remainder and size fields, their byte sum, the data's padding and
 # the member's bytes).
 _Head = tuple[bytes, int, bytes, int]
@@ -77,7 +77,7 @@ _Heads = dict[int, _Head]
 _Members = tuple[tuple[str, bytes, _Heads], ...]
 
 
-class _Plan(NamedTuple):
+class _Recipe(NamedTuple):
     """How the fast path writes samples with one field set (see NOTE [ Tar encoder fast path ])."""
 
     dot_fields: tuple[tuple[str, bytes], ...]  # sorted data fields and their b"." + field
@@ -97,15 +97,15 @@ def _head(heads: _Heads, pad: bytes, size: int) -> _Head:
 
 # NOTE [ Tar encoder fast path ]
 # write_within() is the pack hot path. A sample whose field set was seen before (so its
-# names are validated and have a plan), whose key is plain (as in NOTE [ Fast tar sample
-# sizes ]) and of a length the plan knows, and whose values are bytes/str/int of less than
+# names are validated and have a recipe), whose key is plain (as in NOTE [ Fast tar sample
+# sizes ]) and of a length the recipe knows, and whose values are bytes/str/int of less than
 # 8 GiB is written from cached header pieces: per member the key, its name remainder and
 # size fields (cached by size), its checksum field and the constant rest of the header
 # (cached by checksum, which is a constant plus the byte sums of the other pieces), the
 # data and its padding. The pieces of many samples are joined into one write of about
 # 1 MiB; a sample of 256 KiB or more goes out at once, its values without a copy.
 # Anything else goes to _write_slow, which validates everything and writes PAX headers
-# as needed; a successful slow write leaves a plan, so the next sample of that shape is
+# as needed; a successful slow write leaves a recipe, so the next sample of that shape is
 # fast. Headers other than one block (PAX) are rare, so only those are recorded.
 
 
@@ -127,7 +127,7 @@ class TarEncoder(ShardEncoder):
         self._long_headers: dict[int, int] = {}  # member -> header bytes, where not one block
         self._fields: list[str] = []
         self._field_ids: dict[str, int] = {}
-        self._plans: dict[tuple[str, ...], _Plan] = {}  # by the sample's field names in dict order
+        self._recipes: dict[tuple[str, ...], _Recipe] = {}  # by the sample's field names in dict order
 
     @property
     def num_samples(self) -> int:
@@ -149,8 +149,8 @@ class TarEncoder(ShardEncoder):
         # See NOTE [ Tar encoder fast path ].
         try:
             key = sample["__key__"]
-            plan = self._plans[tuple(sample)]
-            members = plan.by_key_length[len(key)]
+            recipe = self._recipes[tuple(sample)]
+            members = recipe.by_key_length[len(key)]
         except (KeyError, TypeError):
             return self._write_slow(sample, room)
         if type(sample) is not dict or not plain_key(key) or key == self._prev_key or self._closed:
@@ -183,7 +183,7 @@ class TarEncoder(ShardEncoder):
             return total
         self._prev_key = key
         self._keys.append(key)
-        self._member_field += plan.field_ids
+        self._member_field += recipe.field_ids
         self._member_first.append(len(sizes))
         self._pos += total
         if total >= _DIRECT:
@@ -249,10 +249,10 @@ class TarEncoder(ShardEncoder):
         if total > room:
             return total
         self._long_headers.update(long_headers)
-        plan = self._plan(sample, members, len(key_b))
+        recipe = self._recipe(sample, members, len(key_b))
         self._prev_key = key
         self._keys.append(key)
-        self._member_field += plan.field_ids if plan is not None else self._ids(members)
+        self._member_field += recipe.field_ids if recipe is not None else self._ids(members)
         self._member_size += sizes
         self._member_first.append(len(self._member_size))
         self._pos += total
@@ -269,22 +269,24 @@ class TarEncoder(ShardEncoder):
             ids.append(fid)
         return tuple(ids)
 
-    def _plan(self, sample: Sample, members: list[tuple[str, bytes, bytes]], key_length: int) -> _Plan | None:
-        """The plan for this sample's field set (made if there is room), knowing this key length."""
+    def _recipe(
+        self, sample: Sample, members: list[tuple[str, bytes, bytes]], key_length: int
+    ) -> _Recipe | None:
+        """The recipe for this sample's field set (made if there is room), knowing this key length."""
         shape = tuple(sample)
-        plan = self._plans.get(shape)
-        if plan is None:
-            if len(self._plans) >= _PLANS_MAX:
+        recipe = self._recipes.get(shape)
+        if recipe is None:
+            if len(self._recipes) >= _RECIPES_MAX:
                 return None
             dot_fields = tuple((field, dot_field) for field, dot_field, _ in members)
-            plan = self._plans[shape] = _Plan(dot_fields, self._ids(members), {})
-        longest = max(len(dot_field) for _, dot_field in plan.dot_fields)
-        if key_length not in plan.by_key_length and key_length + longest <= NAME_FIELD:
-            plan.by_key_length[key_length] = tuple(
+            recipe = self._recipes[shape] = _Recipe(dot_fields, self._ids(members), {})
+        longest = max(len(dot_field) for _, dot_field in recipe.dot_fields)
+        if key_length not in recipe.by_key_length and key_length + longest <= NAME_FIELD:
+            recipe.by_key_length[key_length] = tuple(
                 (field, dot_field.ljust(NAME_FIELD - key_length, b"\0"), {})
-                for field, dot_field in plan.dot_fields
+                for field, dot_field in recipe.dot_fields
             )
-        return plan
+        return recipe
 
     def close(self) -> TarIndex:
         if not self._closed:

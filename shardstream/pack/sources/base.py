@@ -3,11 +3,11 @@
 A source turns some input (a folder of files, a JSON Lines file, ...) into a sequence
 of :class:`Entry` in a deterministic order. An entry carries its sample itself
 (``inline`` sources: the sample was parsed anyway), or only what a worker process needs
-to load it later (``lazy`` sources: the folder source plans shards from file sizes and
+to load it later (``lazy`` sources: the folder source cuts shards from file sizes and
 lets workers read the files). Either way the parent process knows every sample's size
 in the shard before any shard is written; see NOTE [ Deterministic parallel pack ] in
 ``shardstream.pack.parallel``. A lazy source is listed in chunks that any process
-expands into entries (NOTE [ Every process plans and writes ] there).
+expands into entries (NOTE [ Every process sizes and writes ] there).
 
 Sources read their input through a read-only ``Storage`` (``input_storage``), so the
 retries and timeouts of NOTE [ One retry layer ] (storage/retry.py) apply to a pack's
@@ -268,9 +268,9 @@ def open_file(url: str, storage_options: Mapping[str, Any], mode: str = "rb") ->
         raise PackError(f"cannot open source file: {error}", url=url) from None
 
 
-def sample_key(index: int) -> str:
-    """The key of the ``index``-th sample of a source whose samples have no names."""
-    return f"{index:09d}"
+def sample_key(number: int) -> str:
+    """The key of sample ``number`` (from 0) of a source whose samples have no names."""
+    return f"{number:09d}"
 
 
 def tar_ready(sample: Sample, entry_url: str, line: int | None) -> Sample:

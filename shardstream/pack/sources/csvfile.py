@@ -66,15 +66,15 @@ class CsvSource(Source):
 
     def scan(self, start: int = 0, stop: int | None = None) -> Iterator[Entry]:
         url = self.url
-        for index, (line, header, row) in enumerate(self._rows()):
-            if index < start:
+        for number, (line, header, row) in enumerate(self._rows()):
+            if number < start:
                 continue
-            if stop is not None and index >= stop:
+            if stop is not None and number >= stop:
                 break
             if len(row) != len(header):
                 raise PackError(f"row has {len(row)} cells, the header has {len(header)}", url=url, line=line)
             sample: dict[str, Any] = dict(zip(header, row, strict=True))
-            key = sample.pop("__key__", None) or sample_key(index)
+            key = sample.pop("__key__", None) or sample_key(number)
             sample["__key__"] = key
             yield Entry(key, sample, None, url, line)
 

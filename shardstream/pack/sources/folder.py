@@ -13,9 +13,9 @@ file's bytes are packed under the link's name. Anything else beside a sample's f
 
 Samples come in walk order: in each folder its files, sorted by name, then each of its
 subfolders, sorted by name, in turn. The walk is done in chunks that any process of a
-pack expands (NOTE [ Every process plans and writes ] in ``shardstream.pack.parallel``):
+pack expands (NOTE [ Every process sizes and writes ] in ``shardstream.pack.parallel``):
 a chunk of folders is listed, about two thousand of their files are sized (a ``stat``
-each: most of the time a plan takes), and the rest of their files and their subfolders
+each: most of the time cutting takes), and the rest of their files and their subfolders
 become further chunks, in walk order. A sample's files are never split between chunks.
 The files themselves are read by whichever process writes their shard.
 """
@@ -36,7 +36,7 @@ from shardstream.storage import file_kind
 
 __all__ = ["FolderSource"]
 
-# Tar members of 8 GiB and more need an extra header whose size the folder plan does not compute.
+# Tar members of 8 GiB and more need an extra header whose size the folder source does not compute.
 _MAX_FILE = 8 * 2**30 - 1
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
@@ -220,14 +220,14 @@ def _split(
         start, want = end, _CHUNK_FILES
 
 
-def _key_boundary(names: Sequence[str], index: int) -> int:
-    """The first position from ``index`` on where a new key starts (files of a key are adjacent)."""
-    if index >= len(names):
+def _key_boundary(names: Sequence[str], position: int) -> int:
+    """The first position from ``position`` on where a new key starts (files of a key are adjacent)."""
+    if position >= len(names):
         return len(names)
-    last = _stem(names[index - 1])
-    while index < len(names) and _stem(names[index]) == last:
-        index += 1
-    return index
+    last = _stem(names[position - 1])
+    while position < len(names) and _stem(names[position]) == last:
+        position += 1
+    return position
 
 
 def _stem(path: str) -> str:
@@ -310,7 +310,7 @@ def _group(url: str, base: str, files: Iterable[tuple[str, int]], prefix: str = 
 
     ``files`` are (path relative to ``base``, size); keys are ``prefix`` + the path up to
     the first dot of its last part. An entry's ``where`` is ``(fields, sizes)``, with one
-    tuple object per field set (smaller pickles, and one size plan per field set).
+    tuple object per field set (smaller pickles, and one size recipe per field set).
     """
     stem = ""
     fields: list[str] = []

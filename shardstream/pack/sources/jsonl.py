@@ -40,32 +40,32 @@ class JsonlSource(Source):
 
     def scan(self, start: int = 0, stop: int | None = None) -> Iterator[Entry]:
         url = self.url
-        for index, (number, line) in enumerate(self._lines()):
-            if index < start:
+        for number, (line_number, line) in enumerate(self._lines()):
+            if number < start:
                 continue
-            if stop is not None and index >= stop:
+            if stop is not None and number >= stop:
                 break
             try:
                 sample = json.loads(line)
             except ValueError as error:
-                raise PackError(f"invalid JSON: {_reason(error)}", url=url, line=number) from None
+                raise PackError(f"invalid JSON: {_reason(error)}", url=url, line=line_number) from None
             except RecursionError:  # json's decoder recurses once per level of nesting
                 raise PackError(
                     "JSON nested too deeply (arrays and objects hundreds of levels deep)",
                     url=url,
-                    line=number,
+                    line=line_number,
                 ) from None
             if type(sample) is not dict:
                 raise PackError(
-                    f"a line must hold a JSON object, not {type(sample).__name__}", url=url, line=number
+                    f"a line must hold a JSON object, not {type(sample).__name__}", url=url, line=line_number
                 )
             key = sample.pop("__key__", None)
             if key is None:
-                key = sample_key(index)
+                key = sample_key(number)
             elif type(key) is not str:
-                raise PackError(f"__key__ must be a string, not {key!r}", url=url, line=number)
+                raise PackError(f"__key__ must be a string, not {key!r}", url=url, line=line_number)
             sample["__key__"] = key
-            yield Entry(key, sample, None, url, number)
+            yield Entry(key, sample, None, url, line_number)
 
     def count(self) -> int:
         return sum(1 for _ in self._lines())

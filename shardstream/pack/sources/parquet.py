@@ -54,43 +54,43 @@ class ParquetSource(Source):
         return self.count()
 
     def scan(self, start: int = 0, stop: int | None = None) -> Iterator[Entry]:
-        index = 0
+        number = 0
         for path in self._files():
-            if stop is not None and index >= stop:
+            if stop is not None and number >= stop:
                 return
             with open_file(path, self.storage_options) as f:
                 pf = _parquet(f, path)
                 rows = pf.metadata.num_rows
-                if index + rows <= start:
-                    index += rows
+                if number + rows <= start:
+                    number += rows
                     continue
-                yield from self._rows(pf, path, index, start, stop)
-                index += rows
+                yield from self._rows(pf, path, number, start, stop)
+                number += rows
 
     def _rows(
-        self, pf: pq.ParquetFile, path: str, index: int, start: int, stop: int | None
+        self, pf: pq.ParquetFile, path: str, number: int, start: int, stop: int | None
     ) -> Iterator[Entry]:
-        """Entries of one file whose first row has number ``index``."""
+        """Entries of one file whose first row is sample ``number`` of the source."""
         import pyarrow as pa  # on demand: NOTE [ pyarrow on demand ] in shardstream.formats.parquet
 
         groups = []
         for group in range(pf.metadata.num_row_groups):
             rows = pf.metadata.row_group(group).num_rows
-            if index + rows > start:
+            if number + rows > start:
                 groups.append(group)
             else:
-                index += rows
+                number += rows
         try:
             for batch in pf.iter_batches(batch_size=_BATCH_ROWS, row_groups=groups, use_threads=False):
                 for sample in batch.to_pylist():
-                    if stop is not None and index >= stop:
+                    if stop is not None and number >= stop:
                         return
-                    if index >= start:
+                    if number >= start:
                         key = sample.pop("__key__", None)
-                        key = sample_key(index) if key is None else str(key)
+                        key = sample_key(number) if key is None else str(key)
                         sample["__key__"] = key
                         yield Entry(key, sample, None, path)
-                    index += 1
+                    number += 1
         except (OSError, pa.ArrowException) as error:
             raise PackError(f"cannot read Parquet file: {error}", url=path) from None
 

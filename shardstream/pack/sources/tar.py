@@ -49,14 +49,14 @@ class TarSource(Source):
         return folder_of(url, storage_options, _SUFFIXES)
 
     def scan(self, start: int = 0, stop: int | None = None) -> Iterator[Entry]:
-        index = 0
+        number = 0
         for path in source_files(self.url, self.storage_options, _SUFFIXES):
             for sample in _samples(path, self.storage_options):
-                if stop is not None and index >= stop:
+                if stop is not None and number >= stop:
                     return
-                if index >= start:
+                if number >= start:
                     yield Entry(sample["__key__"], sample, None, path)
-                index += 1
+                number += 1
 
 
 def _samples(path: str, storage_options: Mapping[str, Any]) -> Iterator[Sample]:
