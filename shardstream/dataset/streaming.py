@@ -17,9 +17,11 @@ from torch.utils.data import IterableDataset
 
 from shardstream.counts import check_int
 from shardstream.dataset.binding import Epoch
+from shardstream.dataset.budget import DEFAULT_READ_BUDGET
 from shardstream.dataset.bulk import decoded_window
 from shardstream.dataset.config import DatasetConfig
 from shardstream.dataset.decode import Decoder
+from shardstream.dataset.fetch import READ_THREADS
 from shardstream.dataset.reader import WindowReader, report_skip
 from shardstream.errors import FormatError, StateError, UsageError, shown
 from shardstream.manifest import Manifest, dataset_fingerprint
@@ -41,6 +43,8 @@ class StreamingDataset(IterableDataset):
     per epoch. See ``DatasetConfig`` for the options; ``decoders`` maps extensions to
     decoders that override the registry, ``allow_pickle`` lets pickled fields load;
     ``verify_checksums=False`` skips the per-read CRC check of NOTE [ Checksummed reads ].
+    On object storage a worker keeps ``read_concurrency`` requests in flight and fetches
+    later windows ahead within ``read_budget`` bytes (NOTE [ Read budget ]).
     ``topology`` detects rank, world size and DataLoader worker (default: torch.distributed,
     ``RANK``/``WORLD_SIZE``, ``get_worker_info()``); inject a ``topology.Detector`` with
     other detectors for odd launchers or tests.
@@ -67,6 +71,8 @@ class StreamingDataset(IterableDataset):
         allow_pickle: bool = False,
         verify_checksums: bool = True,
         topology: Detector | None = None,
+        read_budget: int = DEFAULT_READ_BUDGET,
+        read_concurrency: int = READ_THREADS,
     ) -> None:
         self.config = DatasetConfig.build(
             os.fspath(url),
@@ -86,6 +92,8 @@ class StreamingDataset(IterableDataset):
             cache_limit=cache_limit,
             on_error=on_error,
             verify_checksums=verify_checksums,
+            read_budget=read_budget,
+            read_concurrency=read_concurrency,
         )
         if topology is not None and not isinstance(topology, Detector):
             raise UsageError(f"topology must be a topology.Detector, not {type(topology).__name__}", url=url)
@@ -259,6 +267,8 @@ class StreamingDataset(IterableDataset):
             on_error=self.config.on_error,
             prefetch=self.config.prefetch_windows,
             verify_checksums=self.config.verify_checksums,
+            read_budget=self.config.read_budget,
+            read_concurrency=self.config.read_concurrency,
         )
         return self._samples(reader, plan.worker_windows(rank, worker), progress)
 
