@@ -42,7 +42,8 @@ class ReadBudget:
             raise UsageError(f"read_budget must be at least 1 byte, not {limit}")
         self.limit = limit
         self.held = 0  # bytes of windows fetched or in flight, not yet decoded
-        self.peak = 0  # the most ``held`` ever was (tests check the bound)
+        self.peak = 0  # the most ``held`` ever was: at most max(limit, 2 * largest)
+        self.largest = 0  # the most one window took
         self._windows = 0  # windows holding bytes
         self._turn = 0  # the ticket whose turn it is
         self._closed = False
@@ -57,6 +58,7 @@ class ReadBudget:
                 raise BudgetClosed
             self.held += size
             self.peak = max(self.peak, self.held)
+            self.largest = max(self.largest, size)
             self._windows += 1
             self._turn += 1
             self._cond.notify_all()
