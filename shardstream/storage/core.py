@@ -27,7 +27,7 @@ from shardstream.storage import local
 from shardstream.storage.backend import Backend, backend_for
 from shardstream.storage.cache import ShardCache
 from shardstream.storage.expect import Expected, SizeChanged, short_read, short_whole_read, size_changed_error
-from shardstream.storage.parts import ReadPool, read_in_parts
+from shardstream.storage.parts import ReadPool, read_parts
 from shardstream.storage.retry import RetryPolicy, call_with_retry, is_not_found, permanent_error
 from shardstream.storage.s3read import S3Reader
 from shardstream.storage.streams import RangeReader
@@ -187,19 +187,23 @@ class Storage:
     ) -> bytes | memoryview:
         """``read``, a long read (a whole object too, where ``expect`` gives its size) in
         parts read by ``pool``'s threads into one buffer (NOTE [ Reads in parts ])."""
-        size = expect.size if expect is not None else None
-        whole = ByteRange(0, size) if rng is None and size is not None else rng
-        if self._cache is not None or whole is None or not whole.length:
-            return self.read(path, rng, expect=expect)
-        return read_in_parts(lambda part: self._read_direct(path, part, expect), whole, pool)
+        return read_parts(self, path, rng, expect, pool)
 
     def _read_direct(self, path: str, rng: ByteRange | None, expect: Expected | None = None) -> bytes:
         fspath = self._fspath(path)
         size = expect.size if expect is not None else None
         return self._retry(lambda: self._read_once(path, fspath, rng, size), "read", path, rng)
 
-    def _read_once(self, path: str, fspath: str, rng: ByteRange | None, size: int | None) -> bytes:
+    def _read_once(
+        self, path: str, fspath: str, rng: ByteRange | None, size: int | None, out: memoryview | None = None
+    ) -> Any:
+        """One try of a read: its bytes, or with ``out`` (and ``rng``) read into ``out``."""
         try:
+            if out is not None and rng is not None:
+                got = self._backend.read_into(fspath, rng, out, size)
+                if got != rng.length:
+                    self._short_read(path, rng, got, size)
+                return None
             data = self._backend.read(fspath, rng, size)
             if rng is None and size is not None and len(data) != size:
                 short_whole_read(lambda: self._backend.size(fspath), self.full_url(path), len(data), size)

@@ -4,8 +4,9 @@
 # On object storage one response is bounded by the wire's latency and by what one
 # connection carries (tens of MB/s), so a long read (a run of large samples, a whole
 # shard) is cut into parts read by several threads at once, each part a ranged read that
-# ``Storage`` retries alone (NOTE [ One retry layer ] in retry.py) and copies into its
-# slice of one buffer allocated up front: no join of the parts afterwards. A part is at
+# ``Storage`` retries alone (NOTE [ One retry layer ] in retry.py) and reads into its
+# slice of one buffer allocated up front (on the botocore path the response body is read
+# straight into it; elsewhere one copy): no join of the parts afterwards. A part is at
 # least ``PART_MIN`` bytes (through 30 ms of latency and 40 MB/s, 1 MiB spends 30 ms
 # waiting and 25 ms arriving: smaller parts pay mostly latency) and at most ``PART_MAX``;
 # in between, a read is cut into as many parts as there are threads, so even a 2 MiB
@@ -20,12 +21,16 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from shardstream.errors import UsageError
 from shardstream.types import ByteRange
 
-__all__ = ["PART_MAX", "PART_MIN", "ReadPool", "read_in_parts", "split"]
+if TYPE_CHECKING:
+    from shardstream.storage.core import Storage
+    from shardstream.storage.expect import Expected
+
+__all__ = ["PART_MAX", "PART_MIN", "ReadPool", "read_in_parts", "read_parts", "split"]
 
 PART_MIN = 1 * 2**20
 PART_MAX = 8 * 2**20
@@ -82,22 +87,37 @@ class ReadPool:
 
 
 def read_in_parts(
-    read: Callable[[ByteRange], bytes], rng: ByteRange, pool: ReadPool | None
-) -> bytes | memoryview:
-    """The bytes of ``rng``: one ``read`` where it is short or there is no pool, else the
-    parts of ``split`` read in ``pool``'s threads into one buffer (a view of it)."""
-    parts = split(rng, pool.threads) if pool is not None else [rng]
-    if len(parts) == 1 or pool is None:
-        return read(rng)
-    buffer = bytearray(rng.length)
-    view = memoryview(buffer)
-
-    def one(part: ByteRange) -> None:
-        data = read(part)
-        view[part.start - rng.start : part.end - rng.start] = data  # a short one raised in read
-
-    wait_all([pool.submit(one, part) for part in parts])
+    read_into: Callable[[ByteRange, memoryview], None], rng: ByteRange, pool: ReadPool
+) -> memoryview:
+    """The bytes of ``rng``, its parts (``split``) read in ``pool``'s threads, each by
+    ``read_into(part, its slice of one buffer)`` (which raises unless it fills it)."""
+    view = memoryview(bytearray(rng.length))
+    parts = split(rng, pool.threads)
+    if len(parts) == 1:
+        read_into(rng, view)
+        return view
+    futures = [
+        pool.submit(read_into, part, view[part.start - rng.start : part.end - rng.start]) for part in parts
+    ]
+    wait_all(futures)
     return view
+
+
+def read_parts(
+    storage: Storage, path: str, rng: ByteRange | None, expect: Expected | None, pool: ReadPool
+) -> bytes | memoryview:
+    """``Storage.read_parts``: ``storage.read`` where the read is short, cached or of
+    unknown size, else ``read_in_parts`` with each part one retried read into its slice."""
+    size = expect.size if expect is not None else None
+    whole = ByteRange(0, size) if rng is None and size is not None else rng
+    if storage.cached or whole is None or not whole.length:
+        return storage.read(path, rng, expect=expect)
+    fspath = storage._fspath(path)
+
+    def into(part: ByteRange, out: memoryview) -> None:  # each part retried alone
+        storage._retry(lambda: storage._read_once(path, fspath, part, size, out), "read", path, part)
+
+    return read_in_parts(into, whole, pool)
 
 
 def wait_all(futures: Sequence[Future[Any]]) -> None:
