@@ -64,7 +64,7 @@ def test_split_cuts_long_reads_into_parts_that_tile_them():
     assert parts[0].start == 5
     assert parts[-1].end == 5 + 10 * MB + 7
     assert all(a.end == b.start for a, b in itertools.pairwise(parts))
-    assert all(part.length <= 8 * MB for part in split(ByteRange(0, 200 * MB), 4))
+    assert all(part.length <= 8 * MB for part in split(ByteRange(0, 200 * MB)))
 
 
 def test_read_pool_refuses_no_threads_and_pickles_as_its_size():
@@ -96,8 +96,8 @@ def test_parts_are_byte_identical_and_a_failed_part_is_retried_alone(s3, moto_se
     assert bytes(whole) == data
     assert bytes(ranged) == data[1000 : 4 * MB + 1]
     assert proxy.faults() > 0
-    parts = {f"bytes={p.start}-{p.end - 1}" for p in split(ByteRange(0, len(data)), 4)}
-    parts |= {f"bytes={p.start}-{p.end - 1}" for p in split(ByteRange(1000, 4 * MB + 1), 4)}
+    parts = {f"bytes={p.start}-{p.end - 1}" for p in split(ByteRange(0, len(data)))}
+    parts |= {f"bytes={p.start}-{p.end - 1}" for p in split(ByteRange(1000, 4 * MB + 1))}
     asked = {rng for (_, path, rng) in proxy._seen if path.split("?")[0].endswith("/blob")}
     assert asked == parts  # every retry asked for its own part again, never the whole
 
@@ -249,3 +249,25 @@ def test_dataloader_workers_read_concurrently_after_the_parent_did(s3, context):
     got = {s["__key__"]: s["bin"] for s in loader}
     assert got == payloads
     dataset.storage.close()
+
+
+# -- small samples -------------------------------------------------------------------------
+
+
+def test_pack_says_when_tar_members_are_small_and_names_parquet(tmp_path, caplog):
+    source = tmp_path / "src"
+    source.mkdir()
+    for i in range(50):
+        (source / f"{i:04d}.txt").write_bytes(b"x" * 250)
+        (source / f"{i:04d}.cls").write_bytes(b"%d" % (i % 3))
+    with caplog.at_level("WARNING", logger="shardstream.pack"):
+        shardstream.pack(str(source), str(tmp_path / "tar"), format="tar", workers=1)
+    assert any("--format parquet" in record.getMessage() for record in caplog.records)
+    caplog.clear()
+    big = tmp_path / "big"
+    big.mkdir()
+    for i in range(5):
+        (big / f"{i:04d}.bin").write_bytes(os.urandom(20000))
+    with caplog.at_level("WARNING", logger="shardstream.pack"):
+        shardstream.pack(str(big), str(tmp_path / "tar-big"), format="tar", workers=1)
+    assert not any("--format parquet" in record.getMessage() for record in caplog.records)

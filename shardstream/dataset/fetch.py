@@ -137,7 +137,7 @@ class ByteFetcher:
         if rng is None:
             size = self._expected.get(path, Expected(None)).size
             rng = ByteRange(0, size) if size is not None else None
-        return rng is not None and self._pool is not None and len(split(rng, self._pool.threads)) > 1
+        return rng is not None and self._pool is not None and len(split(rng)) > 1
 
     def read(self, path: str, rng: ByteRange | None) -> bytes | memoryview:
         expect = self._expected.get(path)

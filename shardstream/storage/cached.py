@@ -21,7 +21,7 @@ from shardstream.errors import UsageError
 from shardstream.storage import local
 from shardstream.storage.cache import ShardCache
 from shardstream.storage.expect import Expected, changed_error
-from shardstream.storage.parts import PART_MAX, ReadPool, split, wait_all
+from shardstream.storage.parts import ReadPool, split, wait_all
 from shardstream.types import ByteRange
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ def _fill(
     """Write the object's ``size`` bytes to ``tmp`` (NOTE [ Filling the cache ]), then
     check its sha256 against the manifest's."""
     whole = ByteRange(0, size)
-    parts = split(whole, pool.threads, maximum=PART_MAX) if pool is not None else None
+    parts = split(whole) if pool is not None else None
     if parts is None or len(parts) == 1:
         parts = [ByteRange(s, min(size, s + _DOWNLOAD_CHUNK)) for s in range(0, size, _DOWNLOAD_CHUNK)]
     try:  # reads raise ShardstreamErrors only: an OSError is the cache's disk

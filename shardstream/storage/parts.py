@@ -9,8 +9,11 @@
 # straight into it; elsewhere one copy): no join of the parts afterwards. A part is at
 # least ``PART_MIN`` bytes (through 30 ms of latency and 40 MB/s, 1 MiB spends 30 ms
 # waiting and 25 ms arriving: smaller parts pay mostly latency) and at most ``PART_MAX``;
-# in between, a read is cut into as many parts as there are threads, so even a 2 MiB
-# read keeps two GETs in flight. The threads are a ``ReadPool``: made on first use by the
+# in between, a read is cut into ``PARTS`` parts, so even a 2 MiB read keeps two GETs in
+# flight, and the worker's other requests are the reads of other shards and windows.
+# Why not as many parts as threads: some servers copy the whole object for each ranged
+# GET (moto: see NOTE [ Whole shards ] in shardstream/dataset/reader.py), and 16 parts
+# of a 30 MB shard made loopback reads 0.39x of one plain GET each. The threads are a ``ReadPool``: made on first use by the
 # process that uses it, never reused by a fork child (its threads did not fork), so a
 # Storage or a dataset made before ``fork`` works after it.
 """
@@ -30,15 +33,18 @@ if TYPE_CHECKING:
     from shardstream.storage.core import Storage
     from shardstream.storage.expect import Expected
 
-__all__ = ["PART_MAX", "PART_MIN", "ReadPool", "read_in_parts", "read_parts", "split"]
+__all__ = ["PARTS", "PART_MAX", "PART_MIN", "ReadPool", "read_in_parts", "read_parts", "split"]
 
 PART_MIN = 1 * 2**20
 PART_MAX = 8 * 2**20
+PARTS = 4  # a read is cut into this many parts, within PART_MIN and PART_MAX
 
 T = TypeVar("T")
 
 
-def split(rng: ByteRange, parts: int, *, minimum: int = PART_MIN, maximum: int = PART_MAX) -> list[ByteRange]:
+def split(
+    rng: ByteRange, parts: int = PARTS, *, minimum: int = PART_MIN, maximum: int = PART_MAX
+) -> list[ByteRange]:
     """``rng`` cut into about ``parts`` consecutive ranges of ``minimum`` to ``maximum``
     bytes (a range shorter than two minimums stays whole)."""
     size = -(-rng.length // max(1, parts))
@@ -92,7 +98,7 @@ def read_in_parts(
     """The bytes of ``rng``, its parts (``split``) read in ``pool``'s threads, each by
     ``read_into(part, its slice of one buffer)`` (which raises unless it fills it)."""
     view = memoryview(bytearray(rng.length))
-    parts = split(rng, pool.threads)
+    parts = split(rng)
     if len(parts) == 1:
         read_into(rng, view)
         return view
