@@ -254,20 +254,20 @@ def test_dataloader_workers_read_concurrently_after_the_parent_did(s3, context):
 # -- small samples -------------------------------------------------------------------------
 
 
-def test_pack_says_when_tar_members_are_small_and_names_parquet(tmp_path, caplog):
+def test_pack_says_when_tar_members_are_small_and_names_parquet(tmp_path):
+    from shardstream.pack.api import advise_format, pack
+
     source = tmp_path / "src"
     source.mkdir()
     for i in range(50):
         (source / f"{i:04d}.txt").write_bytes(b"x" * 250)
         (source / f"{i:04d}.cls").write_bytes(b"%d" % (i % 3))
-    with caplog.at_level("WARNING", logger="shardstream.pack"):
-        shardstream.pack(str(source), str(tmp_path / "tar"), format="tar", workers=1)
-    assert any("--format parquet" in record.getMessage() for record in caplog.records)
-    caplog.clear()
+    small = pack(str(source), str(tmp_path / "tar"), format="tar", workers=1)
+    assert "--format parquet" in (advise_format(small) or "")
     big = tmp_path / "big"
     big.mkdir()
     for i in range(5):
         (big / f"{i:04d}.bin").write_bytes(os.urandom(20000))
-    with caplog.at_level("WARNING", logger="shardstream.pack"):
-        shardstream.pack(str(big), str(tmp_path / "tar-big"), format="tar", workers=1)
-    assert not any("--format parquet" in record.getMessage() for record in caplog.records)
+    assert advise_format(pack(str(big), str(tmp_path / "tar-big"), format="tar", workers=1)) is None
+    parquet = pack(str(source), str(tmp_path / "pq"), format="parquet", workers=1)
+    assert advise_format(parquet) is None

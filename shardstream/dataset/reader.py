@@ -131,8 +131,9 @@ class WindowReader:
         self._prefetcher: Prefetcher[Any, tuple[list[Fetched], int]] | None = None
         # reads are checked against the manifest
         self.bytes = ByteFetcher(storage, manifest, threads=read_concurrency)
-        # On object storage: how far ahead windows are fetched (NOTE [ Read budget ]).
-        self.budget = None if self.bytes.local else ReadBudget(read_budget)
+        # On object storage, cached or not: how far ahead windows are fetched (NOTE [ Read
+        # budget ]); windows ahead fill the cache entries of their shards meanwhile.
+        self.budget = None if self.bytes.local and not storage.cached else ReadBudget(read_budget)
 
     # -- indexes -------------------------------------------------------------------------
 
