@@ -154,6 +154,9 @@ def test_windows_fetched_ahead_stay_within_the_budget(s3):
     assert 0 < largest < 2 * budget
     assert 0 < reader.budget.peak <= max(budget, 2 * largest)
     assert reader.budget.held == 0
+    serial = WindowReader(storage, manifest, read_concurrency=1)  # reads as before issue 9
+    assert serial.budget is None
+    assert serial.bytes._pool is None
     storage.close()
 
 

@@ -176,7 +176,7 @@ def test_a_pool_without_worker_processes_refuses_what_needs_them(tmp_path):
     storage = Storage(str(tmp_path / "ds"))
     options = PackOptions.create(samples_per_shard=1)
     context = JobContext(storage, open_source(tmp_path / "c.jsonl"), options)
-    sync = ShardSync(storage.url)
+    sync = ShardSync(storage)
     try:
         pool = parallel._Pool(context, 0, sync, None)
         with pytest.raises(PackError, match="no worker process"):

@@ -131,9 +131,9 @@ class WindowReader:
         self._prefetcher: Prefetcher[Any, tuple[list[Fetched], int]] | None = None
         # reads are checked against the manifest
         self.bytes = ByteFetcher(storage, manifest, threads=read_concurrency)
-        # On object storage, cached or not: how far ahead windows are fetched (NOTE [ Read
-        # budget ]); windows ahead fill the cache entries of their shards meanwhile.
-        self.budget = None if self.bytes.local and not storage.cached else ReadBudget(read_budget)
+        # Object storage, cached too: how far ahead windows are fetched (NOTE [ Read budget ]).
+        ahead = read_concurrency > 1 and (storage.cached or not self.bytes.local)  # 1: as before issue 9
+        self.budget = ReadBudget(read_budget) if ahead else None
 
     # -- indexes -------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from shardstream.errors import PackError
+from shardstream.formats import get_format
 from shardstream.manifest import Manifest
 from shardstream.pack.dest import DatasetTarget
 from shardstream.pack.durable import ShardSync
@@ -21,7 +22,7 @@ from shardstream.pack.sources import Source, open_source
 from shardstream.pack.sources.base import Entry, input_storage
 from shardstream.storage import Storage
 
-__all__ = ["SMALL_MEMBER", "PackProgress", "advise_format", "pack"]
+__all__ = ["SMALL_MEMBERS", "PackProgress", "advise_format", "pack"]
 
 _log = logging.getLogger("shardstream.pack")
 
@@ -130,19 +131,20 @@ def _run(
 # Every tar member carries a 512-byte header and is padded to 512 bytes, so a ~250-byte
 # field costs ~1 KiB on disk and on the wire; a Parquet row group stores the same
 # columns back to back (and compressed). Where a tar dataset's members average under
-# ``SMALL_MEMBER`` bytes, more than half of what a reader downloads is headers and
+# ``SMALL_MEMBERS`` x 512 bytes on disk, more than half of what a reader downloads is headers and
 # padding: pack says so and names Parquet, which streams the same samples in fewer bytes
 # (issue 9's table: 2x the samples/s of tar through a 30 ms, 40 MB/s link).
-SMALL_MEMBER = 1536
+SMALL_MEMBERS = 3  # members under this many times their format's overhead, on average
 
 
 def advise_format(manifest: Manifest) -> str | None:
     """The advice logged (and returned) when a tar dataset's members are small; else None."""
+    overhead = get_format(manifest.format).member_overhead
     members = sum(shard.samples for shard in manifest.shards) * max(1, len(manifest.fields))
-    if manifest.format != "tar" or not members:
+    if not overhead or not members:
         return None
     average = sum(shard.bytes for shard in manifest.shards) / members
-    if average >= SMALL_MEMBER:
+    if average >= SMALL_MEMBERS * overhead:
         return None
     advice = (
         f"pack: tar members average {average:.0f} bytes on disk, most of it their 512-byte headers "
