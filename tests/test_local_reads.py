@@ -41,7 +41,9 @@ def write(url, fmt="tar", count=300):
 
 
 def epoch(url, **options):
-    dataset = shardstream.StreamingDataset(url, decode=False, shuffle=True, seed=3, shuffle_window=50, **options)
+    dataset = shardstream.StreamingDataset(
+        url, decode=False, shuffle=True, seed=3, shuffle_window=50, **options
+    )
     return [(s["__key__"], bytes(s["txt"]), bytes(s["cls"])) for s in dataset]
 
 

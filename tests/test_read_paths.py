@@ -350,7 +350,8 @@ def test_whole_shard_read_is_a_plain_get(s3, moto_server, window, expected):
         dataset.storage.close()
     assert got == payloads
     ranges = proxy.shard_ranges()
-    assert ["ranged" if r.startswith("bytes=") else r for r in ranges] == expected, ranges
+    # windows are fetched ahead concurrently on object storage: their GETs come in any order
+    assert sorted("ranged" if r.startswith("bytes=") else r for r in ranges) == sorted(expected), ranges
 
 
 @pytest.mark.s3

@@ -12,6 +12,7 @@ import pytest
 from shardstream.errors import TransientStorageError, UsageError
 from shardstream.storage import ShardCache, Storage
 from shardstream.storage.cache import MARKER
+from shardstream.storage.cached import cache_key
 from shardstream.types import ByteRange
 
 SIZE = 100_000
@@ -36,7 +37,7 @@ def _entries(cache_dir) -> list[str]:
 def test_first_ranged_read_caches_the_whole_shard(source, tmp_path):
     cached = Storage(source.url, cache_dir=str(tmp_path))
     assert cached.read("shard-000000.tar", ByteRange(10, 20)) == SHARDS["shard-000000.tar"][10:20]
-    entry = cached._cache.entry_path(cached._cache_key("shard-000000.tar"))
+    entry = cached._cache.entry_path(cache_key(cached, "shard-000000.tar"))
     with open(entry, "rb") as f:
         assert f.read() == SHARDS["shard-000000.tar"]
     source.delete("shard-000000.tar")  # later reads come from the local copy
@@ -53,7 +54,7 @@ def test_lru_eviction_keeps_recent_entries_and_foreign_files(source, tmp_path):
     (tmp_path / "sscache-not-a-cache-entry").write_bytes(b"x" * SIZE)
     cached = Storage(source.url, cache_dir=str(tmp_path), cache_limit=int(2.5 * SIZE))
     cache = cached._cache
-    path = {name: cache.entry_path(cached._cache_key(name)) for name in SHARDS}
+    path = {name: cache.entry_path(cache_key(cached, name)) for name in SHARDS}
     cached.read("shard-000000.tar", ByteRange(0, 1))
     cached.read("shard-000001.tar", ByteRange(0, 1))
     cached.read("shard-000000.tar", ByteRange(1, 2))  # 0 is now more recent than 1
@@ -81,7 +82,7 @@ def test_wrong_size_entry_is_replaced(source, tmp_path):
     source.write("shard-000000.tar", b"rewritten, shorter")  # not through the cached Storage
     fresh = Storage(source.url, cache_dir=str(tmp_path))  # a new process would start like this
     assert fresh.read("shard-000000.tar") == b"rewritten, shorter"
-    entry = fresh._cache.entry_path(fresh._cache_key("shard-000000.tar"))
+    entry = fresh._cache.entry_path(cache_key(fresh, "shard-000000.tar"))
     with open(entry, "wb") as f:  # a torn copy left by something else
         f.write(b"rewr")
     assert (
@@ -159,7 +160,7 @@ def test_two_processes_share_one_cache_dir(s3, tmp_path):
     assert not [n for n in names if n.startswith(".sscache-tmp-")]  # no half downloads left
     assert len(_entries(tmp_path / "cache")) == len(SHARDS)
     for name, data in SHARDS.items():
-        with open(cached._cache.entry_path(cached._cache_key(name)), "rb") as f:
+        with open(cached._cache.entry_path(cache_key(cached, name)), "rb") as f:
             assert f.read() == data
 
 

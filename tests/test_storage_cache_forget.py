@@ -10,6 +10,7 @@ import uuid
 import pytest
 
 from shardstream.storage import Expected, Storage
+from shardstream.storage.cached import cache_key
 from shardstream.types import ByteRange
 
 DATA = b"shard bytes " * 1000
@@ -46,7 +47,7 @@ def test_a_changed_path_forgets_all_its_entries(cached, change):
         cached.write("shard.tar", b"new")
     left = entries(cached)
     assert len(left) == 2
-    assert cached._cache.entry_path(cached._cache_key("other.tar")).rsplit("/", 1)[1] in left
+    assert cached._cache.entry_path(cache_key(cached, "other.tar")).rsplit("/", 1)[1] in left
     if change == "write":
         assert cached.read("shard.tar") == b"new"
 

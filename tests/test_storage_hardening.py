@@ -21,7 +21,6 @@ import shardstream
 from shardstream.errors import StorageError, TransientStorageError
 from shardstream.pack import ShardWriter
 from shardstream.storage import Expected, RetryPolicy, Storage
-from shardstream.storage import expect as expect_module
 from shardstream.types import ByteRange
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -395,7 +394,11 @@ class _FullDisk(io.FileIO):
 def test_enospc_while_writing_a_cache_entry_is_a_storage_error(tmp_path, monkeypatch):
     storage = Storage(f"memory://enospc-{uuid.uuid4().hex[:8]}", cache_dir=str(tmp_path))
     storage.write("shard-000000.tar", b"z" * 5000)
-    monkeypatch.setattr(expect_module, "open", lambda path, mode: _FullDisk(path, mode), raising=False)
+
+    def full(fd, data, offset):  # the cache fills its entries with pwrite (NOTE [ Filling the cache ])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "pwrite", full)
     try:
         with pytest.raises(StorageError, match="No space left on device") as info:
             storage.read("shard-000000.tar", ByteRange(0, 10))

@@ -157,11 +157,9 @@ def test_an_epoch_through_the_proxy_is_exact(s3, moto_server, tmp_path, cache):
 
 
 @pytest.mark.s3
-@pytest.mark.xfail(strict=True, reason="issue 9: concurrent reads not built yet")
 def test_requests_overlap_within_one_worker(s3, moto_server):
     """One process, no DataLoader workers, one 2 MB shard read start to end: the reader
-    splits the run into ranged GETs in flight together. (Today the reads of a window's
-    shards overlap, but one shard's run is one GET at a time: peak 1.)"""
+    splits the run into ranged GETs in flight together (NOTE [ Reads in parts ])."""
     from shardstream.pack import ShardWriter
 
     base, options = s3

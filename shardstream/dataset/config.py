@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardstream.counts import check_int
+from shardstream.dataset.budget import DEFAULT_READ_BUDGET
 from shardstream.dataset.decode import Decoder, SampleDecoder
+from shardstream.dataset.fetch import READ_THREADS
 from shardstream.errors import PlanError, UsageError
 from shardstream.plan import PlanConfig
 
@@ -48,6 +50,10 @@ class DatasetConfig:
     prefetch_windows: int = 1
     verify_checksums: bool = True  # check each read's block CRCs (NOTE [ Checksummed reads ])
     local_reads: str = "auto"  # one of LOCAL_READS: copy or map local shard files
+    # On object storage: bytes fetched ahead per worker (NOTE [ Read budget ]) and requests
+    # in flight per worker (NOTE [ Getting the bytes ]).
+    read_budget: int = DEFAULT_READ_BUDGET
+    read_concurrency: int = READ_THREADS
 
     def __post_init__(self) -> None:
         if not isinstance(self.url, str) or not self.url:
@@ -60,6 +66,8 @@ class DatasetConfig:
             if getattr(self, name) is not None:
                 check_int(getattr(self, name), name, minimum=minimum, url=self.url)
         check_int(self.prefetch_windows, "prefetch_windows", url=self.url)
+        check_int(self.read_budget, "read_budget", minimum=1, url=self.url)
+        check_int(self.read_concurrency, "read_concurrency", minimum=1, maximum=256, url=self.url)
         if not isinstance(self.verify_checksums, bool):
             raise UsageError(
                 f"verify_checksums must be True or False, got {self.verify_checksums!r}", url=self.url

@@ -1,8 +1,13 @@
 """The bytes of a window's ranged reads: in parallel from object storage, read from disk.
 
 # NOTE [ Getting the bytes ]
-# Object storage: one GET stream is bounded by latency x window, so the reads of a window
-# run in a few threads at once (``READ_THREADS``), as S3 clients do for big objects.
+# Object storage: one GET stream is bounded by latency x window, so a worker keeps
+# ``read_concurrency`` requests in flight (``READ_THREADS`` by default): the reads of a
+# window run at once, a long one (a run of large samples, a whole shard) in parts into one
+# buffer (NOTE [ Reads in parts ] in shardstream/storage/parts.py), and the windows after
+# the current one are fetched while it is decoded, as far as NOTE [ Read budget ] (in
+# budget.py) allows. With ``cache_dir`` a shard's first read fills its cache entry the
+# same way (NOTE [ Filling the cache ] in shardstream/storage/cached.py), later ones map it.
 #
 # Local files are read with ``pread`` into one buffer per range, in the prefetch thread
 # (the GIL is released while the kernel copies). Shards in the local cache are
@@ -34,16 +39,16 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
 
 from shardstream.errors import StorageError
 from shardstream.manifest import Manifest
-from shardstream.storage import Expected, Prefetcher, Storage
+from shardstream.storage import Expected, ReadPool, Storage
+from shardstream.storage.parts import split
 from shardstream.types import ByteRange
 
 __all__ = ["READ_THREADS", "ByteFetcher", "expectations"]
 
-READ_THREADS = 4  # concurrent ranged reads per DataLoader worker, on object storage
+READ_THREADS = 16  # requests in flight per DataLoader worker, on object storage
 
 Item = tuple[str, "ByteRange | None"]  # (path, byte range or None for the whole file)
 
@@ -112,13 +117,16 @@ class ByteFetcher:
             folder and (local_reads == "map" or (local_reads == "auto" and storage.read_only_mount))
         )
         self._expected: Mapping[str, Expected] = expectations(manifest) if manifest is not None else {}
-        self._pool: Prefetcher[Item, bytes | memoryview] | None = None
+        self._pool = ReadPool(threads) if threads > 1 and not storage.local_files else None
+        # a cached dataset's entries are filled in parts too (NOTE [ Filling the cache ])
+        self._fill_pool = ReadPool(threads) if threads > 1 and storage.cached else None
 
     def read_all(
         self, items: Sequence[Item], on_error: Callable[[StorageError, Item], Exception]
     ) -> list[bytes | memoryview]:
         """The bytes of every item, in order; a ``StorageError`` is passed through
-        ``on_error`` (which names the shard and samples) and raised."""
+        ``on_error`` (which names the shard and samples) and raised. Short reads run in
+        the pool's threads at once; a long one is cut into parts that do."""
 
         def one(item: Item) -> bytes | memoryview:
             try:
@@ -126,22 +134,40 @@ class ByteFetcher:
             except StorageError as error:
                 raise on_error(error, item) from error
 
-        if self.local or len(items) <= 1 or self.threads <= 1:
+        pool = self._pool
+        if pool is None or not items:
             return [one(item) for item in items]
-        if self._pool is None:
-            self._pool = Prefetcher(one, threads=self.threads, max_pending=self.threads)
-        pool: Any = self._pool
-        for item in items:
-            pool.submit(item)
-        return [pool.next() for _ in items]
+        long = [self._is_long(*item) for item in items]
+        futures = {i: pool.submit(one, item) for i, item in enumerate(items) if not long[i]}
+        results: list[bytes | memoryview] = []
+        try:
+            for i, item in enumerate(items):
+                results.append(one(item) if long[i] else futures[i].result())
+        finally:
+            for future in futures.values():
+                future.cancel()
+        return results
+
+    def _is_long(self, path: str, rng: ByteRange | None) -> bool:
+        """Whether a read is cut into parts (the caller's thread waits for them: a thread
+        of the pool waiting for its own pool could wait forever)."""
+        if rng is None:
+            size = self._expected.get(path, Expected(None)).size
+            rng = ByteRange(0, size) if size is not None else None
+        return rng is not None and self._pool is not None and len(split(rng)) > 1
 
     def read(self, path: str, rng: ByteRange | None) -> bytes | memoryview:
         expect = self._expected.get(path)
-        if rng is not None and rng.length and self.mapped:
-            return self.storage.map(path, rng, expect=expect)  # checked against expect
+        if rng is not None and rng.length and self.storage.cached:
+            # the cache entry, checked against expect
+            return self.storage.map(path, rng, expect=expect, pool=self._fill_pool)
+        if rng is not None and rng.length and self.mapped:  # a local folder's, checked against expect
+            return self.storage.map(path, rng, expect=expect)
+        if self._pool is not None and self._is_long(path, rng):
+            return self.storage.read_parts(path, rng, expect=expect, pool=self._pool)
         return self.storage.read(path, rng, expect=expect)
 
     def close(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.close()
+        for pool in (self._pool, self._fill_pool):
+            if pool is not None:
+                pool.close()

@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from shardstream.dataset.fetch import ByteFetcher
+from shardstream.dataset.budget import DEFAULT_READ_BUDGET, ReadBudget, fetch_in_turn, fetched_in_order
+from shardstream.dataset.fetch import READ_THREADS, ByteFetcher
 from shardstream.dataset.indexes import INDEX_CACHE_SIZE, IndexCache
 from shardstream.errors import FormatError, StorageError
 from shardstream.formats import get_format
@@ -29,6 +30,8 @@ from shardstream.storage import Prefetcher, Storage
 from shardstream.types import ByteRange
 
 __all__ = [
+    "AHEAD_THREADS",
+    "AHEAD_WINDOWS",
     "COALESCE_GAP",
     "INDEX_CACHE_SIZE",
     "IndexCache",
@@ -52,6 +55,11 @@ COALESCE_GAP = 256 * 1024
 # then slices it for every ranged GET (~10% of the throughput of 64 MB shards on loopback).
 # A run of a window that takes a whole shard (the usual case for large samples) is one.
 WHOLE_SHARD_SLACK = 64 * 1024
+
+# On object storage, windows fetched ahead at most, and the threads fetching them (their
+# GETs share the worker's read_concurrency; NOTE [ Read budget ] bounds their bytes).
+AHEAD_WINDOWS = 8
+AHEAD_THREADS = 4
 
 
 # What a window's fetch gives per read: the read, its bytes, the shard's index, and the
@@ -110,6 +118,8 @@ class WindowReader:
         prefetch: int = 1,
         verify_checksums: bool = True,
         local_reads: str = "auto",
+        read_budget: int = DEFAULT_READ_BUDGET,
+        read_concurrency: int = READ_THREADS,
     ) -> None:
         self.storage = storage
         self.manifest = manifest
@@ -119,9 +129,12 @@ class WindowReader:
         self.verify_checksums = verify_checksums
         self._holes = 0  # samples the format could not decode, replaced by None
         self._indexes = IndexCache.of(storage)
-        self._prefetcher: Prefetcher[Any, list[Fetched]] | None = None
+        self._prefetcher: Prefetcher[Any, tuple[list[Fetched], int]] | None = None
         # reads are checked against the manifest
-        self.bytes = ByteFetcher(storage, manifest, local_reads=local_reads)
+        self.bytes = ByteFetcher(storage, manifest, threads=read_concurrency, local_reads=local_reads)
+        # Object storage, cached too: how far ahead windows are fetched (NOTE [ Read budget ]).
+        ahead = read_concurrency > 1 and (storage.cached or not self.bytes.local)  # 1: as before issue 9
+        self.budget = ReadBudget(read_budget) if ahead else None
 
     # -- indexes -------------------------------------------------------------------------
 
@@ -170,19 +183,22 @@ class WindowReader:
 
     # -- one window ----------------------------------------------------------------------
 
-    def fetch(self, window: Any) -> list[Fetched]:
+    def fetch(self, window: Any, take: Callable[[int], None] | None = None) -> list[Fetched]:
         """The bytes of ``window``, one ranged read per group of close runs of a shard,
         their check blocks checked.
 
         Only I/O, sidecars and CRCs: it runs in the prefetch thread, where reading and the
         CRC release the GIL, while the caller decodes the previous window
         (:meth:`decode`). The window's sidecars are loaded (and their counts checked)
-        before its runs are laid out (``Window.shards``).
+        before its runs are laid out (``Window.shards``). ``take(bytes)`` is called with
+        the bytes its reads will hold before any is asked for (NOTE [ Read budget ]).
         """
         indexes = self._load_indexes(list(window.shards))  # before window.runs lays anything out
         runs = window.runs
         reads = plan_reads(runs, lambda shard, a, b: self._read_range(indexes[shard], a, b), gap=COALESCE_GAP)
         items = [self._item(read) for read in reads]
+        if take is not None:  # a whole-shard read holds its trailer too: at most WHOLE_SHARD_SLACK more
+            take(sum(read.rng.length for read in reads))
         fetched = self.bytes.read_all(items, self._storage_error)
         for read, item, data in zip(reads, items, fetched, strict=True):
             if item[1] is None and len(data) < read.rng.end:
@@ -339,30 +355,28 @@ class WindowReader:
 
     def stream(self, windows: Iterator[Any]) -> Iterator[tuple[Any, list[Sample | None], bool]]:
         """``(window, samples, holes)`` for each window (see :meth:`decode`); the bytes of
-        the next ``prefetch`` windows are read in a background thread meanwhile."""
+        the next ``prefetch`` windows are read in a background thread meanwhile (on object
+        storage as many as NOTE [ Read budget ] allows, in ``AHEAD_THREADS``)."""
         if self.prefetch < 1:
             for window in windows:
                 yield (window, *self.decode(window, self.fetch(window)))
             return
-        prefetcher: Prefetcher[Any, list[Fetched]] = Prefetcher(
-            self.fetch, threads=1, max_pending=self.prefetch
+        budget = self.budget
+        ahead = self.prefetch if budget is None else max(self.prefetch, AHEAD_WINDOWS)
+        prefetcher: Prefetcher[Any, tuple[list[Fetched], int]] = Prefetcher(
+            lambda job: fetch_in_turn(self.fetch, budget, *job),
+            threads=1 if budget is None else AHEAD_THREADS,
+            max_pending=ahead,
         )
         self._prefetcher = prefetcher
-        pending: collections.deque[Any] = collections.deque()
         try:
-            for window in windows:
-                pending.append(window)
-                prefetcher.submit(window)
-                if len(pending) > self.prefetch:
-                    window = pending.popleft()
-                    yield (window, *self.decode(window, prefetcher.next()))
-            while pending:
-                window = pending.popleft()
-                yield (window, *self.decode(window, prefetcher.next()))
+            yield from fetched_in_order(windows, prefetcher, ahead, budget, self.decode)
         finally:
             self.close()
 
     def close(self) -> None:
+        if self.budget is not None:
+            self.budget.close()  # fetches waiting for room give up, so the threads join
         prefetcher, self._prefetcher = self._prefetcher, None
         if prefetcher is not None:
             prefetcher.close()

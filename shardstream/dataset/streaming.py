@@ -17,9 +17,11 @@ from torch.utils.data import IterableDataset
 
 from shardstream.counts import check_int
 from shardstream.dataset.binding import Epoch
+from shardstream.dataset.budget import DEFAULT_READ_BUDGET
 from shardstream.dataset.bulk import decoded_window
 from shardstream.dataset.config import DatasetConfig
 from shardstream.dataset.decode import Decoder
+from shardstream.dataset.fetch import READ_THREADS
 from shardstream.dataset.reader import WindowReader, report_skip
 from shardstream.errors import FormatError, StateError, UsageError, shown
 from shardstream.manifest import Manifest, dataset_fingerprint
@@ -49,6 +51,8 @@ class StreamingDataset(IterableDataset):
     ``order="global"`` with ``global_batch_size`` (and optionally ``read_lanes``) yields
     the same global batches on every world size dividing it (NOTE [ Global order ]); a
     DataLoader over it then takes ``batch_size=global_batch_size // world_size``.
+    On object storage a worker keeps ``read_concurrency`` requests in flight and fetches
+    later windows ahead within ``read_budget`` bytes (NOTE [ Read budget ]).
     ``topology`` detects rank, world size and DataLoader worker (default: torch.distributed,
     ``RANK``/``WORLD_SIZE``, ``get_worker_info()``); inject a ``topology.Detector`` with
     other detectors for odd launchers or tests.
@@ -79,6 +83,8 @@ class StreamingDataset(IterableDataset):
         verify_checksums: bool = True,
         topology: Detector | None = None,
         local_reads: str = "auto",
+        read_budget: int = DEFAULT_READ_BUDGET,
+        read_concurrency: int = READ_THREADS,
     ) -> None:
         self.config = DatasetConfig.build(
             os.fspath(url),
@@ -102,6 +108,8 @@ class StreamingDataset(IterableDataset):
             on_error=on_error,
             verify_checksums=verify_checksums,
             local_reads=local_reads,
+            read_budget=read_budget,
+            read_concurrency=read_concurrency,
         )
         if topology is not None and not isinstance(topology, Detector):
             raise UsageError(f"topology must be a topology.Detector, not {type(topology).__name__}", url=url)
@@ -280,6 +288,8 @@ class StreamingDataset(IterableDataset):
             prefetch=self.config.prefetch_windows,
             verify_checksums=self.config.verify_checksums,
             local_reads=self.config.local_reads,
+            read_budget=self.config.read_budget,
+            read_concurrency=self.config.read_concurrency,
         )
         return self._samples(reader, plan.worker_windows(rank, worker), iteration)
 

@@ -153,6 +153,10 @@ class ShardFormat(ABC):
     # A sample's values are stored as bytes (tar members): a pack turns the Python values
     # of JSON Lines, CSV or Parquet sources into text first (``tar_ready``).
     stores_bytes: ClassVar[bool] = False
+    # Bytes a stored field costs beyond its value, about (tar: a 512-byte header, and
+    # padding to 512 bytes): pack advises another format when samples are this small
+    # (NOTE [ Small samples in tar ] in shardstream/pack/api.py).
+    member_overhead: ClassVar[int] = 0
 
     def file_sizer(self) -> FileSizer:
         """``size(key, fields, sizes)``: the bytes a sample of files not read yet adds to a

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
 from shardstream.errors import PackError
+from shardstream.formats import get_format
 from shardstream.manifest import Manifest
 from shardstream.pack.dest import DatasetTarget
 from shardstream.pack.durable import ShardSync
@@ -20,7 +22,9 @@ from shardstream.pack.sources import Source, open_source
 from shardstream.pack.sources.base import Entry, input_storage
 from shardstream.storage import Storage
 
-__all__ = ["PackProgress", "pack"]
+__all__ = ["SMALL_MEMBERS", "PackProgress", "advise_format", "pack"]
+
+_log = logging.getLogger("shardstream.pack")
 
 
 def pack(
@@ -110,7 +114,36 @@ def _run(
     if not results and options.part is None:
         raise PackError("the source holds no samples", url=src.url)
     target.prepare_once()
-    return target.finish(results, sync)
+    manifest = target.finish(results, sync)
+    advise_format(manifest)
+    return manifest
+
+
+# NOTE [ Small samples in tar ]
+# Every tar member carries a 512-byte header and is padded to 512 bytes, so a ~250-byte
+# field costs ~1 KiB on disk and on the wire; a Parquet row group stores the same
+# columns back to back (and compressed). Where a tar dataset's members average under
+# ``SMALL_MEMBERS`` x 512 bytes on disk, more than half of what a reader downloads is headers and
+# padding: pack says so and names Parquet, which streams the same samples in fewer bytes
+# (issue 9's table: 2x the samples/s of tar through a 30 ms, 40 MB/s link).
+SMALL_MEMBERS = 3  # members under this many times their format's overhead, on average
+
+
+def advise_format(manifest: Manifest) -> str | None:
+    """The advice logged (and returned) when a tar dataset's members are small; else None."""
+    overhead = get_format(manifest.format).member_overhead
+    members = sum(shard.samples for shard in manifest.shards) * max(1, len(manifest.fields))
+    if not overhead or not members:
+        return None
+    average = sum(shard.bytes for shard in manifest.shards) / members
+    if average >= SMALL_MEMBERS * overhead:
+        return None
+    advice = (
+        f"pack: tar members average {average:.0f} bytes on disk, most of it their 512-byte headers "
+        "and padding; --format parquet stores and streams these samples in fewer bytes"
+    )
+    _log.warning("%s", advice)
+    return advice
 
 
 def _open(

@@ -10,12 +10,14 @@ from shardstream.storage.cache import ShardCache
 from shardstream.storage.core import Storage
 from shardstream.storage.expect import Expected
 from shardstream.storage.local import absolute_url, file_kind
+from shardstream.storage.parts import ReadPool
 from shardstream.storage.prefetch import Prefetcher
 from shardstream.storage.retry import RetryPolicy, is_transient
 
 __all__ = [
     "Expected",
     "Prefetcher",
+    "ReadPool",
     "RetryPolicy",
     "ShardCache",
     "Storage",

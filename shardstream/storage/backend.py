@@ -87,6 +87,12 @@ class Backend:
         size, another raises ``SizeChanged``."""
         raise NotImplementedError
 
+    def read_into(self, fspath: str, rng: ByteRange, out: memoryview, size: int | None) -> int:
+        """``read`` of ``rng`` into ``out``; the bytes written (fewer where the object ends)."""
+        data = self.read(fspath, rng, size)
+        out[: len(data)] = data
+        return len(data)
+
     def size(self, fspath: str) -> int:
         raise NotImplementedError
 
@@ -300,6 +306,12 @@ class S3Backend(FsspecBackend):
             return super().read(fspath, rng, size)
         bucket, _, key = fspath.partition("/")
         return self.reader.read(bucket, key, rng, size=size)
+
+    def read_into(self, fspath: str, rng: ByteRange, out: memoryview, size: int | None) -> int:
+        if self.reader is None:
+            return super().read_into(fspath, rng, out, size)
+        bucket, _, key = fspath.partition("/")
+        return self.reader.read_into(bucket, key, rng, out, size=size)
 
     def close(self) -> None:
         if self.reader is not None:

@@ -18,14 +18,16 @@ from __future__ import annotations
 import contextlib
 import io
 from collections.abc import Callable, Iterator, Mapping
-from typing import IO, Any, TypeVar, cast
+from typing import IO, Any, TypeVar
 
-from shardstream.errors import ManifestError, StorageError, TransientStorageError, UsageError
+from shardstream.errors import ManifestError, StorageError, UsageError
 from shardstream.manifest import MANIFEST_NAME, Manifest
+from shardstream.storage import cached as through_cache
 from shardstream.storage import local
 from shardstream.storage.backend import Backend, backend_for
 from shardstream.storage.cache import ShardCache
-from shardstream.storage.expect import Expected, SizeChanged, changed_error, download, size_changed_error
+from shardstream.storage.expect import Expected, SizeChanged, short_read, short_whole_read, size_changed_error
+from shardstream.storage.parts import ReadPool, read_parts
 from shardstream.storage.retry import RetryPolicy, call_with_retry, is_not_found, permanent_error
 from shardstream.storage.s3read import S3Reader
 from shardstream.storage.streams import RangeReader
@@ -35,7 +37,6 @@ __all__ = ["Storage"]
 
 R = TypeVar("R")
 
-_DOWNLOAD_CHUNK = 32 * 2**20  # cache downloads go in ranged reads of this size, each retried
 _STREAM_BUFFER = 4 * 2**20  # read-ahead of open() streams on remote objects
 
 
@@ -186,87 +187,45 @@ class Storage:
             return b""
         if self._cache is None:
             return self._read_direct(path, rng, expect)
-        return self._read_cached(path, rng, expect)
+        return through_cache.read_cached(self, path, rng, expect, None)
+
+    def read_parts(
+        self, path: str, rng: ByteRange | None, *, expect: Expected | None, pool: ReadPool
+    ) -> bytes | memoryview:
+        """``read``, a long read (a whole object too, where ``expect`` gives its size) in
+        parts read by ``pool``'s threads into one buffer (NOTE [ Reads in parts ])."""
+        return read_parts(self, path, rng, expect, pool)
 
     def _read_direct(self, path: str, rng: ByteRange | None, expect: Expected | None = None) -> bytes:
         fspath = self._fspath(path)
         size = expect.size if expect is not None else None
         return self._retry(lambda: self._read_once(path, fspath, rng, size), "read", path, rng)
 
-    def _read_once(self, path: str, fspath: str, rng: ByteRange | None, size: int | None) -> bytes:
+    def _read_once(
+        self, path: str, fspath: str, rng: ByteRange | None, size: int | None, out: memoryview | None = None
+    ) -> Any:
+        """One try of a read: its bytes, or with ``out`` (and ``rng``) read into ``out``."""
         try:
+            if out is not None and rng is not None:
+                got = self._backend.read_into(fspath, rng, out, size)
+                if got != rng.length:
+                    self._short_read(path, rng, got, size)
+                return None
             data = self._backend.read(fspath, rng, size)
             if rng is None and size is not None and len(data) != size:
-                self._short_whole_read(path, fspath, len(data), size)
+                short_whole_read(lambda: self._backend.size(fspath), self.full_url(path), len(data), size)
         except SizeChanged as changed:
             raise self._changed(path, rng, changed.actual, size) from None
         if rng is not None and len(data) != rng.length:
             self._short_read(path, rng, len(data), size)
         return data
 
-    def _short_whole_read(self, path: str, fspath: str, got: int, size: int) -> None:
-        """A whole read of ``got`` bytes of an object the manifest says has ``size``: an
-        object of another size, or (the object still has ``size`` bytes) a cut transfer."""
-        actual = self._backend.size(fspath)
-        if actual != size:
-            raise SizeChanged(actual)
-        raise TransientStorageError(f"short read: {got} of {size} bytes", url=self.full_url(path))
-
     def _changed(self, path: str, rng: ByteRange | None, actual: int, expected: int | None) -> StorageError:
         return size_changed_error(self.full_url(path), path, rng, actual, expected)
 
     def _short_read(self, path: str, rng: ByteRange, got: int, expected: int | None = None) -> None:
-        size = self._backend.size(self._fspath(path))
-        if expected is not None and size != expected:
-            raise self._changed(path, rng, size, expected)
-        where = f"bytes [{rng.start}, {rng.end})"
-        if size < rng.end:  # no retry will make the object longer
-            raise StorageError(
-                f"{where} are past the end of the object ({size} bytes)",
-                url=self.full_url(path),
-                offset=rng.start,
-            )
-        raise TransientStorageError(f"short read: {got} of {rng.length} {where}", url=self.full_url(path))
-
-    def _read_cached(self, path: str, rng: ByteRange | None, expect: Expected | None) -> bytes:
-        for _ in range(3):  # an entry evicted by another process between fetch and read is fetched again
-            cached = self._cached_path(path, expect)
-            try:
-                data = local.read(cached, rng)
-            except FileNotFoundError:
-                continue
-            if rng is not None and len(data) != rng.length:
-                self._short_read(path, rng, len(data))
-            return data
-        return self._read_direct(path, rng, expect)
-
-    def _cache_key(self, path: str) -> str:
-        """The object's name in the cache; its entries are also keyed by content where the
-        manifest names it (NOTE [ Reads check the manifest ])."""
-        return f"{self._fs_options().get('endpoint_url') or ''}|{self.full_url(path)}"
-
-    def _cached_path(self, path: str, expect: Expected | None = None) -> str:
-        cache = self._cache
-        if cache is None:
-            raise UsageError("no cache_dir set", url=self.url)
-        known = expect.size if expect is not None else None
-        return cache.fetch(
-            self._cache_key(path),
-            (lambda: known) if known is not None else (lambda: self.size(path)),
-            lambda tmp, n: self._download(path, tmp, n, expect),
-            url=self.full_url(path),
-            content=expect.content_key if expect is not None else "",
-        )
-
-    def _download(self, path: str, tmp: str, size: int, expect: Expected | None) -> None:
-        read = lambda rng: self._read_direct(path, rng, expect)  # noqa: E731
-        try:  # reads raise ShardstreamErrors only: an OSError is the cache's disk
-            got = download(read, tmp, size, _DOWNLOAD_CHUNK, expect.sha256 if expect is not None else "")
-        except OSError as error:
-            raise cast(ShardCache, self._cache).disk_error(error, self.full_url(path)) from error
-        if got is not None and expect is not None:
-            what = f"its sha256 is {got}, the manifest says {expect.sha256}"
-            raise changed_error(self.full_url(path), path, what)
+        size_now = lambda: self._backend.size(self._fspath(path))  # noqa: E731
+        short_read(size_now, self.full_url(path), path, rng, got, expected)
 
     def open(self, path: str, *, expect: Expected | None = None) -> IO[bytes]:
         """A sequential (and seekable) binary read stream; use it as a context manager.
@@ -275,7 +234,7 @@ class Storage:
         cache are checked on open, remote streams on every ranged read).
         """
         if self._cache is not None:
-            return open(self._cached_path(path, expect), "rb")  # the caller closes it
+            return open(through_cache.cached_path(self, path, expect), "rb")  # the caller closes it
         opened = self._open_direct(path, expect)
         if opened is not None:
             return opened
@@ -301,16 +260,19 @@ class Storage:
         fspath = self._fspath(path)
         return self._retry(lambda: self._backend.size(fspath), "size", path)
 
-    def map(self, path: str, rng: ByteRange, *, expect: Expected | None = None) -> memoryview:
+    def map(
+        self, path: str, rng: ByteRange, *, expect: Expected | None = None, pool: ReadPool | None = None
+    ) -> memoryview:
         """The bytes of ``rng`` memory-mapped, not copied: from the shard cache, or a local file.
 
         Reads copy by default on purpose: a local file truncated while mapped kills the
         process with SIGBUS, and only cache entries are never truncated in place (NOTE
         [ Getting the bytes ] in shardstream/dataset/fetch.py). Object stores have no
-        mapping: ``UsageError`` there without ``cache_dir``.
+        mapping: ``UsageError`` there without ``cache_dir``. ``pool``: as for ``read``.
         """
         if self._cache is not None:  # the cache entry, checked against expect
-            return local.map_range(self._cached_path(path, expect), rng, self.full_url(path))
+            entry = through_cache.cached_path(self, path, expect, pool)
+            return local.map_range(entry, rng, self.full_url(path))
         size = expect.size if expect is not None else None
         try:
             return self._backend.map(self._fspath(path), rng, self.full_url(path), size)
@@ -412,7 +374,7 @@ class Storage:
     def _forget_cached(self, path: str) -> None:
         self._backend.forget(self._fspath(path))
         if self._cache is not None:
-            self._cache.forget(self._cache_key(path))
+            self._cache.forget(through_cache.cache_key(self, path))
 
     # -- manifest ------------------------------------------------------------------
 

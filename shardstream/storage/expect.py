@@ -29,10 +29,18 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shardstream.errors import StorageError
+from shardstream.errors import StorageError, TransientStorageError
 from shardstream.types import ByteRange
 
-__all__ = ["Expected", "SizeChanged", "changed_error", "download", "size_changed_error"]
+__all__ = [
+    "Expected",
+    "SizeChanged",
+    "changed_error",
+    "download",
+    "short_read",
+    "short_whole_read",
+    "size_changed_error",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,3 +106,29 @@ def download(read: Callable[[ByteRange], bytes], tmp: str, size: int, chunk: int
     if digest is None or digest.hexdigest() == sha256.lower():
         return None
     return digest.hexdigest()
+
+
+def short_whole_read(size_now: Callable[[], int], url: str, got: int, size: int) -> None:
+    """A whole read of ``got`` bytes of an object the manifest says has ``size``: an
+    object of another size (``SizeChanged``), or (it still has ``size`` bytes) a cut
+    transfer (transient)."""
+    actual = size_now()
+    if actual != size:
+        raise SizeChanged(actual)
+    raise TransientStorageError(f"short read: {got} of {size} bytes", url=url)
+
+
+def short_read(
+    size_now: Callable[[], int], url: str, path: str, rng: ByteRange, got: int, expected: int | None
+) -> None:
+    """A ranged read of ``got`` bytes, fewer than ``rng`` asked: the object changed, the
+    range is past its end (both permanent), or the transfer was cut (transient)."""
+    size = size_now()
+    if expected is not None and size != expected:
+        raise size_changed_error(url, path, rng, size, expected)
+    where = f"bytes [{rng.start}, {rng.end})"
+    if size < rng.end:  # no retry will make the object longer
+        raise StorageError(
+            f"{where} are past the end of the object ({size} bytes)", url=url, offset=rng.start
+        )
+    raise TransientStorageError(f"short read: {got} of {rng.length} {where}", url=url)

@@ -234,6 +234,48 @@ class S3Reader:
 
         ``size``: the object's expected total size; another raises ``SizeChanged``.
         """
+        response = self._get(bucket, key, rng, size)
+        if response is None:
+            return b""
+        body = response["Body"]
+        try:
+            data = body.read()
+        finally:
+            body.close()
+        _check_length(response, len(data))
+        if rng is not None and response["ResponseMetadata"].get("HTTPStatusCode") == 200:
+            data = data[rng.start : rng.end]  # the server ignored Range and sent it all
+        return data
+
+    def read_into(self, bucket: str, key: str, rng: ByteRange, out: memoryview, *, size: int | None) -> int:
+        """``read`` of ``rng`` straight into ``out`` (its length): the body is read into
+        it, not into a new bytes object copied there (NOTE [ Reads in parts ]). The
+        bytes written."""
+        response = self._get(bucket, key, rng, size)
+        if response is None:
+            return 0
+        body = response["Body"]
+        raw = getattr(body, "_raw_stream", None)
+        plain = response["ResponseMetadata"].get("HTTPStatusCode") == 206 and not response.get(
+            "ContentEncoding"
+        )
+        try:
+            if raw is None or not plain or not hasattr(raw, "readinto"):
+                data = body.read()
+                _check_length(response, len(data))
+                data = data[rng.start : rng.end] if not plain else data
+                out[: len(data)] = data
+                return len(data)
+            got = 0
+            while got < len(out) and (n := raw.readinto(out[got:])):
+                got += n
+        finally:
+            body.close()
+        _check_length(response, got)
+        return got
+
+    def _get(self, bucket: str, key: str, rng: ByteRange | None, size: int | None) -> Any:
+        """The GetObject response (its body unread), or None for a range past the end."""
         from botocore.exceptions import ClientError
 
         client = self.client
@@ -245,21 +287,11 @@ class S3Reader:
         except ClientError as error:
             if _status(error) == 416:  # the range starts at or past the end: no bytes
                 _check_total(error.response.get("Error", {}).get("ActualObjectSize"), size)
-                return b""
+                return None
             raise _translated(error) from error
         if size is not None:
             _check_total(_total_size(response), size)
-        body = response["Body"]
-        try:
-            data = body.read()
-        finally:
-            body.close()
-        declared = response.get("ContentLength")
-        if declared is not None and len(data) != declared:
-            raise TransientStorageError(f"truncated body: {len(data)} of {declared} bytes")
-        if rng is not None and response["ResponseMetadata"].get("HTTPStatusCode") == 200:
-            data = data[rng.start : rng.end]  # the server ignored Range and sent it all
-        return data
+        return response
 
     def close(self) -> None:
         """Close this process's client (a parent's is left alone); it is remade on use."""
@@ -299,6 +331,12 @@ def _total_size(response: Mapping[str, Any]) -> int | None:
         length = response.get("ContentLength")
         return int(length) if length is not None else None
     return None
+
+
+def _check_length(response: Mapping[str, Any], got: int) -> None:
+    declared = response.get("ContentLength")
+    if declared is not None and got != declared:
+        raise TransientStorageError(f"truncated body: {got} of {declared} bytes")
 
 
 def _check_total(total: Any, size: int | None) -> None:

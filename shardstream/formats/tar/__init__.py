@@ -33,6 +33,7 @@ class TarFormat(ShardFormat):
     suffix = ".tar"
     sequential_index = True  # headers, then data skipped or read, in file order
     stores_bytes = True
+    member_overhead = 512  # a header block; the padding to 512 bytes comes on top
 
     def encoder(self, fileobj: IO[bytes], *, name: str, compression: str | None = None) -> TarEncoder:
         if compression not in (None, "none"):

@@ -1,0 +1,143 @@
+"""``ReadBudget``: how many bytes of later windows a worker may fetch ahead.
+
+# NOTE [ Read budget ]
+# On object storage a worker fetches the windows after the current one while it decodes
+# that one (NOTE [ Getting the bytes ] in fetch.py), as far ahead as the budget allows:
+# the bytes of every window fetched or being fetched and not yet decoded (in flight plus
+# buffered) stay within ``read_budget``. A window takes its share in window order (a
+# ticket each), after its sidecars are read and before its first shard byte is asked
+# for, so a later window never takes the room an earlier one waits for. A window larger
+# than the budget still goes when at most one other window holds bytes (today's
+# one-window prefetch), so the bound is max(budget, two windows) and the stream never
+# stalls. The decoded window gives its share back.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from shardstream.errors import UsageError
+from shardstream.storage import Prefetcher
+
+__all__ = ["DEFAULT_READ_BUDGET", "BudgetClosed", "ReadBudget", "fetch_in_turn", "fetched_in_order"]
+
+F = TypeVar("F")
+D = TypeVar("D")
+
+DEFAULT_READ_BUDGET = 64 * 2**20
+
+
+class BudgetClosed(Exception):
+    """The stream stopped while a fetch waited for room (the fetch is dropped)."""
+
+
+class ReadBudget:
+    """Bytes held by windows fetched ahead, handed out in ticket order (NOTE [ Read budget ])."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise UsageError(f"read_budget must be at least 1 byte, not {limit}")
+        self.limit = limit
+        self.held = 0  # bytes of windows fetched or in flight, not yet decoded
+        self.peak = 0  # the most ``held`` ever was: at most max(limit, 2 * largest)
+        self.largest = 0  # the most one window took
+        self._windows = 0  # windows holding bytes
+        self._turn = 0  # the ticket whose turn it is
+        self._closed = False
+        self._cond = threading.Condition()
+
+    def take(self, ticket: int, size: int) -> None:
+        """Wait until it is ``ticket``'s turn and ``size`` bytes fit, then hold them."""
+        with self._cond:
+            while not self._closed and (ticket != self._turn or not self._fits(size)):
+                self._cond.wait()
+            if self._closed:
+                raise BudgetClosed
+            self.held += size
+            self.peak = max(self.peak, self.held)
+            self.largest = max(self.largest, size)
+            self._windows += 1
+            self._turn += 1
+            self._cond.notify_all()
+
+    def _fits(self, size: int) -> bool:
+        return self.held + size <= self.limit or self._windows <= 1
+
+    def skip(self, ticket: int) -> None:
+        """``ticket`` takes nothing (its fetch failed first): let the next one go."""
+        with self._cond:
+            while not self._closed and ticket != self._turn:
+                self._cond.wait()
+            self._turn = max(self._turn, ticket + 1)
+            self._cond.notify_all()
+
+    def give_back(self, size: int) -> None:
+        with self._cond:
+            self.held -= size
+            self._windows -= 1
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Wake every waiting fetch (they raise ``BudgetClosed``)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+
+def fetch_in_turn(
+    fetch: Callable[[Any, Callable[[int], None] | None], F],
+    budget: ReadBudget | None,
+    ticket: int,
+    window: Any,
+) -> tuple[F, int]:
+    """``fetch(window, take)`` taking its bytes from ``budget`` in ``ticket`` order; the
+    result and the bytes it holds (a fetch that fails gives them back, or its turn)."""
+    if budget is None:
+        return fetch(window, None), 0
+    held: list[int] = []
+
+    def take(size: int) -> None:
+        budget.take(ticket, size)
+        held.append(size)
+
+    try:
+        return fetch(window, take), held[0]
+    except BaseException:
+        if held:
+            budget.give_back(held[0])
+        else:
+            budget.skip(ticket)
+        raise
+
+
+def fetched_in_order(
+    windows: Iterator[Any],
+    prefetcher: Prefetcher[Any, tuple[F, int]],
+    ahead: int,
+    budget: ReadBudget | None,
+    decode: Callable[[Any, F], D],
+) -> Iterator[Any]:
+    """``(window, *decode(window, fetched))`` for each window, fetched ``ahead`` windows
+    ahead by ``prefetcher`` (items ``(ticket, window)``); a decoded window's bytes go
+    back to ``budget``."""
+    pending: collections.deque[Any] = collections.deque()
+
+    def claim() -> tuple[Any, Any]:
+        window = pending.popleft()
+        fetched, held = prefetcher.next()
+        try:
+            return (window, *decode(window, fetched))  # type: ignore[misc]
+        finally:
+            if budget is not None:
+                budget.give_back(held)
+
+    for ticket, window in enumerate(windows):
+        pending.append(window)
+        prefetcher.submit((ticket, window))
+        if len(pending) > ahead:
+            yield claim()
+    while pending:
+        yield claim()

@@ -1,0 +1,278 @@
+"""Issue 9, the reading half: reads in parts (NOTE [ Reads in parts ]), windows fetched
+ahead within a byte budget (NOTE [ Read budget ]), the cache filled as shards stream
+(NOTE [ Filling the cache ]), all exact, fork- and spawn-safe."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import multiprocessing
+import os
+import threading
+
+import pytest
+
+import shardstream
+from shardstream.dataset.budget import BudgetClosed, ReadBudget
+from shardstream.dataset.reader import WindowReader
+from shardstream.errors import UsageError
+from shardstream.storage import Expected, ReadPool, RetryPolicy, Storage
+from shardstream.storage.parts import PART_MIN, split
+from shardstream.testing import WanProxy
+from shardstream.types import ByteRange
+from tests.faultproxy import FaultProxy
+
+MB = 2**20
+
+
+class Recorder(FaultProxy):
+    """Forwards everything, and records each GET's object name and Range."""
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__(upstream, seed=0, error_rate=0, reset_rate=0, truncate_rate=0)
+        self.gets: list[tuple[str, str]] = []
+
+    def decide(self, method: str, path: str, byte_range: str) -> str:
+        if method == "GET":
+            with self._lock:
+                self.gets.append((path.split("?")[0].rsplit("/", 1)[-1], byte_range))
+        return super().decide(method, path, byte_range)
+
+    def shard_gets(self) -> list[tuple[str, str]]:
+        return [get for get in self.gets if get[0].endswith(".tar")]
+
+
+def _pack(url: str, options: dict, *, shards: int, samples: int, size: int) -> dict[str, bytes]:
+    from shardstream.pack import ShardWriter
+
+    payloads = {}
+    with ShardWriter(url, format="tar", samples_per_shard=samples, storage_options=options) as writer:
+        for i in range(shards * samples):
+            key = f"{i:06d}"
+            payloads[key] = hashlib.sha256(key.encode()).digest() * (size // 32)
+            writer.write({"__key__": key, "bin": payloads[key]})
+    return payloads
+
+
+# -- parts --------------------------------------------------------------------------------
+
+
+def test_split_cuts_long_reads_into_parts_that_tile_them():
+    assert split(ByteRange(0, PART_MIN), 16) == [ByteRange(0, PART_MIN)]  # too short to cut
+    parts = split(ByteRange(5, 5 + 10 * MB + 7), 4)
+    assert len(parts) == 4
+    assert parts[0].start == 5
+    assert parts[-1].end == 5 + 10 * MB + 7
+    assert all(a.end == b.start for a, b in itertools.pairwise(parts))
+    assert all(part.length <= 8 * MB for part in split(ByteRange(0, 200 * MB)))
+
+
+def test_read_pool_refuses_no_threads_and_pickles_as_its_size():
+    import pickle
+
+    with pytest.raises(UsageError):
+        ReadPool(0)
+    pool = ReadPool(3)
+    pool.submit(int).result()
+    assert pickle.loads(pickle.dumps(pool)).threads == 3
+    pool.close()
+
+
+@pytest.mark.s3
+def test_parts_are_byte_identical_and_a_failed_part_is_retried_alone(s3, moto_server):
+    base, options = s3
+    data = os.urandom(5 * MB + 12345)
+    Storage(base + "/o", options).write("blob", data)
+    with FaultProxy(moto_server.endpoint, seed=3, error_rate=0.3, reset_rate=0.1, truncate_rate=0.1) as proxy:
+        # Half of all requests fail and which part meets a fault depends on the threads'
+        # timing: 20 tries make a part that fails every one (0.5**20) too rare to flake.
+        retry = RetryPolicy(attempts=20, base_delay=0.001, max_delay=0.01)
+        storage = Storage(base + "/o", dict(options, endpoint_url=proxy.endpoint), retry=retry)
+        pool = ReadPool(4)
+        try:
+            whole = storage.read_parts("blob", None, expect=Expected(len(data)), pool=pool)
+            ranged = storage.read_parts("blob", ByteRange(1000, 4 * MB + 1), expect=None, pool=pool)
+        finally:
+            pool.close()
+            storage.close()
+    assert bytes(whole) == data
+    assert bytes(ranged) == data[1000 : 4 * MB + 1]
+    assert proxy.faults() > 0
+    parts = {f"bytes={p.start}-{p.end - 1}" for p in split(ByteRange(0, len(data)))}
+    parts |= {f"bytes={p.start}-{p.end - 1}" for p in split(ByteRange(1000, 4 * MB + 1))}
+    asked = {rng for (_, path, rng) in proxy._seen if path.split("?")[0].endswith("/blob")}
+    assert asked == parts  # every retry asked for its own part again, never the whole
+
+
+# -- the budget ---------------------------------------------------------------------------
+
+
+def test_budget_hands_out_bytes_in_ticket_order_and_close_wakes_waiters():
+    budget = ReadBudget(100)
+    budget.take(0, 60)
+    budget.take(1, 60)  # over the limit, but only one other window holds bytes
+    order: list[int] = []
+
+    def late(ticket: int, size: int) -> None:
+        try:
+            budget.take(ticket, size)
+            order.append(ticket)
+        except BudgetClosed:
+            order.append(-ticket)
+
+    threads = [threading.Thread(target=late, args=(3, 10)), threading.Thread(target=late, args=(2, 10))]
+    for thread in threads:
+        thread.start()
+    budget.give_back(60)  # 60 held by one window: ticket 2 fits (70), then 3 (80)
+    threads[1].join(5)
+    threads[0].join(5)
+    assert order == [2, 3]
+    waiter = threading.Thread(target=late, args=(4, 1000))
+    waiter.start()
+    budget.close()
+    waiter.join(5)
+    assert order == [2, 3, -4]
+    assert budget.peak == 120
+
+
+@pytest.mark.s3
+def test_windows_fetched_ahead_stay_within_the_budget(s3):
+    base, options = s3
+    payloads = _pack(base + "/ds", options, shards=6, samples=10, size=64 * 1024)
+    storage = Storage(base + "/ds", options)
+    manifest = storage.read_manifest()
+    dataset = shardstream.StreamingDataset(
+        base + "/ds", storage_options=options, shuffle=False, shuffle_window=5
+    )
+    plan = dataset.make_plan(num_workers=1, consume=False)
+    budget = 300 * 1024  # about half a window of 10 samples
+    reader = WindowReader(storage, manifest, read_budget=budget, read_concurrency=4)
+    got = {}
+    for _, samples, _ in reader.stream(plan.worker_windows(0, 0)):
+        got.update((s["__key__"], s["bin"]) for s in samples)
+    assert got == payloads
+    assert reader.budget is not None
+    largest = reader.budget.largest  # a window's reads: its samples grown to whole check blocks
+    assert 0 < largest < 2 * budget
+    assert 0 < reader.budget.peak <= max(budget, 2 * largest)
+    assert reader.budget.held == 0
+    serial = WindowReader(storage, manifest, read_concurrency=1)  # reads as before issue 9
+    assert serial.budget is None
+    assert serial.bytes._pool is None
+    storage.close()
+
+
+def test_read_options_are_checked():
+    with pytest.raises(UsageError, match="read_budget"):
+        shardstream.StreamingDataset("/nowhere", read_budget=0)
+    with pytest.raises(UsageError, match="read_concurrency"):
+        shardstream.StreamingDataset("/nowhere", read_concurrency=True)
+
+
+# -- an epoch through the WAN proxy, the cache ---------------------------------------------
+
+
+@pytest.mark.s3
+def test_an_epoch_through_the_wan_proxy_is_exact_with_requests_in_flight(s3, moto_server):
+    base, options = s3
+    payloads = _pack(base + "/ds", options, shards=4, samples=8, size=256 * 1024)
+    with WanProxy(moto_server.endpoint, latency=0.01, bandwidth=50 * MB) as proxy:
+        dataset = shardstream.StreamingDataset(
+            base + "/ds", storage_options=dict(options, endpoint_url=proxy.endpoint), shuffle=True, seed=1
+        )
+        proxy.reset_stats()
+        got = [(s["__key__"], s["bin"]) for s in dataset]
+        dataset.storage.close()
+    assert sorted(got) == sorted(payloads.items())
+    assert proxy.stats.peak_in_flight >= 2
+
+
+@pytest.mark.s3
+def test_the_cache_is_filled_on_the_cold_epoch_and_read_on_the_warm_one(s3, moto_server, tmp_path):
+    base, options = s3
+    payloads = _pack(base + "/ds", options, shards=3, samples=10, size=300 * 1024)
+    with Recorder(moto_server.endpoint) as proxy:
+        dataset = shardstream.StreamingDataset(
+            base + "/ds",
+            storage_options=dict(options, endpoint_url=proxy.endpoint),
+            shuffle=False,
+            cache_dir=str(tmp_path / "cache"),
+        )
+        cold = {s["__key__"]: s["bin"] for s in dataset}
+        cold_gets = proxy.shard_gets()
+        proxy.gets.clear()
+        dataset.set_epoch(1)
+        warm = {s["__key__"]: s["bin"] for s in dataset}
+        dataset.storage.close()
+    assert cold == warm == payloads
+    assert len({name for name, _ in cold_gets}) == 3
+    assert all(rng for _, rng in cold_gets)  # each shard came in ranged parts
+    assert proxy.shard_gets() == []  # the warm epoch asked the store for no shard bytes
+    entries = [n for n in os.listdir(tmp_path / "cache") if n.startswith("sscache-") and "." not in n]
+    assert len(entries) == 6  # 3 shards and their sidecars
+    assert not [n for n in os.listdir(tmp_path / "cache") if n.startswith(".sscache-tmp")]
+
+
+def _epoch_keys(url: str, options: dict, cache_dir: str, queue) -> None:  # type: ignore[no-untyped-def]
+    dataset = shardstream.StreamingDataset(url, storage_options=options, shuffle=False, cache_dir=cache_dir)
+    queue.put(sorted(hashlib.sha256(s["bin"]).hexdigest() for s in dataset))
+    dataset.storage.close()
+
+
+@pytest.mark.s3
+def test_processes_sharing_a_cache_dir_each_read_exactly(s3, tmp_path):
+    base, options = s3
+    payloads = _pack(base + "/ds", options, shards=3, samples=6, size=200 * 1024)
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    cache_dir = str(tmp_path / "cache")
+    processes = [
+        context.Process(target=_epoch_keys, args=(base + "/ds", options, cache_dir, queue)) for _ in range(3)
+    ]
+    for process in processes:
+        process.start()
+    results = [queue.get(timeout=120) for _ in processes]
+    for process in processes:
+        process.join(30)
+    queue.close()
+    queue.join_thread()
+    expected = sorted(hashlib.sha256(p).hexdigest() for p in payloads.values())
+    assert results == [expected] * 3
+    assert all(process.exitcode == 0 for process in processes)
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_dataloader_workers_read_concurrently_after_the_parent_did(s3, context):
+    base, options = s3
+    payloads = _pack(base + "/ds", options, shards=4, samples=5, size=400 * 1024)
+    dataset = shardstream.StreamingDataset(base + "/ds", storage_options=options, shuffle=False)
+    assert sum(1 for _ in dataset) == 20  # the parent made its read pools and clients first
+    loader = shardstream.DataLoader(
+        dataset, batch_size=None, num_workers=2, multiprocessing_context=context, collate_fn=None
+    )
+    got = {s["__key__"]: s["bin"] for s in loader}
+    assert got == payloads
+    dataset.storage.close()
+
+
+# -- small samples -------------------------------------------------------------------------
+
+
+def test_pack_says_when_tar_members_are_small_and_names_parquet(tmp_path):
+    from shardstream.pack.api import advise_format, pack
+
+    source = tmp_path / "src"
+    source.mkdir()
+    for i in range(50):
+        (source / f"{i:04d}.txt").write_bytes(b"x" * 250)
+        (source / f"{i:04d}.cls").write_bytes(b"%d" % (i % 3))
+    small = pack(str(source), str(tmp_path / "tar"), format="tar", workers=1)
+    assert "--format parquet" in (advise_format(small) or "")
+    big = tmp_path / "big"
+    big.mkdir()
+    for i in range(5):
+        (big / f"{i:04d}.bin").write_bytes(os.urandom(20000))
+    assert advise_format(pack(str(big), str(tmp_path / "tar-big"), format="tar", workers=1)) is None
+    parquet = pack(str(source), str(tmp_path / "pq"), format="parquet", workers=1)
+    assert advise_format(parquet) is None
