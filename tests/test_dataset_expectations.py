@@ -1,5 +1,5 @@
 """An iteration does no O(shards) work to check its reads (issue 10): the Expected of a
-manifest are made once and shared by every reader of it."""
+manifest are made once per dataset and process, and shared by every reader it makes."""
 
 from __future__ import annotations
 
@@ -32,7 +32,6 @@ def test_iterations_share_the_expectations_of_their_manifest(dataset, monkeypatc
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(fetch, "Expected", Counted)
-    monkeypatch.setattr(fetch, "_shared", [], raising=False)
     first = list(dataset)
     per_manifest = len(made)
     assert 0 < per_manifest <= 2 * SHARDS
@@ -42,10 +41,16 @@ def test_iterations_share_the_expectations_of_their_manifest(dataset, monkeypatc
     assert len(made) == per_manifest
 
 
-def test_readers_of_one_manifest_get_one_read_only_mapping(dataset):
-    one = fetch.ByteFetcher(dataset.storage, dataset.manifest)._expected
-    two = fetch.ByteFetcher(dataset.storage, dataset.manifest)._expected
-    assert one is two
+def test_the_readers_of_a_dataset_get_one_read_only_mapping(dataset):
+    list(dataset)
+    one = dataset._expectations()
+    dataset.set_epoch(1)
+    list(dataset)
+    assert dataset._expectations() is one
     assert one[dataset.manifest.shards[0].path].sha256 == dataset.manifest.shards[0].sha256
     with pytest.raises(TypeError):
         one["x"] = None  # type: ignore[index]
+    other = shardstream.StreamingDataset(dataset.url, decode=False)
+    list(other)
+    assert other._expectations() is not one  # another dataset: its own
+    assert fetch.ByteFetcher(dataset.storage, expected=one)._expected is one

@@ -512,13 +512,7 @@ PROCESS_STATE = {
     "storage/s3read.py:_ABANDONED": "clients of a parent process, kept (never used) in a child",
     "storage/s3read.py:_LOADERS": "botocore's model loaders by data path, shared by every client",
     "storage/s3read.py:_lock": "guards _LOADERS; made anew in a fork child",
-    # Per-object state still at module level: each belongs to the Storage or dataset it
-    # serves, in modules other work owns now (reads: fetch, reader, storage).
-    "dataset/indexes.py:IndexCache._by_storage": "per Storage: belongs in the Storage",
-    "dataset/indexes.py:IndexCache._by_storage_lock": "guards _by_storage; made anew in a fork child",
-    "dataset/fetch.py:_shared": "per manifest: belongs to the dataset that holds the manifest",
-    "dataset/fetch.py:_shared_lock": "guards _shared; made anew in a fork child",
-    "dataset/reader.py:_SKIPPED": "skips logged per shard URL: belongs to the dataset that skips",
+    "dataset/reader.py:_SKIPPED": "a log's once-per-shard filter (as warnings' registry): per process",
 }
 
 

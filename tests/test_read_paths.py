@@ -413,14 +413,14 @@ def test_sidecars_are_read_once_for_two_epochs(tmp_path, monkeypatch):
 def test_sidecar_cache_is_keyed_by_the_manifest_entry(tmp_path):
     url = str(tmp_path / "ds")
     write_dataset(url, [5])
-    storage = Storage(url)
+    storage, indexes = Storage(url), IndexCache()  # one dataset's LRU, shared by its readers
     old = storage.read_manifest()
-    assert WindowReader(storage, old).index(0).num_samples == 5
+    assert WindowReader(storage, old, indexes=indexes).index(0).num_samples == 5
     write_dataset(url, [7])  # the same path rewritten, in a new manifest
     new = storage.read_manifest()
     assert new.shards[0].path == old.shards[0].path
-    assert WindowReader(storage, new).index(0).num_samples == 7
-    assert WindowReader(storage, old).index(0).num_samples == 5  # still cached
+    assert WindowReader(storage, new, indexes=indexes).index(0).num_samples == 7
+    assert WindowReader(storage, old, indexes=indexes).index(0).num_samples == 5  # still cached
 
 
 def test_a_window_of_more_shards_than_the_lru_reads_each_sidecar_once(tmp_path, monkeypatch):
@@ -442,7 +442,7 @@ def test_sidecar_cache_is_a_bounded_lru(tmp_path, monkeypatch):
     for epoch in range(2):
         dataset.set_epoch(epoch)
         assert len(list(dataset)) == shards
-    cache = IndexCache.of(dataset.storage)
+    cache = dataset._indexes
     assert cache.size == INDEX_CACHE_SIZE
     assert sum(cache.get(info) is not None for info in dataset.manifest.shards) == INDEX_CACHE_SIZE
     assert shards + 4 <= len(reads.paths) < 2 * shards  # evicted ones read again, the rest not
@@ -456,17 +456,20 @@ def test_sidecar_cache_is_a_bounded_lru(tmp_path, monkeypatch):
     assert [lru.get(info) for info in infos] == ["a", None, "c"]
 
 
-def test_sidecar_cache_is_reset_in_a_forked_child(tmp_path):
+def test_sidecar_cache_is_made_anew_in_a_forked_child(tmp_path):
+    """The dataset keeps its sidecars with its Storage, and a fork child makes both anew
+    (the parent's cache and its lock are never used there)."""
     url = str(tmp_path / "ds")
     write_dataset(url, [5, 6])
     dataset = shardstream.StreamingDataset(url, decode=False)
     assert len(list(dataset)) == 11
-    storage, info = dataset.storage, dataset.manifest.shards[0]
-    parent_cache = IndexCache.of(storage)
+    info = dataset.manifest.shards[0]
+    parent_cache = dataset._indexes
+    assert parent_cache is not None
     assert parent_cache.get(info) is not None
     read, write = os.pipe()
-    # Fork while another thread would hold the registry's lock: the child must not inherit it held.
-    lock = IndexCache._by_storage_lock
+    # Fork while another thread would hold the cache's lock: the child must not use it.
+    lock = parent_cache._lock
     lock.acquire()
     try:
         pid = os.fork()
@@ -478,11 +481,10 @@ def test_sidecar_cache_is_reset_in_a_forked_child(tmp_path):
         try:
             os.close(read)
             signal.alarm(20)  # a deadlock on an inherited lock ends the child
-            cache = IndexCache.of(storage)
-            fresh = cache is not parent_cache and cache.get(info) is None
-            WindowReader(storage, dataset.manifest).index(0)  # read again, kept in the child's cache
-            again = IndexCache.of(storage) is cache and cache.get(info) is not None
-            answer = f"fresh={fresh} again={again}".encode()
+            count = len(list(dataset))  # a new Storage, and with it a new cache
+            cache = dataset._indexes
+            fresh = cache is not parent_cache and count == 11 and cache.get(info) is not None
+            answer = f"fresh={fresh}".encode()
         finally:
             os.write(write, answer)
             os._exit(0)
@@ -491,6 +493,6 @@ def test_sidecar_cache_is_reset_in_a_forked_child(tmp_path):
     with os.fdopen(read, "rb") as pipe:
         answer = pipe.read()
     os.waitpid(pid, 0)
-    assert answer == b"fresh=True again=True"
-    assert IndexCache.of(storage) is parent_cache
+    assert answer == b"fresh=True"
+    assert dataset._indexes is parent_cache
     assert parent_cache.get(info) is not None

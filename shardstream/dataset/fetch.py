@@ -35,8 +35,6 @@
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
@@ -53,33 +51,11 @@ READ_THREADS = 16  # requests in flight per DataLoader worker, on object storage
 Item = tuple[str, "ByteRange | None"]  # (path, byte range or None for the whole file)
 
 
-# Every iteration makes a new reader, so the Expected of a manifest (two per shard) are
-# made once and shared by identity, not remade per worker per epoch (O(shards) each).
-_SHARED_MAX = 4
-_shared: list[tuple[Manifest, Mapping[str, Expected]]] = []
-_shared_lock = threading.Lock()
-
-
-def _new_lock_in_child() -> None:  # a fork child: another thread of the parent may have held it
-    global _shared_lock
-    _shared_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_new_lock_in_child)
-
-
 def expectations(manifest: Manifest) -> Mapping[str, Expected]:
-    """What ``manifest`` says of each object it names: shards, then sidecars (by path);
-    made once per manifest object (a read-only mapping, shared)."""
-    with _shared_lock:
-        for known, expected in _shared:
-            if known is manifest:
-                return expected
-    made = MappingProxyType(_expectations(manifest))
-    with _shared_lock:
-        _shared.insert(0, (manifest, made))
-        del _shared[_SHARED_MAX:]
-    return made
+    """What ``manifest`` says of each object it names: shards, then sidecars (by path), as
+    a read-only mapping. O(shards): a dataset makes it once per process and hands it to
+    each reader (every iteration makes a new one)."""
+    return MappingProxyType(_expectations(manifest))
 
 
 def _expectations(manifest: Manifest) -> dict[str, Expected]:
@@ -106,6 +82,7 @@ class ByteFetcher:
         *,
         threads: int = READ_THREADS,
         local_reads: str = "auto",
+        expected: Mapping[str, Expected] | None = None,
     ) -> None:
         self.storage = storage
         self.threads = threads
@@ -116,7 +93,9 @@ class ByteFetcher:
         self.mapped = storage.cached or (
             folder and (local_reads == "map" or (local_reads == "auto" and storage.read_only_mount))
         )
-        self._expected: Mapping[str, Expected] = expectations(manifest) if manifest is not None else {}
+        if expected is None:  # what ``expectations(manifest)`` gives; a dataset passes its own
+            expected = expectations(manifest) if manifest is not None else {}
+        self._expected: Mapping[str, Expected] = expected
         self._pool = ReadPool(threads) if threads > 1 and not storage.local_files else None
         # a cached dataset's entries are filled in parts too (NOTE [ Filling the cache ])
         self._fill_pool = ReadPool(threads) if threads > 1 and storage.cached else None

@@ -1,16 +1,12 @@
-"""The sample indexes (sidecars) a process keeps: a small LRU per Storage."""
+"""The sample indexes (sidecars) a dataset keeps in each process: a small LRU."""
 
 from __future__ import annotations
 
 import collections
-import os
 import threading
-import weakref
-from typing import ClassVar
 
 from shardstream.formats.base import SampleIndex
 from shardstream.manifest import ShardInfo
-from shardstream.storage import Storage
 
 __all__ = ["INDEX_CACHE_SIZE", "IndexCache"]
 
@@ -19,39 +15,25 @@ __all__ = ["INDEX_CACHE_SIZE", "IndexCache"]
 INDEX_CACHE_SIZE = 48
 
 # NOTE [ Sidecars across epochs ]
-# Every iteration makes a new WindowReader, but the sidecars it loads are kept per
-# Storage (one per dataset and process), so the next epoch of a persistent DataLoader
+# Every iteration makes a new WindowReader, but the sidecars it loads are kept by the
+# dataset (one IndexCache per dataset and process, made with its Storage and anew after a
+# fork, as the Storage is), so the next epoch of a persistent DataLoader
 # worker or of an in-process loop does not read them again (on S3, one GET per shard per
 # epoch; measured ~7% of a 64 MB-shard epoch on moto). They are keyed by the shard's whole
 # manifest entry (paths, sizes, sha256), so another manifest never gets a stale index,
-# and held while the Storage lives: at most INDEX_CACHE_SIZE of them.
+# and held while the dataset lives: at most INDEX_CACHE_SIZE of them.
 
 
 class IndexCache:
-    """A small thread-safe LRU of sample indexes; one per Storage (NOTE [ Sidecars across epochs ])."""
+    """A small thread-safe LRU of sample indexes; one per dataset and process (NOTE [ Sidecars
+    across epochs ])."""
 
     __slots__ = ("_items", "_lock", "size")
-    _by_storage: ClassVar[weakref.WeakKeyDictionary[Storage, IndexCache]] = weakref.WeakKeyDictionary()
-    _by_storage_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, size: int = INDEX_CACHE_SIZE) -> None:
         self.size = size
         self._items: collections.OrderedDict[ShardInfo, SampleIndex] = collections.OrderedDict()
         self._lock = threading.Lock()
-
-    @classmethod
-    def of(cls, storage: Storage) -> IndexCache:
-        """The cache of ``storage``, made on first use; it goes when the Storage does."""
-        with cls._by_storage_lock:
-            cache = cls._by_storage.get(storage)
-            if cache is None:
-                cache = cls._by_storage[storage] = cls()
-            return cache
-
-    @classmethod
-    def _forget_all(cls) -> None:  # in a fork child: a parent's locks may be held, its Storages are not used
-        cls._by_storage = weakref.WeakKeyDictionary()
-        cls._by_storage_lock = threading.Lock()
 
     def get(self, key: ShardInfo) -> SampleIndex | None:
         with self._lock:
@@ -66,6 +48,3 @@ class IndexCache:
             self._items.move_to_end(key)
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
-
-
-os.register_at_fork(after_in_child=IndexCache._forget_all)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -26,7 +26,7 @@ from shardstream.formats import get_format
 from shardstream.formats.base import Sample, SampleIndex
 from shardstream.formats.checks import BLOCK, ShardChecks
 from shardstream.manifest import Manifest
-from shardstream.storage import Prefetcher, Storage
+from shardstream.storage import Expected, Prefetcher, Storage
 from shardstream.types import ByteRange
 
 __all__ = [
@@ -120,7 +120,12 @@ class WindowReader:
         local_reads: str = "auto",
         read_budget: int = DEFAULT_READ_BUDGET,
         read_concurrency: int = READ_THREADS,
+        indexes: IndexCache | None = None,
+        expected: Mapping[str, Expected] | None = None,
     ) -> None:
+        """``indexes``: the dataset's sidecar LRU, kept across its iterations (NOTE [ Sidecars
+        across epochs ]); ``expected``: ``fetch.expectations(manifest)``, made once by the
+        dataset (both made here when not given)."""
         self.storage = storage
         self.manifest = manifest
         self.format = get_format(manifest.format)
@@ -128,10 +133,12 @@ class WindowReader:
         self.prefetch = prefetch
         self.verify_checksums = verify_checksums
         self._holes = 0  # samples the format could not decode, replaced by None
-        self._indexes = IndexCache.of(storage)
+        self._indexes = indexes if indexes is not None else IndexCache()
         self._prefetcher: Prefetcher[Any, tuple[list[Fetched], int]] | None = None
         # reads are checked against the manifest
-        self.bytes = ByteFetcher(storage, manifest, threads=read_concurrency, local_reads=local_reads)
+        self.bytes = ByteFetcher(
+            storage, manifest, threads=read_concurrency, local_reads=local_reads, expected=expected
+        )
         # Object storage, cached too: how far ahead windows are fetched (NOTE [ Read budget ]).
         ahead = read_concurrency > 1 and (storage.cached or not self.bytes.local)  # 1: as before issue 9
         self.budget = ReadBudget(read_budget) if ahead else None

@@ -21,13 +21,14 @@ from shardstream.dataset.budget import DEFAULT_READ_BUDGET
 from shardstream.dataset.bulk import decoded_window
 from shardstream.dataset.config import DatasetConfig
 from shardstream.dataset.decode import Decoder
-from shardstream.dataset.fetch import READ_THREADS
+from shardstream.dataset.fetch import READ_THREADS, expectations
+from shardstream.dataset.indexes import IndexCache
 from shardstream.dataset.reader import WindowReader, report_skip
 from shardstream.errors import FormatError, StateError, UsageError, shown
 from shardstream.manifest import Manifest, dataset_fingerprint
 from shardstream.plan import EpochPlan, PlanConfig
 from shardstream.plan.state import RESUME_VERSION, ResumeState
-from shardstream.storage import Storage
+from shardstream.storage import Expected, Storage
 from shardstream.topology import Detector
 
 __all__ = ["STATE_VERSION", "StreamingDataset"]
@@ -123,6 +124,11 @@ class StreamingDataset(IterableDataset):
         self._fingerprint: str | None = None  # of the manifest, computed once
         self._storage: Storage | None = None
         self._storage_pid = -1
+        # Made with the Storage, anew in each process: the sidecar LRU kept across this
+        # process's iterations (NOTE [ Sidecars across epochs ]) and what the manifest says
+        # of each object, checked on every read (O(shards) to make).
+        self._indexes: IndexCache | None = None
+        self._expected: Mapping[str, Expected] | None = None
         self._iteration: _Iteration | None = None  # the latest in-process one
         self.num_skipped = 0  # samples skipped with on_error="skip", in this process
 
@@ -155,6 +161,7 @@ class StreamingDataset(IterableDataset):
                 cfg.url, cfg.storage_options, cache_dir=cfg.cache_dir, cache_limit=cfg.cache_limit
             )
             self._storage_pid = os.getpid()
+            self._indexes, self._expected = IndexCache(), None
         return self._storage
 
     @property
@@ -290,8 +297,16 @@ class StreamingDataset(IterableDataset):
             local_reads=self.config.local_reads,
             read_budget=self.config.read_budget,
             read_concurrency=self.config.read_concurrency,
+            indexes=self._indexes,
+            expected=self._expectations(),
         )
         return self._samples(reader, plan.worker_windows(rank, worker), iteration)
+
+    def _expectations(self) -> Mapping[str, Expected]:
+        """What the manifest says of each object, made once per process (after ``storage``)."""
+        if self._expected is None:
+            self._expected = expectations(self.manifest)
+        return self._expected
 
     def _samples(self, reader: WindowReader, windows: Iterator[Any], iteration: _Iteration) -> Iterator[Any]:
         decoder, transform = self.config.decoder, self.config.transform
@@ -341,6 +356,7 @@ class StreamingDataset(IterableDataset):
             self.rank_and_world()  # resolve in the main process, where torch.distributed lives
         state = dict(self.__dict__)
         state["_storage"], state["_storage_pid"], state["_iteration"] = None, -1, None
+        state["_indexes"], state["_expected"] = None, None  # made anew where it is unpickled
         return state  # the epoch pickles as Epoch decides: shared only with starting workers
 
 
