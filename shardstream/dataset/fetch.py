@@ -23,9 +23,8 @@
 # may choose the mapping (``local_reads="map"``) for a dataset that nothing rewrites in
 # place while it is read: a pack (``--overwrite`` too) renames finished files into place
 # and ``rm`` unlinks, both safe; ``cp`` over a shard, ``rsync --inplace`` or ``truncate``
-# are not. On small tar samples the mapping streams about twice as fast, and the block
-# CRCs then cost nothing: their pass in the prefetch thread faults in the pages decoding
-# reads next (``tools/bench_stream.py --only small`` prints both).
+# are not. On small tar samples the mapping streams about twice as fast
+# (``tools/bench_stream.py --only small`` prints both, and what the block CRCs cost in each).
 #
 # Every read also carries what the manifest says of its object (``Expected``: size and
 # sha256 of shards; size and the shard's sha256 for sidecars), so a changed object fails
