@@ -26,7 +26,6 @@ from shardstream.counts import check_int
 from shardstream.dataset.bulk import decode_samples
 from shardstream.dataset.config import DatasetConfig
 from shardstream.dataset.decode import Decoder
-from shardstream.dataset.fetch import ByteFetcher
 from shardstream.dataset.keys import KeyFinder
 from shardstream.dataset.reader import Read, WindowReader
 from shardstream.errors import FormatError, ShardstreamError, StorageError
@@ -134,8 +133,13 @@ class MapDataset(Dataset):
             )
             manifest = self._manifest if self._manifest is not None else storage.read_manifest()
             self._manifest = manifest
-            reader = WindowReader(storage, manifest, prefetch=0, verify_checksums=cfg.verify_checksums)
-            reader.bytes = ByteFetcher(storage, manifest, threads=self.read_threads)
+            reader = WindowReader(
+                storage,
+                manifest,
+                prefetch=0,
+                verify_checksums=cfg.verify_checksums,
+                read_concurrency=self.read_threads,
+            )
             finder = KeyFinder(reader, self._offsets())
             opened = self._open = (os.getpid(), storage, reader, finder, threading.Lock())
         return opened[1], opened[2], opened[3]
