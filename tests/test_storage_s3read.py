@@ -434,3 +434,39 @@ def _child_reads(storage: Storage, parent_pid: int, close_first: bool) -> None:
         raise SystemExit(5)
     storage.write("child.bin", data)
     storage.close()
+
+
+class _Body:
+    def __init__(self, data: bytes) -> None:
+        self.data, self.closed = data, False
+
+    def read(self) -> bytes:
+        return self.data
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("status", [200, 206])
+def test_read_into_cuts_only_a_whole_object_body(monkeypatch, status):
+    """A 206 body is the range, also when it carries a ContentEncoding (as aws-chunked
+    objects do): only a 200 (the server ignored Range) is cut, as ``read`` cuts it."""
+    data = bytes(range(256)) * 40
+    rng = ByteRange(4000, 5000)
+    body = data if status == 200 else data[rng.start : rng.end]
+    reader = S3Reader({})
+
+    def get(bucket, key, rng_, size):
+        meta = {"HTTPStatusCode": status}
+        return {
+            "Body": _Body(body),
+            "ContentLength": len(body),
+            "ContentEncoding": "aws-chunked",
+            "ResponseMetadata": meta,
+        }
+
+    monkeypatch.setattr(reader, "_get", get)
+    out = bytearray(rng.length)
+    assert reader.read_into("b", "k", rng, memoryview(out), size=None) == rng.length
+    assert bytes(out) == data[rng.start : rng.end]
+    assert reader.read("b", "k", rng) == data[rng.start : rng.end]

@@ -235,17 +235,7 @@ class S3Reader:
         ``size``: the object's expected total size; another raises ``SizeChanged``.
         """
         response = self._get(bucket, key, rng, size)
-        if response is None:
-            return b""
-        body = response["Body"]
-        try:
-            data = body.read()
-        finally:
-            body.close()
-        _check_length(response, len(data))
-        if rng is not None and response["ResponseMetadata"].get("HTTPStatusCode") == 200:
-            data = data[rng.start : rng.end]  # the server ignored Range and sent it all
-        return data
+        return b"" if response is None else _body(response, rng)
 
     def read_into(self, bucket: str, key: str, rng: ByteRange, out: memoryview, *, size: int | None) -> int:
         """``read`` of ``rng`` straight into ``out`` (its length): the body is read into
@@ -259,13 +249,11 @@ class S3Reader:
         plain = response["ResponseMetadata"].get("HTTPStatusCode") == 206 and not response.get(
             "ContentEncoding"
         )
+        if raw is None or not plain or not hasattr(raw, "readinto"):  # as ``read`` reads it
+            data = _body(response, rng)
+            out[: len(data)] = data
+            return len(data)
         try:
-            if raw is None or not plain or not hasattr(raw, "readinto"):
-                data = body.read()
-                _check_length(response, len(data))
-                data = data[rng.start : rng.end] if not plain else data
-                out[: len(data)] = data
-                return len(data)
             got = 0
             while got < len(out) and (n := raw.readinto(out[got:])):
                 got += n
@@ -331,6 +319,21 @@ def _total_size(response: Mapping[str, Any]) -> int | None:
         length = response.get("ContentLength")
         return int(length) if length is not None else None
     return None
+
+
+def _body(response: Any, rng: ByteRange | None) -> bytes:
+    """The body of a GetObject response, read whole and its length checked: the bytes of
+    ``rng``, cut out here only where the server ignored Range and sent the whole object
+    (status 200; a 206 body is the range, whatever its ``ContentEncoding``)."""
+    body = response["Body"]
+    try:
+        data = body.read()
+    finally:
+        body.close()
+    _check_length(response, len(data))
+    if rng is not None and response["ResponseMetadata"].get("HTTPStatusCode") == 200:
+        data = data[rng.start : rng.end]
+    return data
 
 
 def _check_length(response: Mapping[str, Any], got: int) -> None:
