@@ -130,8 +130,8 @@ class ByteFetcher:
         """Whether a read is cut into parts (the caller's thread waits for them: a thread
         of the pool waiting for its own pool could wait forever)."""
         if rng is None:
-            size = self._expected.get(path, Expected(None)).size
-            rng = ByteRange(0, size) if size is not None else None
+            expect = self._expected.get(path)
+            rng = ByteRange(0, expect.size) if expect is not None and expect.size is not None else None
         return rng is not None and self._pool is not None and len(split(rng)) > 1
 
     def read(self, path: str, rng: ByteRange | None) -> bytes | memoryview:

@@ -25,7 +25,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -36,7 +35,6 @@ __all__ = [
     "Expected",
     "SizeChanged",
     "changed_error",
-    "download",
     "short_read",
     "short_whole_read",
     "size_changed_error",
@@ -91,21 +89,6 @@ def size_changed_error(
     else:
         what = f"the object has {actual} bytes, the manifest says {expected}"
     return changed_error(url, shard, what, offset=start)
-
-
-def download(read: Callable[[ByteRange], bytes], tmp: str, size: int, chunk: int, sha256: str) -> str | None:
-    """Write the object's ``size`` bytes to ``tmp`` in ranged reads of ``chunk`` bytes;
-    with ``sha256``, hash them as they come and return the hash if it differs (else None)."""
-    digest = hashlib.sha256() if sha256 else None
-    with open(tmp, "wb") as f:
-        for start in range(0, size, chunk):
-            data = read(ByteRange(start, min(size, start + chunk)))
-            f.write(data)
-            if digest is not None:
-                digest.update(data)
-    if digest is None or digest.hexdigest() == sha256.lower():
-        return None
-    return digest.hexdigest()
 
 
 def short_whole_read(size_now: Callable[[], int], url: str, got: int, size: int) -> None:
