@@ -34,15 +34,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def figures(output: str) -> dict[tuple[str, int], float]:
-    """``{(line with numbers blanked, place): value}`` for every number ``output`` prints.
-
-    A line that occurs twice with the same shape keeps its first figures."""
+    """``{(section | line with numbers blanked, place): value}`` for every number ``output``
+    prints. A section is named by the last line not indented (benchmarks print the same
+    rows in each of theirs); a line that occurs twice in one section keeps its first figures."""
     found: dict[tuple[str, int], float] = {}
+    section = ""
     for line in output.splitlines():
+        if line.strip() and not line[0].isspace():
+            section = " ".join(_NUMBER.sub("#", line).split())[:40]
         numbers = _NUMBER.findall(line)
         if not numbers:
             continue
         shape = " ".join(_NUMBER.sub("#", line).split())
+        if line[0].isspace() and section:
+            shape = f"[{section}] {shape}"
         for place, text in enumerate(numbers):
             found.setdefault((shape, place), float(text.replace(",", "")))
     return found
@@ -101,8 +106,14 @@ def show(
             continue
         ratios = [h / b for b, h in zip(bases, heads, strict=True) if b]
         ratio = f"{statistics.median(ratios):9.3f}x" if ratios else "        -"
-        pieces = shape.split("#")
-        label = "#".join(pieces[: place + 1]) + "@" + "#".join(pieces[place + 1 :])
+        section, _, line = shape.rpartition("] ") if shape.startswith("[") else ("", "", shape)
+        pieces = line.split("#")
+        label = (
+            f"{section}] " * bool(section)
+            + "#".join(pieces[: place + 1])
+            + "@"
+            + "#".join(pieces[place + 1 :])
+        )
         print(f"{statistics.median(bases):11.4g} {statistics.median(heads):11.4g} {ratio}  {label[:100]}")
 
 
