@@ -278,8 +278,16 @@ def test_a_window_is_laid_out_lazily_whatever_the_manifest_claims():
     from shardstream.plan import EpochPlan, PlanConfig
     from shardstream.plan.config import MAX_WINDOW
 
-    plan = EpochPlan([10, 10**15, 10], PlanConfig(), epoch=0, world_size=1)
+    tracemalloc.start()
+    try:
+        plan = EpochPlan([10, 10**15, 10], PlanConfig(), epoch=0, world_size=1)
+        windows = plan.worker_windows(0, 0)
+        next(windows)  # a window is made; its samples are not laid out until asked for
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
     assert plan.shuffle_window > 10**15
+    assert peak < 64 << 20, f"{peak / 2**20:.0f} MiB allocated for a plan of a 10**15-sample shard"
     with pytest.raises(shardstream.errors.PlanError, match="at most"):
         PlanConfig(shuffle_window=MAX_WINDOW + 1)
 

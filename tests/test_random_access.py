@@ -156,6 +156,13 @@ def test_key_lookup_in_unsorted_shards(tmp_path):
         assert dataset.get_by_key(key)["__key__"] == key
     with pytest.raises(KeyError):
         dataset.index_of("key-9999")
+    # The README's promise: the key tables of the last 16 shards searched are kept, so
+    # another pass over these 7 shards builds none again.
+    finder = dataset._parts()[2]
+    kept = {shard: id(table) for shard, table in finder._tables.items()}
+    assert len(kept) == 7
+    assert [dataset.index_of(key) for key in keys] == list(range(40))
+    assert {shard: id(table) for shard, table in finder._tables.items()} == kept
 
 
 @pytest.mark.s3
