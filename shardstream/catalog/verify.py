@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardstream.catalog.index import _DEFAULT_THREADS, _hidden, _map, _read_shard
-from shardstream.digests import sha256_of
+from shardstream.digests import checks_of
 from shardstream.errors import FormatError, ShardstreamError, StorageError
 from shardstream.formats import SampleIndex, ShardFormat, get_format
 from shardstream.formats.checks import ShardChecks
@@ -55,19 +55,19 @@ class VerifyReport:
 
 def _check_shard(storage: Storage, fmt: ShardFormat, info: ShardInfo) -> tuple[list[str], bool]:
     """Problems of one shard (empty when it is sound), and whether its sidecar is unchecked."""
-    try:
-        size = storage.size(info.path)
+    problems = []
+    rebuilt: SampleIndex | None = None
+    try:  # one pass gives the index, the size and the sha256
+        try:
+            rebuilt, _fields, digest, size = _read_shard(storage, fmt, info.path)
+        except FormatError as error:
+            problems.append(f"is corrupt: {error}")
+            checks = checks_of(storage, info.path)
+            digest, size = checks.sha256, checks.size
     except StorageError as error:
         return [f"cannot be read: {error.message}"], False
-    problems = []
     if size != info.bytes:
-        problems.append(f"is {size} bytes, the manifest says {info.bytes}")
-    rebuilt: SampleIndex | None = None
-    try:
-        rebuilt, _fields, digest, _size = _read_shard(storage, fmt, info.path)
-    except FormatError as error:
-        problems.append(f"is corrupt: {error}")
-        digest = sha256_of(storage, info.path)
+        problems.insert(0, f"is {size} bytes, the manifest says {info.bytes}")
     if digest != info.sha256:
         problems.append(f"has sha256 {digest[:16]}..., the manifest says {info.sha256[:16]}...")
     if rebuilt is not None and rebuilt.num_samples != info.samples:
