@@ -70,7 +70,7 @@ class ShardSampler(Sampler[int]):
             read_lanes=read_lanes,
         )
         # The plan's batch: this rank's part of a global batch, or single indices.
-        self._batch = max(1, int(global_batch_size or 1) // self.num_replicas) if self.config.is_global else 1
+        self._batch = self.config.rank_batch_size(self.num_replicas)
         self.shard_sizes = shard_sizes_array(shard_sizes)
         self.offsets = np.cumsum(self.shard_sizes) - self.shard_sizes
         self.epoch = 0

@@ -194,7 +194,7 @@ class StreamingDataset(IterableDataset):
             return self._loader_shape[0]
         plan = self.config.plan
         if self.config.batch_size is None and plan.is_global:
-            return max(1, int(plan.global_batch_size or 1) // self.rank_and_world()[1])
+            return plan.rank_batch_size(self.rank_and_world()[1])
         return self.config.batch_size or 1
 
     def __len__(self) -> int:

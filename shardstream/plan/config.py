@@ -118,6 +118,11 @@ class PlanConfig:
     def is_global(self) -> bool:
         return self.order == "global"
 
+    def rank_batch_size(self, world_size: int) -> int:
+        """The plan's batch on each of ``world_size`` ranks: its part of a global batch
+        (order="global", NOTE [ Global order ]), else 1."""
+        return max(1, int(self.global_batch_size or 1) // world_size) if self.is_global else 1
+
     def window_for(self, sizes: np.ndarray) -> int:
         """The window in samples for a dataset of these shard sizes."""
         if self.shuffle_window is not None:
