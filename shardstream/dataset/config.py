@@ -16,6 +16,7 @@ from shardstream.dataset.decode import Decoder, SampleDecoder
 from shardstream.dataset.fetch import READ_THREADS
 from shardstream.errors import PlanError, UsageError
 from shardstream.plan import PlanConfig
+from shardstream.storage import Storage
 
 __all__ = ["LOCAL_READS", "ON_ERROR", "DatasetConfig"]
 
@@ -120,6 +121,10 @@ class DatasetConfig:
         return cls(
             url=url, plan=plan, decoder=decoder, storage_options=dict(storage_options or {}), **options
         )
+
+    def open_storage(self) -> Storage:
+        """A new Storage of the dataset, with its options and cache (one per process)."""
+        return Storage(self.url, self.storage_options, cache_dir=self.cache_dir, cache_limit=self.cache_limit)
 
     # The plan's knobs, read where they always were.
 

@@ -128,9 +128,7 @@ class MapDataset(Dataset):
         opened = self._open
         if opened is None or opened[0] != os.getpid():
             cfg = self.config
-            storage = Storage(
-                cfg.url, cfg.storage_options, cache_dir=cfg.cache_dir, cache_limit=cfg.cache_limit
-            )
+            storage = cfg.open_storage()
             manifest = self._manifest if self._manifest is not None else storage.read_manifest()
             self._manifest = manifest
             reader = WindowReader(

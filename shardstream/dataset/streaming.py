@@ -156,10 +156,7 @@ class StreamingDataset(IterableDataset):
     def storage(self) -> Storage:
         """This process's storage client: made lazily, and made anew after a fork."""
         if self._storage is None or self._storage_pid != os.getpid():
-            cfg = self.config
-            self._storage = Storage(
-                cfg.url, cfg.storage_options, cache_dir=cfg.cache_dir, cache_limit=cfg.cache_limit
-            )
+            self._storage = self.config.open_storage()
             self._storage_pid = os.getpid()
             self._indexes, self._expected = IndexCache(), None
         return self._storage
