@@ -196,12 +196,9 @@ def decoded_window(
     taken from a copy of it.
     """
     decoder = dataset.config.decoder
-    try:
-        samples = list(copy.copy(ordered))
-    except TypeError:  # not a copyable iterator: decode as it comes
-        samples = None
-    if decoder is None or samples is None:
-        return dataset._decoded(ordered, order, window, reader)
+    if decoder is None:
+        return dataset._decoded(ordered)
+    samples = list(copy.copy(ordered))  # a list iterator (_Iteration.start_window's)
     return _chunks(dataset, decoder, samples, ordered, order, window, reader)
 
 

@@ -321,25 +321,15 @@ class StreamingDataset(IterableDataset):
         finally:
             reader.close()
 
-    def _decoded(
-        self, ordered: Iterator[Any], order: list[int], window: Any, reader: WindowReader
-    ) -> Iterator[Any]:
-        """The samples of one window decoded, and with ``on_error="skip"`` those the format
-        or a decoder could not read left out (counted and logged)."""
-        decoder, transform = self.config.decoder, self.config.transform
-        for position, sample in enumerate(ordered):
+    def _decoded(self, ordered: Iterator[Any]) -> Iterator[Any]:
+        """The samples of one undecoded window (``decode=False``; decoded windows go through
+        ``bulk.decoded_window``), those the format could not read with ``on_error="skip"``
+        left out and counted."""
+        transform = self.config.transform
+        for sample in ordered:
             if sample is None:  # the shard format could not decode it (on_error="skip")
                 self.num_skipped += 1
                 continue
-            if decoder is not None:
-                try:
-                    sample = decoder(sample, url=self.url)
-                except FormatError as error:
-                    located = reader.locate(error, window, order[position])
-                    if self.config.on_error != "skip":
-                        raise located from error
-                    self._skip(located)
-                    continue
             yield sample if transform is None else transform(sample)
 
     def _skip(self, error: FormatError) -> None:
