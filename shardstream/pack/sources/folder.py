@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any
 
 from shardstream.errors import PackError, StorageError
-from shardstream.formats.base import Sample, ShardFormat
-from shardstream.pack.sizing import file_sample_sizer
+from shardstream.formats.base import FileSizer, Sample, ShardFormat
 from shardstream.pack.sources.base import Entry, Source, input_storage, list_files, walk
 from shardstream.storage import file_kind
 
@@ -66,7 +65,7 @@ class FolderSource(Source):
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         super().__init__(url, storage_options)
-        self._sizer: Callable[[str, Any], int] | None = None
+        self._sizer: FileSizer | None = None
         self._sizer_format = ""
         # Read-only, so retries and timeouts apply to remote files (NOTE [ One retry layer ]).
         self._storage = input_storage(url, self.storage_options)
@@ -141,9 +140,9 @@ class FolderSource(Source):
     def size(self, entry: Entry, fmt: ShardFormat) -> int:
         sizer = self._sizer
         if sizer is None or self._sizer_format != fmt.name:
-            sizer = file_sample_sizer(fmt)
+            sizer = fmt.file_sizer()
             self._sizer, self._sizer_format = sizer, fmt.name
-        return sizer(entry.key, entry.where)
+        return sizer(entry.key, *entry.where)  # where: (fields, file sizes)
 
     def entry_url(self, entry: Entry) -> str:
         return f"{self._base}/{entry.key}.{entry.where[0][0]}"
