@@ -391,9 +391,17 @@ def test_temp_files_of_a_killed_runs_lock_and_record_are_removed(tmp_path):
     other_part = ".shardstream-tmp-0123456789ab-.shardstream-lock-part-00001." + "78" * 8 + ".json"
     for name in [*left, other_part]:
         (dest / name).write_bytes(b"{")  # a SIGKILL mid-write leaves these
+    (dest / ".shardstream").mkdir()
+    sidecars = [
+        ".shardstream-tmp-0123456789ab-shard-000003.tar.idx",
+        ".shardstream-tmp-0123456789ab-other.idx",
+    ]
+    for name in sidecars:
+        (dest / ".shardstream" / name).write_bytes(b"SS")
     with ShardWriter(dest, samples_per_shard=4) as writer:
         writer.write({"__key__": "k", "txt": "x"})
     assert sorted(os.listdir(dest)) == [".shardstream", other_part, "shard-000000.tar"]
+    assert sorted(os.listdir(dest / ".shardstream")) == [sidecars[1], "manifest.json", "shard-000000.tar.idx"]
 
 
 def test_the_lease_thread_does_not_stop_workers_being_forked(tmp_path, monkeypatch):

@@ -45,6 +45,7 @@ from typing import Any
 
 from shardstream.errors import ManifestError, ShardstreamError, UsageError
 from shardstream.layout import (
+    META_FOLDER,
     PACK_RECORD_RE,
     PART_RECORD_RE,
     PART_SHARD_RE,
@@ -224,6 +225,7 @@ class DatasetTarget:
             return bool(shard) or target == self.record or self._lease.is_stale_claim(target)
 
         self.storage.remove_temp_files(ours)
+        self.storage.remove_temp_files(ours, META_FOLDER)  # sidecars
 
     def _old_manifest(self) -> tuple[str, Manifest] | None:
         """The dataset there (its manifest, or for a part this part's record when there is none)."""

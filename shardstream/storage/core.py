@@ -358,14 +358,15 @@ class Storage:
         """
         self._backend.sync(self._fspath(path))
 
-    def remove_temp_files(self, ours: Callable[[str], bool]) -> None:
-        """Delete what writes that died left in flight at the top of the folder, where
-        ``ours(target name)`` says it is the caller's (other writers may be busy).
+    def remove_temp_files(self, ours: Callable[[str], bool], folder: str = "") -> None:
+        """Delete what writes that died left in flight at the top of ``folder`` (the
+        folder's own top by default), where ``ours(target name)`` says it is the caller's
+        (other writers may be busy).
 
         Only local folders hold such files: remote writes spool outside the dataset.
         """
-        self._check_writable("")
-        self._backend.sweep_temp(self._root, ours)
+        self._check_writable(folder)
+        self._backend.sweep_temp(self._fspath(folder), ours)
 
     def _check_writable(self, path: str) -> None:
         if self.read_only:
