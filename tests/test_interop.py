@@ -15,6 +15,7 @@ import pytest
 import shardstream
 from shardstream import layout
 from shardstream.catalog import index_dataset, verify_dataset
+from shardstream.pack import pack
 
 SAMPLES = 12
 
@@ -44,9 +45,7 @@ def make_corpus(folder) -> None:
 def packed(request, tmp_path):
     make_corpus(tmp_path / "corpus")
     dest = tmp_path / request.param
-    shardstream.pack(
-        str(tmp_path / "corpus"), str(dest), format=request.param, samples_per_shard=5, workers=1
-    )
+    pack(str(tmp_path / "corpus"), str(dest), format=request.param, samples_per_shard=5, workers=1)
     return request.param, dest
 
 
@@ -76,7 +75,7 @@ def test_hugging_face_reads_the_dataset_on_s3(s3, tmp_path, hf):
         ("tar", "webdataset", False),
     ):
         url = f"{base}/{format}"
-        shardstream.pack(
+        pack(
             str(tmp_path / "corpus"),
             url,
             format=format,
@@ -97,9 +96,7 @@ def test_duckdb_reads_the_parquet_shards(tmp_path):
     import duckdb
 
     make_corpus(tmp_path / "corpus")
-    shardstream.pack(
-        str(tmp_path / "corpus"), str(tmp_path / "ds"), format="parquet", samples_per_shard=5, workers=1
-    )
+    pack(str(tmp_path / "corpus"), str(tmp_path / "ds"), format="parquet", samples_per_shard=5, workers=1)
     for pattern in ("*.parquet", "**/*.parquet"):
         rows = duckdb.sql(
             f"SELECT __key__ FROM read_parquet('{tmp_path}/ds/{pattern}') ORDER BY __key__"
@@ -111,7 +108,7 @@ def test_webdataset_reads_the_tar_shards_by_a_brace_url(tmp_path):
     import webdataset as wds
 
     make_corpus(tmp_path / "corpus")
-    shardstream.pack(str(tmp_path / "corpus"), str(tmp_path / "ds"), samples_per_shard=5, workers=1)
+    pack(str(tmp_path / "corpus"), str(tmp_path / "ds"), samples_per_shard=5, workers=1)
     urls = f"{tmp_path}/ds/shard-{{000000..000002}}.tar"
     keys = [s["__key__"] for s in wds.WebDataset(urls, shardshuffle=False, empty_check=False)]
     assert keys == [f"s{i:03d}" for i in range(SAMPLES)]
@@ -145,10 +142,10 @@ def test_a_dataset_of_the_legacy_layout_streams_verifies_and_index_moves_it(pack
 def test_a_pack_over_a_dataset_of_the_legacy_layout_moves_it(tmp_path):
     make_corpus(tmp_path / "corpus")
     dest = tmp_path / "ds"
-    shardstream.pack(str(tmp_path / "corpus"), str(dest), samples_per_shard=5, workers=1)
+    pack(str(tmp_path / "corpus"), str(dest), samples_per_shard=5, workers=1)
     expected = streamed(str(dest))
     to_legacy(dest)
-    shardstream.pack(str(tmp_path / "corpus"), str(dest), samples_per_shard=5, workers=1)  # the same dataset
+    pack(str(tmp_path / "corpus"), str(dest), samples_per_shard=5, workers=1)  # the same dataset
     assert sorted(os.listdir(dest)) == [".shardstream", *(f"shard-{i:06d}.tar" for i in range(3))]
     assert streamed(str(dest)) == expected
 
@@ -157,7 +154,7 @@ def test_index_joins_parts_of_the_legacy_layout_and_moves_them(tmp_path):
     make_corpus(tmp_path / "corpus")
     dest = tmp_path / "ds"
     for part in range(2):
-        shardstream.pack(str(tmp_path / "corpus"), str(dest), samples_per_shard=4, part=(part, 2), workers=1)
+        pack(str(tmp_path / "corpus"), str(dest), samples_per_shard=4, part=(part, 2), workers=1)
     meta = dest / layout.META_FOLDER
     for part in range(2):  # the records and sidecars where the legacy layout has them
         name = layout.legacy_part_record_name(part, 2)
