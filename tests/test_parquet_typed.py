@@ -184,3 +184,27 @@ def test_typed_columns_decode_as_tar_for_any_values(tmp_path_factory, values):
                 )
     assert streamed(str(root / "parquet")) == streamed(str(root / "tar"))
     assert streamed(str(root / "parquet"), decode=False) == streamed(str(root / "tar"), decode=False)
+
+
+def test_row_groups_of_typed_columns_are_read_alone_and_checked(tmp_path):
+    count = 2500  # three row groups (ROW_GROUP_MAX_ROWS) in one shard
+    for format in ("tar", "parquet"):
+        with ShardWriter(str(tmp_path / format), format=format, samples_per_shard=count) as writer:
+            for i in range(count):
+                writer.write(
+                    {"__key__": f"k{i:05d}", "txt": b"t%d" % i, "cls": b"%d\n" % (i % 5), "json": b"[%d]" % i}
+                )
+    indices = [2499, 0, 1024, 1023, 2048, 17]
+    tar, parquet = (
+        shardstream.MapDataset(str(tmp_path / "tar")),
+        shardstream.MapDataset(str(tmp_path / "parquet")),
+    )
+    assert (
+        parquet.get_many(indices)
+        == tar.get_many(indices)
+        == [{"__key__": f"k{i:05d}", "txt": f"t{i}", "cls": i % 5, "json": [i]} for i in indices]
+    )
+    window = streamed(str(tmp_path / "parquet"), decode=False)[1020:1030]
+    assert [(s["txt"], s["cls"]) for s in window] == [
+        (b"t%d" % i, b"%d" % (i % 5)) for i in range(1020, 1030)
+    ]
