@@ -231,12 +231,15 @@ class ParquetEncoder(ShardEncoder):
         """``sample`` with its bytes fields as their columns store them (NOTE [ Typed columns ])."""
         typed = None
         for field, value in sample.items():
-            if isinstance(value, (bytes, bytearray, memoryview)) and field != KEY_COLUMN:
+            if (
+                isinstance(value, (bytes, bytearray, memoryview))
+                and isinstance(field, str)
+                and field != KEY_COLUMN
+            ):
                 if typed is None:
                     typed = dict(sample)
                 typed[field] = column_value(field, value, key, self._name)
-                if field not in self._extensions and isinstance(field, str):
-                    self._extensions[field] = extension_of(field)
+                self._extensions.setdefault(field, extension_of(field))
         return sample if typed is None else typed
 
     def _check_row(self, key: str, sample: Sample) -> None:
