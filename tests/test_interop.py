@@ -66,6 +66,7 @@ def test_hugging_face_loads_the_folder_as_it_is(packed, hf, streaming):
     assert sorted(os.listdir(dest)) == [".shardstream", *(f"shard-{i:06d}.{format}" for i in range(3))]
 
 
+@pytest.mark.s3
 def test_hugging_face_reads_the_dataset_on_s3(s3, tmp_path, hf):
     base, options = s3
     make_corpus(tmp_path / "corpus")
