@@ -233,7 +233,7 @@ def _rows(
         table = table.slice(start - index.first_row(lo), stop - start)
         names = [n for n in table.column_names if n != KEY_COLUMN]  # a non-str __key__ is no sample data
         typed = index.typed_columns  # read back as the bytes they were made from: NOTE [ Typed columns ]
-        columns = [(as_bytes(table.column(n)) if n in typed else table.column(n)).to_pylist() for n in names]
+        columns = [as_bytes(table.column(n)) if n in typed else table.column(n).to_pylist() for n in names]
     except _arrow_errors() as error:
         raise FormatError(f"cannot decode rows [{start}, {stop}): {error}", shard=name) from None
     keys = index.key_slice(start, stop)

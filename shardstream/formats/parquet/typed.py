@@ -38,13 +38,16 @@ import pyarrow as pa
 
 from shardstream.errors import PackError, shown
 
-__all__ = ["EXTENSION_KEY", "as_bytes", "column_value", "extension_of"]
+__all__ = ["EXTENSION_KEY", "as_bytes", "converter", "extension_of", "refused"]
 
 EXTENSION_KEY = b"shardstream.extension"
 _TEXT = frozenset({"txt", "text", "transcript", "caption", "md"})
 _INTEGER = frozenset({"cls", "cls2", "class"})
 _JSON = frozenset({"json", "jsn"})
 _INT64 = range(-(2**63), 2**63)
+# Values below which a column is turned back into bytes in Python rather than by Arrow
+# casts, which cost ~40 us a call however short the column (a run of a few samples).
+_CAST_FROM = 256
 
 
 def extension_of(field: str) -> str:
@@ -53,43 +56,47 @@ def extension_of(field: str) -> str:
 
 
 def _text(data: Any) -> str:
-    return bytes(data).decode("utf-8")
+    return (data if type(data) is bytes else bytes(data)).decode("utf-8")
 
 
 def _integer(data: Any) -> int:
-    value = int(bytes(data))
+    value = int(data if type(data) is bytes else bytes(data))
     if value not in _INT64:
         raise ValueError("it does not fit in 64 bits")
     return value
 
 
-_CONVERTERS: dict[str, tuple[Callable[[Any], Any], str]] = {
-    **dict.fromkeys(_TEXT, (_text, "UTF-8 text")),
-    **dict.fromkeys(_JSON, (_text, "UTF-8 text")),
-    **dict.fromkeys(_INTEGER, (_integer, "an integer")),
+_CONVERTERS: dict[str, Callable[[Any], Any]] = {
+    **dict.fromkeys(_TEXT | _JSON, _text),
+    **dict.fromkeys(_INTEGER, _integer),
 }
 
 
-def column_value(field: str, value: Any, key: str, shard: str) -> Any:
-    """What the column of ``field`` stores for ``value``, the bytes of a field (NOTE [ Typed
-    columns ]): the text or integer of a typed extension, the bytes themselves otherwise."""
-    converter = _CONVERTERS.get(extension_of(field))
-    if converter is None:
-        return value
-    convert, what = converter
-    try:
-        return convert(value)
-    except ValueError as error:  # UnicodeDecodeError is one
-        raise PackError(
-            f"sample {key!r}: field {field!r} is {shown(bytes(value))}, which is not {what} ({error}); "
-            f"a Parquet shard stores .{extension_of(field)} fields in a typed column, as their decoder "
-            "reads them: fix the file, or give the field another extension to store it as bytes",
-            shard=shard,
-        ) from None
+def converter(field: str) -> Callable[[Any], Any] | None:
+    """What the column of ``field``, given as bytes, stores for them (NOTE [ Typed columns ]):
+    a function of the bytes that raises ``ValueError`` for bytes its column cannot hold,
+    or None for a binary column."""
+    return _CONVERTERS.get(extension_of(field))
 
 
-def as_bytes(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    """A typed column as the bytes it was made from: text as UTF-8, integers as digits."""
-    if pa.types.is_integer(column.type):
-        column = column.cast(pa.string())
-    return column.cast(pa.binary())
+def refused(field: str, value: Any, key: str, shard: str, error: ValueError) -> PackError:
+    """The error for a value of ``field`` that its typed column cannot hold."""
+    what = "an integer" if _CONVERTERS[extension_of(field)] is _integer else "UTF-8 text"
+    return PackError(
+        f"sample {key!r}: field {field!r} is {shown(bytes(value))}, which is not {what} ({error}); "
+        f"a Parquet shard stores .{extension_of(field)} fields in a typed column, as their decoder "
+        "reads them: fix the file, or give the field another extension to store it as bytes",
+        shard=shard,
+    )
+
+
+def as_bytes(column: pa.ChunkedArray) -> list[Any]:
+    """A typed column's values as the bytes they were made from: text as UTF-8, integers as
+    digits (a missing value stays None)."""
+    integers = pa.types.is_integer(column.type)
+    if len(column) >= _CAST_FROM:
+        return (column.cast(pa.string()) if integers else column).cast(pa.binary()).to_pylist()
+    values = column.to_pylist()
+    if integers:
+        return [None if v is None else b"%d" % v for v in values]
+    return list(map(str.encode, values)) if None not in values else [v and v.encode() for v in values]

@@ -33,7 +33,7 @@ from shardstream.errors import PackError, UsageError, shown
 from shardstream.formats.base import Sample, ShardEncoder
 from shardstream.formats.keys import check_key_value
 from shardstream.formats.parquet.index import KEY_COLUMN, MAGIC, ParquetIndex, parse_footer, row_group_spans
-from shardstream.formats.parquet.typed import EXTENSION_KEY, column_value, extension_of
+from shardstream.formats.parquet.typed import EXTENSION_KEY, converter, extension_of, refused
 
 __all__ = [
     "COMPRESSIONS",
@@ -194,6 +194,7 @@ class ParquetEncoder(ShardEncoder):
         self._checks: dict[str, Callable[[Any], bool]] = {}
         self._kinds: dict[str, str] = {}  # column -> kind, while the schema is not inferred yet
         self._extensions: dict[str, str] = {}  # column -> extension, of fields given as bytes
+        self._converters: dict[str, Callable[[Any], Any] | None] = {}  # NOTE [ Typed columns ]
         self._rows: list[Sample] = []
         self._row_bytes = 0
         self._keys: list[str] = []
@@ -230,16 +231,22 @@ class ParquetEncoder(ShardEncoder):
     def _typed(self, key: str, sample: Sample) -> Sample:
         """``sample`` with its bytes fields as their columns store them (NOTE [ Typed columns ])."""
         typed = None
+        converters = self._converters
         for field, value in sample.items():
-            if (
-                isinstance(value, (bytes, bytearray, memoryview))
-                and isinstance(field, str)
-                and field != KEY_COLUMN
-            ):
-                if typed is None:
-                    typed = dict(sample)
-                typed[field] = column_value(field, value, key, self._name)
-                self._extensions.setdefault(field, extension_of(field))
+            if not isinstance(value, (bytes, bytearray, memoryview)) or not isinstance(field, str):
+                continue
+            if field not in converters:
+                converters[field] = converter(field)  # (the key is a str: checked first)
+                self._extensions[field] = extension_of(field)
+            convert = converters[field]
+            if convert is None:
+                continue
+            if typed is None:
+                typed = dict(sample)
+            try:
+                typed[field] = convert(value)
+            except ValueError as error:  # UnicodeDecodeError is one
+                raise refused(field, value, key, self._name, error) from None
         return sample if typed is None else typed
 
     def _check_row(self, key: str, sample: Sample) -> None:
@@ -304,10 +311,12 @@ class ParquetEncoder(ShardEncoder):
         return pa.schema(fields)
 
     def _open(self, schema: pa.Schema) -> pq.ParquetWriter:
-        dictionary = [
+        dictionary = [  # not for text made from bytes either: as for binary columns, values are mostly unique
             f.name
             for f in schema
-            if f.name != KEY_COLUMN and not (pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type))
+            if f.name != KEY_COLUMN
+            and not (pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type))
+            and not (pa.types.is_string(f.type) and f.name in self._extensions)
         ]
         return pq.ParquetWriter(
             self._sink,
