@@ -208,3 +208,19 @@ def test_row_groups_of_typed_columns_are_read_alone_and_checked(tmp_path):
     assert [(s["txt"], s["cls"]) for s in window] == [
         (b"t%d" % i, b"%d" % (i % 5)) for i in range(1020, 1030)
     ]
+
+
+@pytest.mark.parametrize("count", [10, 600])  # turned back into bytes in Python, and by Arrow casts
+def test_a_field_a_sample_lacks_reads_back_as_none(tmp_path, count):
+    with ShardWriter(str(tmp_path / "ds"), format="parquet", samples_per_shard=count) as writer:
+        for i in range(count):
+            sample = {"__key__": f"k{i:04d}"}
+            if i % 3 != 1:
+                sample["txt"] = b"t%d" % i
+            if i % 3 != 2:
+                sample["cls"] = b"%d" % i
+            writer.write(sample)
+    raw = streamed(str(tmp_path / "ds"), decode=False)
+    assert [(s["txt"], s["cls"]) for s in raw] == [
+        (None if i % 3 == 1 else b"t%d" % i, None if i % 3 == 2 else b"%d" % i) for i in range(count)
+    ]
