@@ -311,12 +311,12 @@ class ParquetEncoder(ShardEncoder):
         return pa.schema(fields)
 
     def _open(self, schema: pa.Schema) -> pq.ParquetWriter:
-        dictionary = [  # not for text made from bytes either: as for binary columns, values are mostly unique
+        dictionary = [  # not for columns made from bytes (typed or not): their row groups are small
             f.name
             for f in schema
             if f.name != KEY_COLUMN
+            and f.name not in self._extensions
             and not (pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type))
-            and not (pa.types.is_string(f.type) and f.name in self._extensions)
         ]
         return pq.ParquetWriter(
             self._sink,
