@@ -68,7 +68,7 @@ def _positive(value: object, name: str) -> Fraction:
     return exact
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class StreamSpec:
     """What the plan needs of one stream: a name for errors and states (the dataset
     layer gives its URL), its shard sizes (manifest order), its dataset fingerprint
@@ -235,7 +235,7 @@ def apportion(total: int, shares: Sequence[Fraction]) -> tuple[int, ...]:
     return tuple(counts)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Segments:
     """One stream's samples of one epoch, in order: segment ``i`` is samples
     ``[start[i], stop[i])`` of mixture shard ``shard[i]``; a plan reads the segments as
