@@ -283,3 +283,28 @@ def test_stratified_needs_the_global_order():
     mixture = Mixture([StreamSpec("a", [4]), StreamSpec("b", [4])], mix="stratified")
     with pytest.raises(PlanError, match="needs order='global'"):
         MixturePlan(mixture, PlanConfig(), epoch=0, world_size=1)
+
+
+@PROPERTY
+@given(streams(), st.booleans(), st.data())
+def test_random_mix_resume_anywhere_gives_the_epoch(specs, is_global, data):
+    mixture = Mixture(specs)
+    size = data.draw(st.integers(1, 8))
+    config = PlanConfig(seed=5, order="global", global_batch_size=size) if is_global else PlanConfig(seed=5)
+    divisors = [d for d in range(1, size + 1) if size % d == 0] if is_global else [1, 2, 3]
+
+    def topology():
+        world = data.draw(st.sampled_from(divisors))
+        batch = size // world if is_global else data.draw(st.integers(1, 3))
+        return dict(world_size=world, num_workers=data.draw(st.integers(1, 3)), batch_size=batch)
+
+    plan, taken, padding = MixturePlan(mixture, config, epoch=1, **topology()), collections.Counter(), 0
+    for _ in range(data.draw(st.integers(0, 2))):  # stop and resume, up to twice
+        steps = data.draw(st.integers(0, plan.batches_per_rank()))
+        for rank in range(plan.world_size):
+            taken.update(list(plan.rank_samples(rank))[: steps * plan.batch_size])
+        padding += plan.world_size * plan.batch_size
+        plan = MixturePlan.resume(mixture, config, plan.state_dict(steps), **topology())
+    taken.update(every_sample(plan))
+    padding += plan.world_size * plan.batch_size
+    assert_epoch(taken, epoch_samples(mixture, 1, seed=5, shuffle=True), padding=padding + size)
