@@ -288,6 +288,8 @@ class PerStreamSequence(ComposedSequence):
         return counts
 
     def place(self, lo: int, hi: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        if not self.parts:  # an epoch of no batches
+            return []
         first, last = self.before(lo), self.before(hi)
         js = [np.arange(a, b, dtype=np.int64) for a, b in zip(first, last, strict=True)]
         keys = np.concatenate([self._keys(index, j) for index, j in enumerate(js)])
