@@ -14,14 +14,10 @@ from hypothesis import strategies as st
 
 from shardstream.errors import PlanError, StateError
 from shardstream.plan import PlanConfig
-from shardstream.plan.composed import (
-    ComposedPlan,
-    PerStreamSequence,
-    StratifiedSequence,
-    _affine,
-    _golden_step,
-)
+from shardstream.plan.composed import ComposedPlan
 from shardstream.plan.mixture import Mixture, MixturePlan, StreamSpec
+from shardstream.plan.parts import PerStreamSequence, StratifiedSequence
+from shardstream.plan.spread import affine, golden_step
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 COMPOSED = ("stratified", "per_stream")
@@ -204,8 +200,8 @@ def test_before_counts_what_place_lays_out(mixture, config, epoch, data):
 def test_extras_spread_evenly_over_the_epoch(batches):
     # stream s's extras: the batches whose pi(k) is in a cyclic interval; every prefix of
     # the epoch holds its share to within a few (an identity pi would put them in one run)
-    alpha = pow(_golden_step(batches), -1, batches)
-    places = _affine(alpha, 5 % batches, batches, batches)
+    alpha = pow(golden_step(batches), -1, batches)
+    places = affine(alpha, 5 % batches, batches, batches)
     ideal = np.arange(1, batches + 1) / batches
     for start in range(0, batches, max(1, batches // 5)):
         for extras in range(1, batches, max(1, batches // 7)):
