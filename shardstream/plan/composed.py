@@ -6,8 +6,9 @@ batches of ``G`` samples (``B = total // G`` with drop_last, else ``ceil(total /
 the same on every world size dividing ``G`` and any worker count. A global batch is
 made of *parts*: each part is a ``GlobalSequence`` of its own (its lanes, chunks and
 windows as for a single dataset) over its own virtual shards (some of one stream's
-``Segments``), with a batch size ``g``, ``min(read_lanes, g)`` lanes and a seed drawn
-from ``(seed, stream, kind)``. Part ``i``'s ``j``-th batch goes into the ``j``-th global
+``Segments``), with a batch size ``g``, its share ``L g / G`` of the lanes (at least
+one; so reads are as long as a single dataset's, ``G / L``) and a seed drawn from
+``(seed, stream, kind)``. Part ``i``'s ``j``-th batch goes into the ``j``-th global
 batch that holds part ``i``; the parts of a batch come in a fixed order, so entry ``e``
 of batch ``k`` is one entry of one part, and ranks and workers cut the batches exactly
 as a ``GlobalPlan``'s. The quotas are first rounded so that the epoch is whole batches:
@@ -39,7 +40,10 @@ global batches taken, as a ``GlobalPlan``'s, and memory is O(segments + window).
 
 Every part's windows are ``M = shuffle_window // G`` of its own batches: a main part's
 windows are then exactly the windows of the global batches, a sparse part's span more
-of them (its window of ``M g`` samples still shuffles as a single dataset's would).
+of them (its window of ``M g`` samples still shuffles as a single dataset's would). A
+worker's ``Window`` is its batches of whole windows, as a ``GlobalPlan``'s; as every
+batch is full, entry ``e`` of its ``i``-th batch is yielded ``i (G / R) + e - r G / R``,
+so the yield order is one scatter, no sort.
 """
 
 from __future__ import annotations

@@ -50,11 +50,22 @@ class BatchPart:
 
 
 def _part(
-    config: PlanConfig, epoch: int, per_window: int, stream: int, kind: int, segments: Segments, place: tuple
+    config: PlanConfig,
+    epoch: int,
+    per_window: int,
+    stream: int,
+    kind: int,
+    segments: Segments,
+    place: tuple[int, int, int],
 ) -> BatchPart:
     size, low, high = place
     seed = int(random_words(1, (config.seed, TAG_COMPOSED, _PART_SEED, stream, kind))[0] >> np.uint64(1))
-    own = dataclasses.replace(config, seed=seed, global_batch_size=size, shuffle_window=None)
+    # its share of the batch's lanes (at least one): reads as long as a single dataset's
+    total = int(config.global_batch_size or 1)
+    lanes = max(1, (lanes_of(config) * size + total // 2) // total)
+    own = dataclasses.replace(
+        config, seed=seed, global_batch_size=size, shuffle_window=None, read_lanes=lanes
+    )
     # The segments are in the stream's pass order already (NOTE [ Mixtures ]): laid as they are.
     shards = ShardOrder(segments.sizes, shuffle=False, seed=seed, epoch=epoch)
     sequence = GlobalSequence(shards, own, epoch=epoch, window=per_window * size)
@@ -62,20 +73,23 @@ def _part(
 
 
 def _held(
-    part: BatchPart, ks: np.ndarray, js: np.ndarray, offsets: np.ndarray, first: int, last: int
-) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
-    """``(positions, batches, entries)`` of what a rank holding entries ``[first, last)``
-    gets of ``part`` in global batches ``ks`` (its batches ``js``, at ``offsets``)."""
+    part: BatchPart, slots: np.ndarray, js: np.ndarray, offsets: np.ndarray, first: int, last: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """``(positions, yield slots)`` of what a rank holding entries ``[first, last)`` gets of
+    ``part`` in its ``slots``-th batches (the part's batches ``js``, at ``offsets``)."""
     a, b = np.clip(first - offsets, 0, part.size), np.clip(last - offsets, 0, part.size)
-    positions, batch_keys, entry_keys = [], [], []
-    for u, v in np.unique(np.stack([a, b]), axis=1).T.tolist():  # a main part: one (u, v)
+    positions, yields = [], []
+    wide = part.size + 1
+    for pair in np.unique(a * wide + b).tolist():  # a main part: one (u, v)
+        u, v = divmod(pair, wide)
         if v <= u:
             continue
         held = (a == u) & (b == v)
         positions.append(part.sequence.positions(js[held], part.sequence.pieces(u, v)))
-        batch_keys.append(np.repeat(ks[held], v - u))
-        entry_keys.append(((offsets[held] + u)[:, None] + np.arange(v - u)).ravel())
-    return positions, batch_keys, entry_keys
+        # every batch is full: entry e of the rank's i-th batch is yielded i * (last - first) + e - first
+        start = slots[held] * (last - first) + offsets[held] + u - first
+        yields.append((start[:, None] + np.arange(v - u)).ravel())
+    return positions, yields
 
 
 class ComposedSequence(abc.ABC):
@@ -123,11 +137,12 @@ class ComposedSequence(abc.ABC):
         lo, hi = int(batches[0]), int(batches[-1]) + 1
         step = int(batches[1] - batches[0]) if batches.size > 1 else 1
         runs: list[Run] = []
-        keys: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (batch, entry, index in runs)
+        order = np.empty(batches.size * (last - first), dtype=np.int64)
         count = 0
         for part, (ks, js, offsets) in zip(self.parts, self.place(lo, hi), strict=True):
-            mine = (ks - lo) % step == 0
-            positions, batch_keys, entry_keys = _held(part, ks[mine], js[mine], offsets[mine], first, last)
+            slots, apart = np.divmod(ks - lo, step)
+            mine = apart == 0
+            positions, yields = _held(part, slots[mine], js[mine], offsets[mine], first, last)
             if not positions:
                 continue
             spots = np.concatenate(positions)
@@ -135,12 +150,8 @@ class ComposedSequence(abc.ABC):
             runs += part.segments.runs(part.sequence.shards.runs(from_points(spots[ascending])))
             index = np.empty(spots.size, dtype=np.int64)
             index[ascending] = count + np.arange(spots.size, dtype=np.int64)
-            keys.append((np.concatenate(batch_keys), np.concatenate(entry_keys), index))
+            order[np.concatenate(yields)] = index
             count += spots.size
-        if not keys:
-            return (), np.zeros(0, dtype=np.int64)
-        batch, entry, index = (np.concatenate(column) for column in zip(*keys, strict=True))
-        order = index[np.lexsort((entry, batch))]
         order.setflags(write=False)
         return tuple(runs), order
 
