@@ -23,9 +23,11 @@ the epoch of stream ``s`` is ``q_s'`` samples (``quotas``), taken from its passe
   ``[c_s, c_s + e_s)`` of ``[0, B)`` (``c_s`` the sum of the ``e`` before ``s``), so the
   intervals wrap around ``[0, B)`` exactly ``X`` times and each batch holds ``a_s`` or
   ``a_s + 1`` of stream ``s``. ``pi(k) = alpha k + beta (mod B)`` with ``alpha`` the
-  inverse of a golden-ratio step: consecutive ``pi`` values are batches about ``0.618 B``
-  apart, so a stream's extras spread evenly over the epoch (three-gap theorem);
-  ``beta`` is keyed by ``(seed, epoch)``. Parts of a batch: mains by stream, then extras.
+  inverse of a step near ``B / phi`` (coprime with ``B``; of the neighbours, the one with
+  the smallest continued-fraction quotients): consecutive ``pi`` values are batches
+  about ``0.618 B`` apart, so a stream's extras spread evenly over the epoch (every
+  prefix within 4 of its share up to B = 3e6, as measured); ``beta`` is keyed by
+  ``(seed, epoch)``. Parts of a batch: mains by stream, then extras.
 - per_stream: ``b`` is ``B`` apportioned by the quotas, ``q_s' = b_s G``; one part per
   stream (``g = G``). Stream ``s`` has the points ``(j + u_s) / b_s`` for ``j < b_s``
   (``u_s`` keyed by ``(seed, epoch)``), and batch ``k`` is the stream of the ``k``-th
