@@ -364,7 +364,7 @@ class MixturePlan:
                 raise PlanError(
                     f"mix={mixture.mix!r} composes global batches: it needs order='global' and a global_batch_size"
                 )
-            from shardstream.plan.composed import ComposedPlan  # type: ignore[import-not-found]
+            from shardstream.plan.composed import ComposedPlan
 
             if state is None:
                 self._inner = ComposedPlan(mixture, config, epoch=epoch, **topology)
