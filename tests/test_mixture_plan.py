@@ -321,3 +321,20 @@ def test_a_mixture_state_does_not_load_into_one_dataset(mix):
     )  # what its inner plan runs on, unshuffled passes aside
     with pytest.raises(StateError, match="of a mixture of datasets"):
         GlobalPlan.resume(sizes, config, state, world_size=1, batch_size=2)
+
+
+@PROPERTY
+@given(streams(max_streams=1), st.integers(0, 2**40), st.integers(0, 12))
+def test_a_stream_taken_at_most_once_never_repeats_within_an_epoch(specs, seed, epoch):
+    mixture = Mixture(specs)
+    if mixture.quotas[0] > specs[0].num_samples:
+        return  # upsampled: an epoch holds a pass or more, repeats are its share
+    samples = epoch_samples(mixture, epoch, seed=seed, shuffle=True)
+    assert set(samples.values()) == {1}
+    assert samples.total() == mixture.quotas[0]
+
+
+def test_downsampled_epochs_straddling_passes_hold_no_repeats():
+    mixture = Mixture([StreamSpec("a", [3] * 10, choose=20)])  # epoch 1 ends pass 0 and starts pass 1
+    for epoch in range(6):
+        assert set(epoch_samples(mixture, epoch, seed=4, shuffle=True).values()) == {1}

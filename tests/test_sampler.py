@@ -223,5 +223,5 @@ def test_a_list_of_streams_mixes_at_random_and_states_name_the_stream():
     other = ShardSampler(mixture_of("random", choose_last=11), num_replicas=2, rank=0, seed=5)
     with pytest.raises(StateError, match=r"stream 2 \(s3://b/2\) was saved with quota=10"):
         other.load_state_dict(state)
-    with pytest.raises(StateError, match="another dataset"):
+    with pytest.raises(StateError, match="of a mixture of datasets"):
         ShardSampler([5, 4], num_replicas=1, rank=0).load_state_dict(state)
