@@ -79,6 +79,23 @@ def test_same_global_batches_on_any_topology_every_sample_once(sizes, config, da
 
 @PROPERTY
 @given(shard_sizes, global_configs(), st.data())
+def test_padding_is_only_in_the_last_global_batch(sizes, config, data):
+    size = config.global_batch_size
+    world, workers = data.draw(st.sampled_from(divisors(size))), data.draw(st.integers(0, 5))
+    flat = [s for batch in global_batches(plan_of(sizes, config, world, workers)) for s in batch]
+    total = sum(sizes)
+    every = {(shard, i) for shard, n in enumerate(sizes) for i in range(n)}
+    real = min(len(flat), total)  # without drop_last every sample; with it, every full batch
+    assert len(set(flat[:real])) == real  # all but the last batch's padding: distinct samples
+    assert set(flat[:real]) <= every
+    if not config.drop_last:
+        assert set(flat[:real]) == every  # every sample comes before the padding
+        assert len(flat) - real < size or total == 0  # the padding fits in the last batch
+        assert set(flat[real:]) <= every
+
+
+@PROPERTY
+@given(shard_sizes, global_configs(), st.data())
 def test_resume_on_another_topology_gives_the_same_rest(sizes, config, data):
     size = config.global_batch_size
     before = plan_of(sizes, config, data.draw(st.sampled_from(divisors(size))), data.draw(st.integers(0, 4)))

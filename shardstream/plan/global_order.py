@@ -8,15 +8,14 @@ the shards, seed, epoch, ``G``, the read lanes ``L`` and the shuffle window; ran
 workers only cut it:
 
 - Positions are the local order's (shards permuted by ``(seed, epoch)``, laid end to
-  end), padded by repeats from the start to ``B * G`` (``B = ceil(N / G)`` global
-  batches, every one full), or cut to ``B = N // G`` batches with ``drop_last`` (the
-  tail of the shard order is dropped). The repeats are the tail of the last lane, so
-  they fall in the batches of the epoch's last window, not only in its last batch.
-- The padded positions are ``L`` lanes of contiguous positions (``L`` at most ``G``;
-  one lane with ``shuffle=False``, so the sequence is manifest order). Lane ``l``
-  gives every global batch ``take[l]`` samples (``take`` splits ``G`` evenly): one
-  chunk of ``take[l]`` consecutive positions, so a lane is read front to back and
-  every read is a run of about ``G / L`` samples (locality).
+  end). There are ``B = ceil(N / G)`` global batches, every one full, the last one
+  filled by repeats (NOTE [ Padding in the last batch ]), or ``B = N // G`` with
+  ``drop_last`` (the tail of the shard order is dropped).
+- The positions are ``L`` lanes of contiguous positions (``L`` at most ``G``; one
+  lane with ``shuffle=False``, so the sequence is manifest order). Lane ``l`` gives
+  every global batch ``take[l]`` samples (``take`` splits ``G`` evenly): one chunk of
+  ``take[l]`` consecutive positions, so a lane is read front to back and every read is
+  a run of about ``G / L`` samples (locality).
 - Global batch ``k`` is its lanes' chunks in lane order. Within a window of
   ``M = shuffle_window // G`` global batches, which chunk of a lane each batch takes
   is a permutation drawn from the stream keyed by ``(seed, epoch, lane, block)`` (a
@@ -46,6 +45,19 @@ A resume state is the number of global batches taken (plus the parameters and th
 dataset's checksum): it resumes on any ``(R, W)`` with ``R`` dividing ``G``, and the
 rest of the epoch is the same batches. Memory is O(shards + window): a worker's
 window is its batches of one window of ``M`` batches.
+
+NOTE [ Padding in the last batch ]
+Without ``drop_last`` the epoch's ``N`` samples fill ``B - 1`` global batches and
+``T = N - (B - 1) G`` entries (``0 < T <= G``) of the last one; its entries ``[T, G)``
+repeat the epoch's first positions, as DistributedSampler repeats its first indices.
+So every batch but the last holds real samples only, each sample once: lane ``l``
+holds ``(B - 1) take[l]`` positions plus the real entries of its last chunk (the
+entries of ``[entry[l], entry[l + 1])`` below ``T``), the lanes laid end to end from
+``lane_start``, and the last batch always takes each lane's last chunk (the last
+window's permutation leaves it in place). Entry ``e >= T`` of the last batch is
+position ``(N + e - T) mod N``. Nothing here depends on ``R`` or ``W``: a rank whose
+part of the last batch lies past ``T`` reads repeats only. An epoch with no padding
+(``T = G``, or ``drop_last``) has the lanes and permutations it always had.
 
 Mixtures (issue 11) fit the same mould: let the mixture decide, per global batch
 ``k`` and keyed by ``(seed, epoch, k)`` only, how many of the ``G`` entries each source
@@ -99,6 +111,11 @@ class GlobalSequence:
         self.lanes = lanes_of(config)
         self.take = split_even(self.size, self.lanes)
         self.entry = np.concatenate([[0], np.cumsum(self.take)]).astype(np.int64)
+        # NOTE [ Padding in the last batch ]: the real entries of the last batch, and where
+        # each lane starts among the epoch's positions
+        self.last_real = min(self.size, total - (self.batches - 1) * self.size)
+        lengths = (self.batches - 1) * self.take + np.clip(self.last_real - self.entry[:-1], 0, self.take)
+        self.lane_start = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         self.per_window = max(1, window // self.size)
         self.block = max(1, BLOCK_WORDS // self.per_window)  # windows per keyed stream
         self._blocks: dict[tuple[int, int], np.ndarray] = {}
@@ -144,8 +161,10 @@ class GlobalSequence:
         words = random_words(windows * per, (self.seed, self.epoch, TAG_GLOBAL, lane, number))
         rows = row_permutations(words.reshape(windows, per))
         last = self.batches - (first + windows - 1) * per  # the epoch's last window may be short
-        if last < per:
-            rows[-1, :last] = permutation(last, (self.seed, self.epoch, TAG_GLOBAL, lane, number, last))
+        moving = last - (self.last_real < self.size)  # a padded last batch keeps the last chunk
+        if moving < per:
+            rows[-1, :moving] = permutation(moving, (self.seed, self.epoch, TAG_GLOBAL, lane, number, moving))
+            rows[-1, moving:last] = np.arange(moving, last)
         if len(self._blocks) >= _CACHED_BLOCKS:
             self._blocks.pop(next(iter(self._blocks)))
         self._blocks[key] = rows
@@ -155,27 +174,48 @@ class GlobalSequence:
         """Base positions of ``pieces`` of ``batches`` (ascending), in yield order."""
         if not batches.size or not pieces:
             return np.zeros(0, dtype=np.int64)
-        starts, stops = [], []
-        for lane, a, b in pieces:
-            chunk = self.chunks(batches, lane)
-            start = self.batches * int(self.entry[lane]) + chunk * int(self.take[lane]) + a
-            starts.append(start)
-            stops.append(start + (b - a))
+        lanes = np.array([lane for lane, _, _ in pieces], dtype=np.int64)
+        a = np.array([a for _, a, _ in pieces], dtype=np.int64)
+        width = np.array([b - a for _, a, b in pieces], dtype=np.int64)
+        first = self.entry[lanes] + a  # the batch entry of each piece's first sample
+        chunk = np.stack([self.chunks(batches, lane) for lane in lanes.tolist()], axis=1)
+        start = self.lane_start[lanes] + chunk * self.take[lanes] + a
+        real = np.repeat(width[None, :], batches.size, axis=0)
+        if batches[-1] == self.batches - 1:  # the last batch: its entries from last_real on repeat
+            real[-1] = np.clip(self.last_real - first, 0, width)
+        repeat = self.shards.total + first + real - self.last_real  # empty but in the last batch
         # batches outer, lanes inner: the yield order of a rank's part of each batch
-        spans = (np.stack(starts, axis=1).ravel(), np.stack(stops, axis=1).ravel())
+        spans = (
+            np.stack([start, repeat], axis=2).ravel(),
+            np.stack([start + real, repeat + width - real], axis=2).ravel(),
+        )
         padded = points(spans)
         return padded % self.shards.total if padded.size else padded  # padding repeats from the start
 
     def window_shards(self, lo: int, hi: int, pieces: list[tuple[int, int, int]]) -> tuple[int, ...]:
         """The shards the lanes of ``pieces`` hold in the windows of batches ``[lo, hi)``:
         every shard a worker reading some of those batches may read."""
-        per = self.per_window
+        per, total = self.per_window, self.shards.total
         first, stop = lo // per * per, min(-(-hi // per) * per, self.batches)
         found: dict[int, None] = {}
-        for lane, _, _ in pieces:
-            base, take = self.batches * int(self.entry[lane]), int(self.take[lane])
-            for run in self.shards.runs(_wrap(base + first * take, base + stop * take, self.shards.total)):
-                found[run.shard] = None
+        for lane, a, b in pieces:
+            start, end, take = (
+                int(self.lane_start[lane]),
+                int(self.lane_start[lane + 1]),
+                int(self.take[lane]),
+            )
+            spans = [(start + first * take, min(start + stop * take, end))]
+            if stop == self.batches:  # the repeats of the last batch
+                entry = int(self.entry[lane])
+                spans.append(
+                    (
+                        total + max(entry + a, self.last_real) - self.last_real,
+                        total + entry + b - self.last_real,
+                    )
+                )
+            for span in spans:
+                for run in self.shards.runs(_wrap(*span, total)):
+                    found[run.shard] = None
         return tuple(found)
 
 
