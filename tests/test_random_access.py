@@ -134,6 +134,20 @@ def count_preads(monkeypatch) -> list:
     return preads
 
 
+def count_opens(monkeypatch) -> list:
+    """Every file ``Storage.open`` returns (from any thread)."""
+    opened: list = []
+    original = Storage.open
+
+    def counting(self, *args, **kwargs):
+        got = original(self, *args, **kwargs)
+        opened.append(got)
+        return got
+
+    monkeypatch.setattr(Storage, "open", counting)
+    return opened
+
+
 def sample_range(dataset, i):
     shard, position = dataset.locate(i)
     return dataset._parts()[1].index(shard).byte_range(position, position + 1)
@@ -176,11 +190,7 @@ def test_open_files_are_bounded_closed_and_a_truncated_shard_is_a_storage_error(
     write(str(url), "tar", count=40, per_shard=10)
     monkeypatch.setattr(sample_reads, "OPEN_FILES", 2)
     dataset = shardstream.MapDataset(str(url), verify_checksums=False)
-    opened = []
-    original = Storage.open
-    monkeypatch.setattr(
-        Storage, "open", lambda self, *a, **k: opened.append(original(self, *a, **k)) or opened[-1]
-    )
+    opened = count_opens(monkeypatch)
     for i in (0, 15, 25, 35, 1):
         assert dataset[i]["__key__"] == f"k{i:05d}"
     assert len(opened) == 5  # shards 0, 1, 2, 3, then 0 again: two kept at a time
@@ -189,6 +199,26 @@ def test_open_files_are_bounded_closed_and_a_truncated_shard_is_a_storage_error(
     with pytest.raises(StorageError, match="past the end") as info:
         dataset[36]
     assert info.value.shard == "shard-000003.tar"
+    dataset.close()
+    assert all(f.closed for f in opened)
+
+
+def test_threads_share_the_open_files_while_they_are_evicted(tmp_path, monkeypatch):
+    # a file evicted while another thread reads it is closed by its last reader, never under a read
+    from concurrent.futures import ThreadPoolExecutor
+
+    from shardstream.dataset import sample_reads
+
+    url = tmp_path / "threads"
+    write(str(url), "tar", count=40, per_shard=5)
+    monkeypatch.setattr(sample_reads, "OPEN_FILES", 1)
+    dataset = shardstream.MapDataset(str(url))
+    opened = count_opens(monkeypatch)
+    indices = [random.Random(seed).randrange(40) for seed in range(800)]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(dataset.__getitem__, indices))
+    assert [sample["__key__"] for sample in got] == [f"k{i:05d}" for i in indices]
+    assert sum(not f.closed for f in opened) <= 1
     dataset.close()
     assert all(f.closed for f in opened)
 
