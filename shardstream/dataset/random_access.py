@@ -49,6 +49,17 @@ __all__ = ["BATCH_READ_THREADS", "MapDataset"]
 # together (NOTE [ Bulk decode ]) and returned in the caller's order, duplicates as
 # copies. Batches of one dataset from several threads take turns.
 BATCH_READ_THREADS = 16
+# Held while a process makes a dataset's _Opened (module-level: a dataset pickles to
+# workers); a child made by fork while another thread held it gets a free one.
+_OPENING = threading.Lock()
+
+
+def _free_opening() -> None:
+    global _OPENING
+    _OPENING = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_free_opening)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +149,12 @@ class MapDataset(Dataset):
     def _opened(self) -> _Opened:
         """This process's storage, reader, key finder and single-sample reads."""
         opened = self._open
-        if opened is None or opened.pid != os.getpid():
+        if opened is not None and opened.pid == os.getpid():
+            return opened
+        with _OPENING:  # threads that come first at once share one: its LRU of open files bounds them
+            opened = self._open
+            if opened is not None and opened.pid == os.getpid():
+                return opened
             cfg = self.config
             storage = cfg.open_storage()
             manifest = self._manifest if self._manifest is not None else storage.read_manifest()
@@ -153,7 +169,7 @@ class MapDataset(Dataset):
             finder = KeyFinder(reader, self._offsets())
             opened = _Opened(os.getpid(), storage, reader, finder, SampleReads(reader), threading.Lock())
             self._open = opened
-        return opened
+            return opened
 
     def _parts(self) -> tuple[Storage, WindowReader, KeyFinder]:
         """This process's storage, reader and key finder."""
