@@ -23,7 +23,7 @@ BATCH = 4
 
 
 @pytest.fixture(scope="module")
-def sources(tmp_path_factory):
+def streamed(tmp_path_factory):
     """``(root, keys)``: three datasets under ``root`` (a, b: tar; c: Parquet), keys by stream."""
     root = tmp_path_factory.mktemp("mix")
     keys = {0: write_dataset(str(root / "a"), SIZES_A), 1: write_dataset(str(root / "b"), SIZES_B)}
@@ -35,7 +35,11 @@ def sources(tmp_path_factory):
 
 
 def streams(root, *, choose=20):
-    return [Stream(str(root / "a")), Stream(str(root / "b"), repeat=2.5), Stream(str(root / "c"), choose=choose)]
+    return [
+        Stream(str(root / "a")),
+        Stream(str(root / "b"), repeat=2.5),
+        Stream(str(root / "c"), choose=choose),
+    ]
 
 
 def ids(samples):
@@ -58,8 +62,8 @@ def epoch_ids(root, *, world=1, epoch=0, **kwargs):
 
 
 @pytest.mark.parametrize("world", [1, 3])
-def test_every_stream_yields_its_quota_tagged_and_decoded(sources, world):
-    root, keys = sources
+def test_every_stream_yields_its_quota_tagged_and_decoded(streamed, world):
+    root, keys = streamed
     samples = [sample for rank in epoch_ids(root, world=world) for sample in rank]
     per_stream = collections.Counter(sample["__stream__"] for sample in samples)
     assert tuple(per_stream[s] for s in range(3)) == QUOTAS
@@ -67,9 +71,15 @@ def test_every_stream_yields_its_quota_tagged_and_decoded(sources, world):
         stream, key = sample["__stream__"], sample["__key__"]
         assert key in keys[stream]
         if stream == 2:
-            assert sample == {"__key__": key, "text": f"t{int(key[3:])}", "label": int(key[3:]), "__stream__": 2}
+            assert sample == {
+                "__key__": key,
+                "text": f"t{int(key[3:])}",
+                "label": int(key[3:]),
+                "__stream__": 2,
+            }
         else:
-            assert sample["txt"] == f"sample {key}" and isinstance(sample["cls"], int)
+            assert sample["txt"] == f"sample {key}"
+            assert isinstance(sample["cls"], int)
     times = collections.Counter(ids(samples))
     assert {times[(0, key)] for key in keys[0]} == {1}
     assert sorted(collections.Counter(times[(1, key)] for key in keys[1]).items()) == [(2, 5), (3, 6)]
@@ -77,8 +87,8 @@ def test_every_stream_yields_its_quota_tagged_and_decoded(sources, world):
     assert max(times[(2, key)] for key in keys[2]) == 1  # a downsampled stream: each at most once
 
 
-def test_a_downsampled_stream_takes_another_part_each_epoch_and_covers_itself(sources):
-    root, keys = sources
+def test_a_downsampled_stream_takes_another_part_each_epoch_and_covers_itself(streamed):
+    root, _keys = streamed
     taken = []
     for epoch in range(3):
         samples = epoch_ids(root, epoch=epoch, decode=False)[0]
@@ -91,8 +101,8 @@ def test_a_downsampled_stream_takes_another_part_each_epoch_and_covers_itself(so
     assert set(taken[0]) != set(taken[1]) != set(taken[2])
 
 
-def test_weights_make_shares_of_an_epoch(sources):
-    root, _ = sources
+def test_weights_make_shares_of_an_epoch(streamed):
+    root, _ = streamed
     weighted = [
         Stream(str(root / "a"), weight=0.5),
         Stream(str(root / "b"), weight=0.3),
@@ -131,16 +141,16 @@ def run(made, stop=None):
     return got, state
 
 
-def test_resume_mid_epoch_same_topology_gives_the_same_batches(sources):
-    root, _ = sources
+def test_resume_mid_epoch_same_topology_gives_the_same_batches(streamed):
+    root, _ = streamed
     full, _ = run(loader(root, world=1, rank=0, workers=2))
     head, state = run(loader(root, world=1, rank=0, workers=2), stop=5)
     tail, _ = run(loader(root, world=1, rank=0, workers=2, state=state))
     assert head + tail == full
 
 
-def test_resume_twice_on_other_world_sizes_and_workers_equals_the_epoch(sources):
-    root, _ = sources
+def test_resume_twice_on_other_world_sizes_and_workers_equals_the_epoch(streamed):
+    root, _ = streamed
     whole = collections.Counter(item for rank in epoch_ids(root, decode=False) for item in ids(rank))
     seen: list = []
     states = []
@@ -160,8 +170,8 @@ def test_resume_twice_on_other_world_sizes_and_workers_equals_the_epoch(sources)
     assert collections.Counter(seen) == whole
 
 
-def test_persistent_workers_follow_set_epoch(sources):
-    root, _ = sources
+def test_persistent_workers_follow_set_epoch(streamed):
+    root, _ = streamed
     dataset = shardstream.StreamingDataset(streams(root), seed=5, decode=False)
     made = shardstream.DataLoader(
         dataset, batch_size=BATCH, num_workers=2, collate_fn=collate_ids, persistent_workers=True
@@ -175,12 +185,14 @@ def test_persistent_workers_follow_set_epoch(sources):
     assert epochs[0] != epochs[1]
     made._iterator._shutdown_workers()
     again = pickle.loads(pickle.dumps(dataset))
-    assert again.sources[0]._storage is None and again.quotas == QUOTAS
-    assert again.epoch == 1 and collections.Counter(ids(again)) == collections.Counter(epochs[1])
+    assert again.datasets[0]._storage is None
+    assert again.quotas == QUOTAS
+    assert again.epoch == 1
+    assert collections.Counter(ids(again)) == collections.Counter(epochs[1])
 
 
-def test_a_state_loads_only_into_the_same_mixture(sources, tmp_path):
-    root, _ = sources
+def test_a_state_loads_only_into_the_same_mixture(streamed, tmp_path):
+    root, _ = streamed
     dataset = shardstream.StreamingDataset(streams(root), seed=5, decode=False, batch_size=BATCH)
     iterator = iter(dataset)
     for _ in range(2 * BATCH):
@@ -207,16 +219,17 @@ def test_a_state_loads_only_into_the_same_mixture(sources, tmp_path):
     assert len(list(resumed)) == sum(QUOTAS) - 2 * BATCH
 
 
-def test_options_are_split_between_streams_and_the_mixture(sources):
-    root, _ = sources
+def test_options_are_split_between_streams_and_the_mixture(streamed):
+    root, _ = streamed
     own = Stream(str(root / "b"), storage_options={"auto_mkdir": False}, local_reads="map")
     dataset = shardstream.StreamingDataset(
         [str(root / "a"), own], storage_options={"auto_mkdir": True}, on_error="skip", decode=False
     )
-    first, second = (source.config for source in dataset.sources)
+    first, second = (part.config for part in dataset.datasets)
     assert (first.storage_options, first.local_reads) == ({"auto_mkdir": True}, "auto")
     assert (second.storage_options, second.local_reads) == ({"auto_mkdir": False}, "map")
-    assert first.on_error == second.on_error == "skip" and first.decoder is None
+    assert first.on_error == second.on_error == "skip"
+    assert first.decoder is None
     assert dataset.quotas == (48, 11)  # a plain URL in the list: all of it once
     assert collections.Counter(s["__stream__"] for s in dataset) == {0: 48, 1: 11}
 
@@ -224,19 +237,22 @@ def test_options_are_split_between_streams_and_the_mixture(sources):
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda root: [Stream(str(root / "a"), weight=1, repeat=2)], "at most one of weight, repeat and choose"),
+        (
+            lambda root: [Stream(str(root / "a"), weight=1, repeat=2)],
+            "at most one of weight, repeat and choose",
+        ),
         (lambda root: [Stream(str(root / "a"), choose=0)], "choose"),
         (lambda root: [Stream(str(root / "a"), local_reads="mmap")], "local_reads"),
     ],
 )
-def test_bad_streams_are_refused_when_made(sources, make, message):
-    root, _ = sources
+def test_bad_streams_are_refused_when_made(streamed, make, message):
+    root, _ = streamed
     with pytest.raises(UsageError, match=message):
         shardstream.StreamingDataset(make(root))
 
 
-def test_bad_mixtures_are_refused(sources):
-    root, _ = sources
+def test_bad_mixtures_are_refused(streamed):
+    root, _ = streamed
     a, b = str(root / "a"), str(root / "b")
     with pytest.raises(UsageError, match="every stream a weight, or none"):
         len(shardstream.StreamingDataset([Stream(a, weight=1), Stream(b)]))

@@ -1,4 +1,4 @@
-"""Mixtures in PyTorch: :class:`Stream` names one source, a ``StreamingDataset`` over a
+"""Mixtures in PyTorch: :class:`Stream` names one dataset of a mixture, a ``StreamingDataset`` over a
 list of them (a :class:`MixedDataset`) streams their mixture.
 
 # NOTE [ Mixture options ]
@@ -7,7 +7,7 @@ list of them (a :class:`MixedDataset`) streams their mixture.
 # particular to its storage: ``storage_options`` (another bucket, endpoint or
 # credentials), ``cache_dir``/``cache_limit`` and ``local_reads``, each by default the
 # mixture's. Each stream keeps its own Storage, manifest, sidecar LRU and reader (one
-# ``StreamingDataset`` per stream, in ``MixedDataset.sources``), and may be tar or Parquet.
+# ``StreamingDataset`` per stream, in ``MixedDataset.datasets``), and may be tar or Parquet.
 # Everything else is the mixture's, given to ``StreamingDataset`` once: the plan's knobs
 # (``shuffle``, ``seed``, ``drop_last``, ``shuffle_window``, ``order`` and its options),
 # because one plan orders all streams; how samples become values (``decode``,
@@ -42,7 +42,7 @@ __all__ = ["STREAM_KEY", "MixedDataset", "Stream"]
 
 @dataclass(frozen=True)
 class Stream:
-    """One source of a mixture: the dataset at ``url`` and how much of it an epoch takes,
+    """One stream of a mixture: the dataset at ``url`` and how much of it an epoch takes,
     at most one of ``weight`` (a share of the epoch; then every stream has one), ``repeat``
     (a multiple of its size: 0.5 half of it, 2.5 two and a half times) or ``choose``
     (samples per epoch); none takes all of it once. ``storage_options``, ``cache_dir``,
@@ -126,24 +126,24 @@ class MixedDataset(StreamingDataset):
             )
         self.epoch_size = epoch_size
         self.streams = tuple(listed)
-        self.sources = tuple(_source(stream.config(self.config)) for stream in self.streams)
+        self.datasets = tuple(_stream_dataset(stream.config(self.config)) for stream in self.streams)
         self._mixture: Mixture | None = None
 
     # -- what the dataset is -------------------------------------------------------------
 
     @property
     def manifest(self) -> Manifest:
-        raise UsageError("a mixture has one manifest per stream: dataset.sources[i].manifest", url=self.url)
+        raise UsageError("a mixture has one manifest per stream: dataset.datasets[i].manifest", url=self.url)
 
     @property
     def storage(self) -> Storage:
-        raise UsageError("a mixture has one storage per stream: dataset.sources[i].storage", url=self.url)
+        raise UsageError("a mixture has one storage per stream: dataset.datasets[i].storage", url=self.url)
 
     @property
     def fingerprint(self) -> str:
         """A digest of the streams' fingerprints, in order (a state checks each by name first)."""
         if self._fingerprint is None:
-            joined = "\n".join(source.fingerprint for source in self.sources)
+            joined = "\n".join(dataset.fingerprint for dataset in self.datasets)
             self._fingerprint = "mixture:" + hashlib.sha256(joined.encode()).hexdigest()
         return self._fingerprint
 
@@ -152,8 +152,8 @@ class MixedDataset(StreamingDataset):
         """The streams' shard sizes and quotas per epoch (their manifests read once)."""
         if self._mixture is None:
             specs = [
-                stream.spec(source.manifest.shard_sizes, source.fingerprint)
-                for stream, source in zip(self.streams, self.sources, strict=True)
+                stream.spec(dataset.manifest.shard_sizes, dataset.fingerprint)
+                for stream, dataset in zip(self.streams, self.datasets, strict=True)
             ]
             try:
                 self._mixture = Mixture(specs, epoch_size=self.epoch_size, mix=self.mix)
@@ -174,7 +174,7 @@ class MixedDataset(StreamingDataset):
         return MixturePlan.resume(self.mixture, self.config.plan, state, **topology)
 
     def _reader(self) -> MixtureReader:
-        readers = [source._window_reader() for source in self.sources]
+        readers = [dataset._window_reader() for dataset in self.datasets]
         return MixtureReader(
             readers,
             self.mixture.shard_offsets,
@@ -183,8 +183,8 @@ class MixedDataset(StreamingDataset):
         )
 
 
-def _source(config: DatasetConfig) -> StreamingDataset:
+def _stream_dataset(config: DatasetConfig) -> StreamingDataset:
     """One stream's own dataset: its storage, manifest, sidecars and reader."""
-    source = StreamingDataset.__new__(StreamingDataset)
-    source._start(config, None)
-    return source
+    dataset = StreamingDataset.__new__(StreamingDataset)
+    dataset._start(config, None)
+    return dataset

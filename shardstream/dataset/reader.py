@@ -36,9 +36,9 @@ __all__ = [
     "INDEX_CACHE_SIZE",
     "IndexCache",
     "WHOLE_SHARD_SLACK",
-    "PlannedFetch",
     "Read",
     "WindowReader",
+    "WindowReads",
     "plan_reads",
     "report_skip",
 ]
@@ -69,7 +69,7 @@ Fetched = tuple["Read", "bytes | memoryview", SampleIndex, tuple[int, ...]]
 
 
 @dataclass(frozen=True, slots=True)
-class PlannedFetch:
+class WindowReads:
     """A window's reads before any byte is read: the reads, what each asks storage for,
     and the sample indexes of their shards."""
 
@@ -223,12 +223,12 @@ class WindowReader:
             take(planned.bytes)
         return self.fetch_planned(planned)
 
-    def plan_fetch(self, runs: Sequence[Any], indexes: dict[int, SampleIndex]) -> PlannedFetch:
+    def plan_fetch(self, runs: Sequence[Any], indexes: dict[int, SampleIndex]) -> WindowReads:
         """The reads of ``runs``, whose shards' ``indexes`` are loaded (:meth:`load_indexes`)."""
         reads = plan_reads(runs, lambda shard, a, b: self._read_range(indexes[shard], a, b), gap=COALESCE_GAP)
-        return PlannedFetch(reads, [self._item(read) for read in reads], indexes)
+        return WindowReads(reads, [self._item(read) for read in reads], indexes)
 
-    def fetch_planned(self, planned: PlannedFetch) -> list[Fetched]:
+    def fetch_planned(self, planned: WindowReads) -> list[Fetched]:
         """The bytes of :meth:`plan_fetch`'s reads, checked."""
         reads, items, indexes = planned.reads, planned.items, planned.indexes
         fetched = self.bytes.read_all(items, self._storage_error)
