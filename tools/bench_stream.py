@@ -1,6 +1,6 @@
 """Streaming throughput: shardstream against the alternatives, measured in the same run.
 
-    python tools/bench_stream.py [--quick] [--only small,large,s3,loader,order,wan] [--repeat 5]
+    python tools/bench_stream.py [--quick] [--only small,large,s3,loader,order,mix,wan] [--repeat 5]
 
 - small: 100k samples of three fields (~300 B): shardstream vs ``webdataset.WebDataset``
   on the same tar shards and ``litdata.StreamingDataset`` on the same samples in its own
@@ -18,6 +18,11 @@
 - wan: object storage over a simulated network (latency, a bandwidth cap per response),
   shardstream against LitData, WebDataset and MosaicML Streaming, cold and warm epochs;
   not in the default sections (minutes); see tools/bench_wan.py, which also runs alone.
+- mix: a mixture of three streams (50%, 30% and 20% of the samples, each taken once)
+  against one dataset of the same samples, shuffled, one process, local files: small
+  samples undecoded and decoded, and large ones; target mixture / one dataset >= 0.9x.
+  Also the peak RSS of an epoch of each, in a fresh process (the whole process, and what
+  the epoch added to it); target mixture / one dataset <= 1.1x.
 - order: ``order="global"`` (default read lanes, NOTE [ Global order ]) against the
   local order, shuffled, through ``shardstream.DataLoader`` with 2 workers, on the small
   and the large samples on moto's S3 (loopback); target global / local >= 0.9x.
@@ -35,6 +40,8 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import functools
+import itertools
+import json
 import os
 import pathlib
 import shutil
@@ -400,6 +407,73 @@ def bench_order(small: int, large: int, repeat: int) -> None:
         server.stop()
 
 
+def bench_mix(work: str, small: int, large: int, repeat: int) -> None:
+    """A mixture of three streams against one dataset of the same samples (see the docstring)."""
+    cases = (("small", small_sample, small, 10_000), ("large", large_sample, large, 32))
+    for name, make, count, per_shard in cases:
+        one, parts = os.path.join(work, f"mix-{name}-one"), []
+        write_tar(one, map(make, range(count)), per_shard)
+        cuts = [0, count // 2, count * 8 // 10, count]
+        for number, (lo, hi) in enumerate(itertools.pairwise(cuts)):
+            parts.append(os.path.join(work, f"mix-{name}-{number}"))
+            write_tar(parts[-1], map(make, range(lo, hi)), per_shard)
+        streams = [shardstream.Stream(part) for part in parts]
+        for decode in (False, True) if name == "small" else (False,):
+            contenders = {
+                "one dataset": functools.partial(epoch_samples, one, decode),
+                "shardstream mixture": functools.partial(epoch_samples, streams, decode),
+            }
+            rates = measure(contenders, repeat)
+            what = "decoded" if decode else "no decode"
+            report(
+                f"mix, {name}: {count:,} samples as 1 dataset or 3 streams, shuffled, {what}, local", rates
+            )
+            print("  target: mixture / one dataset >= 0.9x")
+        peaks = {label: epoch_memory(spec) for label, spec in (("one dataset", one), ("mixture", parts))}
+        whole = peaks["mixture"][0] / peaks["one dataset"][0]
+        added = peaks["mixture"][1] / max(1, peaks["one dataset"][1])
+        print(
+            f"  peak RSS of an epoch, {name}: one dataset {peaks['one dataset'][0] / MB:,.0f} MB "
+            f"(+{peaks['one dataset'][1] / MB:,.0f} MB over its start), mixture {peaks['mixture'][0] / MB:,.0f} MB "
+            f"(+{peaks['mixture'][1] / MB:,.0f} MB); mixture / one dataset = {whole:.2f}x "
+            f"(what the epoch added: {added:.2f}x); target <= 1.1x"
+        )
+
+
+def epoch_samples(source: str | list[shardstream.Stream], decode: bool) -> int:
+    """One shuffled epoch, in this process, of a dataset or a mixture."""
+    return count_samples(shardstream.StreamingDataset(source, decode=decode))
+
+
+_EPOCH_MEMORY = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import shardstream
+spec = json.loads(sys.argv[2])
+source = spec if isinstance(spec, str) else [shardstream.Stream(url) for url in spec]
+dataset = shardstream.StreamingDataset(source, decode=False)
+len(dataset)  # manifests read, plan made: what the epoch starts from
+def field(name):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(name + ":"))
+start = field("VmRSS")
+count = sum(1 for _ in dataset)
+print(json.dumps([field("VmHWM"), field("VmHWM") - start, count]))
+"""
+
+
+def epoch_memory(spec: str | list[str]) -> tuple[int, int]:
+    """(peak RSS, peak RSS - RSS before the epoch) of one undecoded epoch in a fresh process."""
+    done = subprocess.run(
+        [sys.executable, "-c", _EPOCH_MEMORY, str(ROOT), json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    peak, added, _ = json.loads(done.stdout)
+    return peak, added
+
+
 def loader_samples(url: str, options: dict, batch: int, order: dict) -> int:
     """One shuffled epoch through a DataLoader with 2 workers, in the given order."""
     dataset = shardstream.StreamingDataset(url, storage_options=options, decode=False, **order)
@@ -414,8 +488,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="a smoke run: small sizes, one repeat")
     parser.add_argument(
         "--only",
-        default="small,large,s3,loader,order",
-        help="sections: small, large, loader, s3, order, wan (wan: only when named)",
+        default="small,large,s3,loader,order,mix",
+        help="sections: small, large, loader, s3, order, mix, wan (wan: only when named)",
     )
     parser.add_argument("--repeat", type=int, default=5, help="timed rounds after the warm-up")
     args = parser.parse_args()
@@ -439,6 +513,8 @@ def main() -> int:
             bench_s3(s3, repeat)
         if "order" in only:
             bench_order(small, s3 // 8, repeat)
+        if "mix" in only:
+            bench_mix(work, small, large // 4, repeat)
         if "wan" in only:
             import bench_wan
 
