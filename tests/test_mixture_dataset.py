@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import pickle
 
 import pytest
 
 import shardstream
 from shardstream import Stream
-from shardstream.errors import StateError, UsageError
+from shardstream.errors import FormatError, StateError, UsageError
 from shardstream.pack import ShardWriter
 from tests.resume_harness import write_dataset
+from tests.test_dataset import corrupt_json_dataset
+from tests.test_integrity import data_offset, flip
+from tests.test_integrity import write as write_checked
 
 SIZES_A = [17, 9, 22]  # tar, 48 samples, taken once
 SIZES_B = [5, 6]  # tar, 11 samples, repeat=2.5: 28 (27.5 rounded half up)
@@ -268,3 +272,27 @@ def test_bad_mixtures_are_refused(streamed):
         _ = shardstream.StreamingDataset([Stream(a)]).manifest
     with pytest.raises(UsageError, match="at least one Stream"):
         shardstream.StreamingDataset([])
+
+
+def test_corrupt_samples_are_named_by_their_stream_or_skipped_and_counted(streamed, tmp_path):
+    root, _ = streamed
+    bad = str(tmp_path / "bad")
+    corrupt_json_dataset(bad)  # 12 samples, 2 of them bad JSON (a decode error)
+    flipped = str(tmp_path / "flipped")
+    write_checked(flipped)  # 800 samples in 4 shards
+    flip(os.path.join(flipped, "shard-000000.tar"), data_offset(flipped, "tar"))  # a check block fails
+    mixture = [Stream(str(root / "c"), choose=20), Stream(bad), Stream(flipped)]
+    with pytest.raises(FormatError) as caught:
+        list(shardstream.StreamingDataset(mixture, shuffle=False))
+    assert caught.value.url.startswith(bad) or caught.value.url.startswith(flipped)
+    dataset = shardstream.StreamingDataset(mixture, on_error="skip", batch_size=BATCH)
+    got = ids(dataset)
+    lost = collections.Counter(s for s, _ in got)
+    assert lost[0] == 20
+    assert lost[1] == 10  # k03 and k08 skipped
+    assert 0 < lost[2] < 800  # the samples in the failed block left out
+    assert dataset.num_skipped == 832 - len(got)
+    assert (1, "k03") not in got
+    assert (
+        dataset.state_dict()["plan"]["passes"][-1]["steps"] == len(dataset) // BATCH
+    )  # skipped ones consumed too

@@ -65,6 +65,9 @@ class StreamingDataset(IterableDataset):
     ``topology`` detects rank, world size and DataLoader worker (default: torch.distributed,
     ``RANK``/``WORLD_SIZE``, ``get_worker_info()``); inject a ``topology.Detector`` with
     other detectors for odd launchers or tests.
+    A list of :class:`~shardstream.Stream` (or URLs) instead of ``url`` makes a mixture
+    (a ``MixedDataset``, dataset/mixture.py): ``mix`` and ``epoch_size`` are its options,
+    and every sample carries ``__stream__`` (NOTE [ Mixture options ]).
     """
 
     def __init__(
