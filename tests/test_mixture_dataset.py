@@ -188,6 +188,10 @@ def test_persistent_workers_follow_set_epoch(streamed):
         assert len(made) == sum(QUOTAS) // BATCH
     assert epochs[0] != epochs[1]
     made._iterator._shutdown_workers()
+    assert len(list(dataset)) == sum(QUOTAS)
+    shared = dataset.datasets[0]._indexes
+    assert shared is not None
+    assert all(part._indexes is shared for part in dataset.datasets)  # one LRU, as one dataset has
     again = pickle.loads(pickle.dumps(dataset))
     assert again.datasets[0]._storage is None
     assert again.quotas == QUOTAS

@@ -6,8 +6,9 @@ list of them (a :class:`MixedDataset`) streams their mixture.
 # ``weight``/``repeat``/``choose`` (NOTE [ Mixtures ] in plan/mixture.py), and what is
 # particular to its storage: ``storage_options`` (another bucket, endpoint or
 # credentials), ``cache_dir``/``cache_limit`` and ``local_reads``, each by default the
-# mixture's. Each stream keeps its own Storage, manifest, sidecar LRU and reader (one
-# ``StreamingDataset`` per stream, in ``MixedDataset.datasets``), and may be tar or Parquet.
+# mixture's. Each stream keeps its own Storage, manifest and reader (one
+# ``StreamingDataset`` per stream, in ``MixedDataset.datasets``; the sidecar LRU is the
+# mixture's, one for all), and may be tar or Parquet.
 # Everything else is the mixture's, given to ``StreamingDataset`` once: the plan's knobs
 # (``shuffle``, ``seed``, ``drop_last``, ``shuffle_window``, ``order`` and its options),
 # because one plan orders all streams; how samples become values (``decode``,
@@ -30,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from shardstream.dataset.config import DatasetConfig
+from shardstream.dataset.indexes import IndexCache
 from shardstream.dataset.mixture_reader import STREAM_KEY, MixtureReader
 from shardstream.dataset.streaming import StreamingDataset
 from shardstream.errors import PlanError, UsageError
@@ -174,6 +176,14 @@ class MixedDataset(StreamingDataset):
         return MixturePlan.resume(self.mixture, self.config.plan, state, **topology)
 
     def _reader(self) -> MixtureReader:
+        # One sidecar LRU for all streams, as one dataset has (NOTE [ Sidecars across
+        # epochs ]): entries are keyed by the whole ShardInfo, sha256 included, so streams
+        # never see each other's. Made anew in each process, as a stream's Storage is.
+        if self._indexes is None or self._storage_pid != os.getpid():
+            self._indexes, self._storage_pid = IndexCache(), os.getpid()
+        for dataset in self.datasets:
+            _ = dataset.storage  # made first: a new Storage comes with a new LRU
+            dataset._indexes = self._indexes
         readers = [dataset._window_reader() for dataset in self.datasets]
         return MixtureReader(
             readers,
