@@ -300,3 +300,27 @@ def test_corrupt_samples_are_named_by_their_stream_or_skipped_and_counted(stream
     assert (
         dataset.state_dict()["plan"]["passes"][-1]["steps"] == len(dataset) // BATCH
     )  # skipped ones consumed too
+
+
+def test_global_order_gives_the_same_global_batches_on_one_and_two_ranks(streamed):
+    root, _ = streamed
+    size = 8  # 96 samples: 12 global batches
+
+    def global_batches(world):
+        ranks = []
+        for rank in range(world):
+            dataset = shardstream.StreamingDataset(
+                streams(root),
+                order="global",
+                global_batch_size=size,
+                num_replicas=world,
+                rank=rank,
+                decode=False,
+            )
+            ranks.append(ids(dataset))
+        part = size // world
+        return [[item for got in ranks for item in got[k * part : (k + 1) * part]] for k in range(96 // size)]
+
+    one = global_batches(1)
+    assert one == global_batches(2)
+    assert collections.Counter(s for batch in one for s, _ in batch) == dict(enumerate(QUOTAS))
