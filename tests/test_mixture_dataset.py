@@ -324,3 +324,45 @@ def test_global_order_gives_the_same_global_batches_on_one_and_two_ranks(streame
     one = global_batches(1)
     assert one == global_batches(2)
     assert collections.Counter(s for batch in one for s, _ in batch) == dict(enumerate(QUOTAS))
+
+
+def composed(root, mix, **kwargs):
+    return shardstream.StreamingDataset(
+        streams(root), mix=mix, order="global", global_batch_size=8, seed=5, decode=False, **kwargs
+    )
+
+
+@pytest.mark.parametrize("mix", ["stratified", "per_stream"])
+def test_composed_mixes_make_their_global_batches(streamed, mix):
+    root, _ = streamed
+    got = ids(composed(root, mix))
+    assert len(got) == sum(QUOTAS)
+    batches = [collections.Counter(s for s, _ in got[k : k + 8]) for k in range(0, len(got), 8)]
+    if mix == "stratified":  # each stream's share of every batch, to within one sample
+        assert all(abs(batch[s] - 8 * QUOTAS[s] / sum(QUOTAS)) < 1 for batch in batches for s in range(3))
+        assert collections.Counter(s for s, _ in got) == dict(enumerate(QUOTAS))
+    else:  # every batch from one stream, the streams' batches in proportion
+        assert all(len(batch) == 1 for batch in batches)
+        # 12 batches apportioned by the quotas: 6, 3.5 and 2.5, the tie to the first stream
+        assert collections.Counter(next(iter(batch)) for batch in batches) == {0: 6, 1: 4, 2: 2}
+
+
+def test_stratified_resumes_through_the_loader_on_other_workers_and_ranks(streamed):
+    root, _ = streamed
+    full = run(shardstream.DataLoader(composed(root, "stratified"), batch_size=8, collate_fn=collate_ids))[0]
+    made = shardstream.DataLoader(
+        composed(root, "stratified"), batch_size=8, num_workers=2, collate_fn=collate_ids
+    )
+    head, state = run(made, stop=5)
+    assert head == full[:5]  # the same global batches on any worker count
+    rest = []
+    for rank in range(2):  # 2 ranks of 4 samples per global batch
+        again = shardstream.DataLoader(
+            composed(root, "stratified", num_replicas=2, rank=rank),
+            batch_size=4,
+            num_workers=1,
+            collate_fn=collate_ids,
+        )
+        again.load_state_dict(state)
+        rest.append(run(again)[0])
+    assert head + [a + b for a, b in zip(*rest, strict=True)] == full

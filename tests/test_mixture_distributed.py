@@ -12,7 +12,7 @@ import pytest
 
 from shardstream.pack import ShardWriter
 from tests.resume_harness import write_dataset
-from tests.test_distributed import read_epoch, torchrun
+from tests.test_distributed import global_batches, read_epoch, torchrun
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
@@ -23,7 +23,8 @@ def per_stream(keys):
     return collections.Counter(key.split("/", 1)[0] for key in keys)
 
 
-def test_torchrun_mixture_2x2_quotas_then_resume_on_1x3_and_2x1(s3, moto_server, tmp_path):
+def write_streams(s3, moto_server):
+    """Three streams in two buckets, stream 1 through another endpoint: JSON for dist_worker."""
     base, options = s3
     other = base + "-b"
     moto_server.create_bucket(other[len("s3://") :])
@@ -34,13 +35,17 @@ def test_torchrun_mixture_2x2_quotas_then_resume_on_1x3_and_2x1(s3, moto_server,
             writer.write({"__key__": f"row{i:02d}", "text": f"t{i}", "label": i})
     # stream 1 through another endpoint (the same server by name): its own storage options
     by_name = {**options, "endpoint_url": options["endpoint_url"].replace("127.0.0.1", "localhost")}
-    streams = json.dumps(
+    return json.dumps(
         [
             {"url": f"{base}/a"},
             {"url": f"{other}/b", "repeat": 2.5, "storage_options": by_name},
             {"url": f"{base}/c", "choose": 20},
         ]
     )
+
+
+def test_torchrun_mixture_2x2_quotas_then_resume_on_1x3_and_2x1(s3, moto_server, tmp_path):
+    streams = write_streams(s3, moto_server)
     runs = [tmp_path / name for name in ("first", "second", "third")]
     for out in runs:
         out.mkdir()
@@ -63,3 +68,15 @@ def test_torchrun_mixture_2x2_quotas_then_resume_on_1x3_and_2x1(s3, moto_server,
     assert [len(rank) for rank in parts[1]["ranks"]] == [2 * 4]
     resumed = [key for part in parts for rank in part["ranks"] for key in rank]
     assert collections.Counter(resumed) == collections.Counter(keys)  # sample for sample
+
+
+def test_torchrun_stratified_mixture_2x2_every_global_batch_holds_the_shares(s3, moto_server, tmp_path):
+    streams = write_streams(s3, moto_server)
+    torchrun(streams, tmp_path, ranks=2, workers=2, epochs=[0], env=None, global_batch=8, mix="stratified")
+    batches = global_batches(read_epoch(tmp_path, 0), 8)
+    assert len(batches) == 12
+    shares = {stream: 8 * quota / 96 for stream, quota in QUOTAS.items()}
+    for batch in batches:
+        counts = per_stream(batch)
+        assert all(abs(counts[stream] - share) < 1 for stream, share in shares.items())
+    assert per_stream([key for batch in batches for key in batch]) == QUOTAS

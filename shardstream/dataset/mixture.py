@@ -165,7 +165,8 @@ class MixedDataset(StreamingDataset):
 
     @property
     def quotas(self) -> tuple[int, ...]:
-        """Samples of each stream per epoch (over all ranks, padding aside)."""
+        """Samples of each stream per epoch (over all ranks, padding aside); mix="stratified"
+        and "per_stream" round them to whole global batches (NOTE [ Composed batches ])."""
         return self.mixture.quotas
 
     # -- plans and reads -----------------------------------------------------------------
