@@ -18,9 +18,10 @@
 - wan: object storage over a simulated network (latency, a bandwidth cap per response),
   shardstream against LitData, WebDataset and MosaicML Streaming, cold and warm epochs;
   not in the default sections (minutes); see tools/bench_wan.py, which also runs alone.
-- mix: a mixture of three streams (50%, 30% and 20% of the samples, each taken once)
-  against one dataset of the same samples, shuffled, one process, local files: small
-  samples undecoded and decoded, and large ones; target mixture / one dataset >= 0.9x.
+- mix: a mixture of three streams (50%, 30% and 20% of the shards, each taken once)
+  against one dataset of the same shards, shuffled, one process: small samples
+  undecoded and decoded, and large ones, local, and large ones on moto's S3; target
+  mixture / one dataset >= 0.9x.
   Also the peak RSS of an epoch of each, in a fresh process (the whole process, and what
   the epoch added to it); target mixture / one dataset <= 1.1x.
 - order: ``order="global"`` (default read lanes, NOTE [ Global order ]) against the
@@ -409,49 +410,69 @@ def bench_order(small: int, large: int, repeat: int) -> None:
 
 def bench_mix(work: str, small: int, large: int, repeat: int) -> None:
     """A mixture of three streams against one dataset of the same samples (see the docstring)."""
-    cases = (("small", small_sample, small, 10_000), ("large", large_sample, large, 32))
-    for name, make, count, per_shard in cases:
-        one, parts = os.path.join(work, f"mix-{name}-one"), []
-        write_tar(one, map(make, range(count)), per_shard)
-        cuts = [0, count // 2, count * 8 // 10, count]
-        for number, (lo, hi) in enumerate(itertools.pairwise(cuts)):
-            parts.append(os.path.join(work, f"mix-{name}-{number}"))
-            write_tar(parts[-1], map(make, range(lo, hi)), per_shard)
-        streams = [shardstream.Stream(part) for part in parts]
-        for decode in (False, True) if name == "small" else (False,):
-            contenders = {
-                "one dataset": functools.partial(epoch_samples, one, decode),
-                "shardstream mixture": functools.partial(epoch_samples, streams, decode),
-            }
-            rates = measure(contenders, repeat)
-            what = "decoded" if decode else "no decode"
-            report(
-                f"mix, {name}: {count:,} samples as 1 dataset or 3 streams, shuffled, {what}, local", rates
-            )
-            print("  target: mixture / one dataset >= 0.9x")
-        peaks = {label: epoch_memory(spec) for label, spec in (("one dataset", one), ("mixture", parts))}
-        whole = peaks["mixture"][0] / peaks["one dataset"][0]
-        added = peaks["mixture"][1] / max(1, peaks["one dataset"][1])
-        print(
-            f"  peak RSS of an epoch, {name}: one dataset {peaks['one dataset'][0] / MB:,.0f} MB "
-            f"(+{peaks['one dataset'][1] / MB:,.0f} MB over its start), mixture {peaks['mixture'][0] / MB:,.0f} MB "
-            f"(+{peaks['mixture'][1] / MB:,.0f} MB); mixture / one dataset = {whole:.2f}x "
-            f"(what the epoch added: {added:.2f}x); target <= 1.1x"
-        )
+    mix_case("small", small_sample, small, small // 10, work, None, repeat)  # 10 shards
+    mix_case("large", large_sample, large, large // 10, work, None, repeat)
+    server = MotoProcess("mix")
+    try:
+        mix_case("large on moto S3", large_sample, large, large // 10, "s3://mix", server.options(), repeat)
+    finally:
+        server.stop()
 
 
-def epoch_samples(source: str | list[shardstream.Stream], decode: bool) -> int:
-    """One shuffled epoch, in this process, of a dataset or a mixture."""
-    return count_samples(shardstream.StreamingDataset(source, decode=decode))
+def mix_case(
+    name: str,
+    make: Callable[[int], dict],
+    count: int,
+    per_shard: int,
+    base: str,
+    options: dict | None,
+    repeat: int,
+) -> None:
+    """One dataset of ``count`` samples, and the same samples as three streams under ``base``."""
+    slug = name.replace(" ", "-")
+    one, parts = f"{base}/mix-{slug}-one", []
+    write_tar(one, map(make, range(count)), per_shard, options)
+    shards = -(-count // per_shard)  # cut at shard boundaries: the same shards, as streams
+    cuts = [0, shards // 2 * per_shard, shards * 8 // 10 * per_shard, count]
+    for number, (lo, hi) in enumerate(itertools.pairwise(cuts)):
+        parts.append(f"{base}/mix-{slug}-{number}")
+        write_tar(parts[-1], map(make, range(lo, hi)), per_shard, options)
+    for decode in (False, True) if name == "small" else (False,):
+        # opened once: an epoch of an opened dataset (its manifests, clients and sidecars made)
+        contenders = {
+            "one dataset": functools.partial(count_samples, opened(one, options, decode)),
+            "shardstream mixture": functools.partial(count_samples, opened(parts, options, decode)),
+        }
+        rates = measure(contenders, repeat)
+        what = "decoded" if decode else "no decode"
+        report(f"mix, {name}: {count:,} samples as 1 dataset or 3 streams, shuffled, {what}", rates)
+        print("  target: mixture / one dataset >= 0.9x")
+    peaks = {label: epoch_memory(spec, options) for label, spec in (("one dataset", one), ("mixture", parts))}
+    whole = peaks["mixture"][0] / peaks["one dataset"][0]
+    added = peaks["mixture"][1] / max(1, peaks["one dataset"][1])
+    print(
+        f"  peak RSS of an epoch, {name}: one dataset {peaks['one dataset'][0] / MB:,.0f} MB "
+        f"(+{peaks['one dataset'][1] / MB:,.0f} MB over its start), mixture {peaks['mixture'][0] / MB:,.0f} MB "
+        f"(+{peaks['mixture'][1] / MB:,.0f} MB); mixture / one dataset = {whole:.2f}x "
+        f"(what the epoch added: {added:.2f}x); target <= 1.1x"
+    )
+
+
+def opened(source: str | list[str], options: dict | None, decode: bool) -> shardstream.StreamingDataset:
+    """A shuffled dataset, or a mixture of a list of URLs, its first epoch taken."""
+    streams = source if isinstance(source, str) else [shardstream.Stream(url) for url in source]
+    dataset = shardstream.StreamingDataset(streams, storage_options=options, decode=decode)
+    count_samples(dataset)
+    return dataset
 
 
 _EPOCH_MEMORY = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 import shardstream
-spec = json.loads(sys.argv[2])
+spec, options = json.loads(sys.argv[2]), json.loads(sys.argv[3])
 source = spec if isinstance(spec, str) else [shardstream.Stream(url) for url in spec]
-dataset = shardstream.StreamingDataset(source, decode=False)
+dataset = shardstream.StreamingDataset(source, storage_options=options, decode=False)
 len(dataset)  # manifests read, plan made: what the epoch starts from
 def field(name):
     with open("/proc/self/status") as f:
@@ -462,10 +483,10 @@ print(json.dumps([field("VmHWM"), field("VmHWM") - start, count]))
 """
 
 
-def epoch_memory(spec: str | list[str]) -> tuple[int, int]:
+def epoch_memory(spec: str | list[str], options: dict | None) -> tuple[int, int]:
     """(peak RSS, peak RSS - RSS before the epoch) of one undecoded epoch in a fresh process."""
     done = subprocess.run(
-        [sys.executable, "-c", _EPOCH_MEMORY, str(ROOT), json.dumps(spec)],
+        [sys.executable, "-c", _EPOCH_MEMORY, str(ROOT), json.dumps(spec), json.dumps(options)],
         capture_output=True,
         text=True,
         check=True,
@@ -514,7 +535,7 @@ def main() -> int:
         if "order" in only:
             bench_order(small, s3 // 8, repeat)
         if "mix" in only:
-            bench_mix(work, small, large // 4, repeat)
+            bench_mix(work, small, large // 6, repeat)  # 333 large samples: 10 shards of 33
         if "wan" in only:
             import bench_wan
 
