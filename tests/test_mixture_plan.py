@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from shardstream.errors import PlanError, StateError
 from shardstream.plan import PlanConfig, Run
+from shardstream.plan.global_order import GlobalPlan
 from shardstream.plan.mixture import Mixture, MixturePlan, Segments, StreamSpec, apportion
 
 PROPERTY = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -308,3 +309,15 @@ def test_random_mix_resume_anywhere_gives_the_epoch(specs, is_global, data):
     taken.update(every_sample(plan))
     padding += plan.world_size * plan.batch_size
     assert_epoch(taken, epoch_samples(mixture, 1, seed=5, shuffle=True), padding=padding + size)
+
+
+@pytest.mark.parametrize("mix", ["random", "stratified"])
+def test_a_mixture_state_does_not_load_into_one_dataset(mix):
+    mixture = Mixture([StreamSpec("a", [4, 4], "fa"), StreamSpec("b", [6], "fb")], mix=mix)
+    config = PlanConfig(seed=2, order="global", global_batch_size=2)
+    state = MixturePlan(mixture, config, epoch=0, world_size=1, batch_size=2).state_dict(1)
+    sizes = (
+        mixture.sizes if mix != "random" else [4, 4, 6]
+    )  # what its inner plan runs on, unshuffled passes aside
+    with pytest.raises(StateError, match="of a mixture of datasets"):
+        GlobalPlan.resume(sizes, config, state, world_size=1, batch_size=2)

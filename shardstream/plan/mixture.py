@@ -286,6 +286,12 @@ class Segments:
         return tuple(dict.fromkeys(int(self.shard[v]) for v in virtual))
 
 
+def _inner_state(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A mixture's state without the mixture (checked already): its inner plan's state,
+    which a plan of one dataset would refuse with them (``state._check_plan``)."""
+    return {key: value for key, value in state.items() if key not in (Key.MIX, Key.STREAMS)}
+
+
 def _mapped_window(segments: Segments, window: Window) -> tuple[tuple[Run, ...], np.ndarray]:
     """The runs (over real shards) and order of a window over segments."""
     return segments.runs(window.runs), window.order
@@ -364,12 +370,12 @@ class MixturePlan:
                 raise PlanError(
                     f"mix={mixture.mix!r} composes global batches: it needs order='global' and a global_batch_size"
                 )
-            from shardstream.plan.composed import ComposedPlan  # type: ignore[import-not-found]
+            from shardstream.plan.composed import ComposedPlan
 
             if state is None:
                 self._inner = ComposedPlan(mixture, config, epoch=epoch, **topology)
             else:
-                self._inner = ComposedPlan.resume(mixture, config, state, **topology)
+                self._inner = ComposedPlan.resume(mixture, config, _inner_state(state), **topology)
             return
         segments = Segments.concat(
             [
@@ -381,7 +387,7 @@ class MixturePlan:
         if state is None:
             self._inner = EpochPlan(segments.sizes, config, epoch=epoch, **topology)
         else:
-            self._inner = EpochPlan.resume(segments.sizes, config, state, **topology)
+            self._inner = EpochPlan.resume(segments.sizes, config, _inner_state(state), **topology)
 
     # -- what the plan is: the inner plan's --------------------------------------------------
 
@@ -442,13 +448,11 @@ class MixturePlan:
         return self._mapped(self._inner.rank_samples(rank))
 
     def _mapped(self, samples: Iterator[tuple[int, int]]) -> Iterator[tuple[int, int]]:
-        segments = self._segments
-        if segments is None:
-            yield from samples
-            return
-        shard, start = segments.shard.tolist(), segments.start.tolist()
-        for virtual, index in samples:
-            yield shard[virtual], start[virtual] + index
+        """Samples over segments as samples of mixture shards (a ComposedPlan's are already)."""
+        if self._segments is None:
+            return samples
+        shard, start = self._segments.shard.tolist(), self._segments.start.tolist()
+        return ((shard[virtual], start[virtual] + index) for virtual, index in samples)
 
     # -- resume ----------------------------------------------------------------------------
 

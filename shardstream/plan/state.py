@@ -239,6 +239,8 @@ def _check_plan(state: Mapping[str, Any], sizes: np.ndarray, config: PlanConfig,
             f"unknown plan state version {shown(state.get(Key.VERSION))}; "
             f"this shardstream reads version {STATE_VERSION}"
         )
+    if Key.STREAMS in state:
+        raise StateError("the state is of a mixture of datasets: it resumes a mixture of the same streams")
     checksum = counts_checksum(sizes.tolist())
     saved = {
         Key.COUNTS_CHECKSUM: checksum,
