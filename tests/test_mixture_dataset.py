@@ -206,6 +206,7 @@ def test_a_state_loads_only_into_the_same_mixture(streamed, tmp_path):
     for _ in range(2 * BATCH):
         next(iterator)
     state = dataset.state_dict()
+    iterator.close()
     assert [s["name"] for s in state["plan"]["streams"]] == [s.url for s in streams(root)]
     write_dataset(str(tmp_path / "b2"), [6, 5])  # the same counts in all, other shards
     other = streams(root)
@@ -217,7 +218,7 @@ def test_a_state_loads_only_into_the_same_mixture(streamed, tmp_path):
     ):
         with pytest.raises(StateError, match=refusal):
             shardstream.StreamingDataset(mixture, seed=5, batch_size=BATCH).load_state_dict(state)
-    with pytest.raises(StateError, match="another dataset"):
+    with pytest.raises(StateError, match="the state is of a mixture"):
         shardstream.StreamingDataset(str(root / "a"), seed=5, batch_size=BATCH).load_state_dict(state)
     single = shardstream.StreamingDataset(str(root / "a"), seed=5).state_dict()
     with pytest.raises(StateError, match="of a single dataset, not of a mixture"):
