@@ -241,6 +241,8 @@ def test_options_are_split_between_streams_and_the_mixture(streamed):
     assert first.decoder is None
     assert dataset.quotas == (48, 11)  # a plain URL in the list: all of it once
     assert collections.Counter(s["__stream__"] for s in dataset) == {0: 48, 1: 11}
+    by_name = shardstream.StreamingDataset(url=[str(root / "a")], decode=False)
+    assert by_name.quotas == (48,)
 
 
 @pytest.mark.parametrize(

@@ -107,13 +107,14 @@ class MixedDataset(StreamingDataset):
 
     def __init__(
         self,
-        streams: Sequence[Stream | str | os.PathLike[str]],
+        url: Sequence[Stream | str | os.PathLike[str]],
         *,
         mix: str | None = None,
         epoch_size: int | None = None,
         **options: Any,
     ) -> None:
-        listed = [s if isinstance(s, Stream) else Stream(os.fspath(s)) for s in streams]
+        """``url``: the streams (``StreamingDataset``'s first argument), a URL taken whole."""
+        listed = [s if isinstance(s, Stream) else Stream(os.fspath(s)) for s in url]
         if not listed:
             raise UsageError("a mixture needs at least one Stream")
         label = "mixture of " + ", ".join(stream.url for stream in listed)

@@ -130,7 +130,8 @@ class StreamingDataset(IterableDataset):
         self._start(config, topology)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> StreamingDataset:
-        if cls is StreamingDataset and args and isinstance(args[0], (list, tuple)):
+        url = args[0] if args else kwargs.get("url")
+        if cls is StreamingDataset and isinstance(url, (list, tuple)):
             from shardstream.dataset.mixture import MixedDataset  # a subclass: imports this module
 
             return super().__new__(MixedDataset)
