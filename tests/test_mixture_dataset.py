@@ -338,8 +338,10 @@ def composed(root, mix, **kwargs):
 @pytest.mark.parametrize("mix", ["stratified", "per_stream"])
 def test_composed_mixes_make_their_global_batches(streamed, mix):
     root, _ = streamed
-    got = ids(composed(root, mix))
+    dataset = composed(root, mix)
+    got = ids(dataset)
     assert len(got) == sum(QUOTAS)
+    assert collections.Counter(s for s, _ in got) == dict(enumerate(dataset.quotas))  # rounded ones
     batches = [collections.Counter(s for s, _ in got[k : k + 8]) for k in range(0, len(got), 8)]
     if mix == "stratified":  # each stream's share of every batch, to within one sample
         assert all(abs(batch[s] - 8 * QUOTAS[s] / sum(QUOTAS)) < 1 for batch in batches for s in range(3))

@@ -168,7 +168,9 @@ class MixedDataset(StreamingDataset):
     def quotas(self) -> tuple[int, ...]:
         """Samples of each stream per epoch (over all ranks, padding aside); mix="stratified"
         and "per_stream" round them to whole global batches (NOTE [ Composed batches ])."""
-        return self.mixture.quotas
+        plan = self.config.plan
+        batch = int(plan.global_batch_size or 1) if plan.is_global else 1
+        return MixturePlan(self.mixture, plan, epoch=self.epoch, world_size=1, batch_size=batch).quotas
 
     # -- plans and reads -----------------------------------------------------------------
 

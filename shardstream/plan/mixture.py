@@ -421,6 +421,14 @@ class MixturePlan:
     def shuffle_window(self) -> int:
         return int(self._inner.shuffle_window)
 
+    @property
+    def quotas(self) -> tuple[int, ...]:
+        """What each stream gives this epoch over all ranks, padding aside: the mixture's
+        quotas, rounded to whole global batches by mix="stratified" and "per_stream"."""
+        if self._segments is None:
+            return tuple(self._inner.sequence.quotas)
+        return self.mixture.quotas
+
     def samples_per_rank(self) -> int:
         return int(self._inner.samples_per_rank())
 
