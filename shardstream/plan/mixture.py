@@ -11,17 +11,19 @@ neither (all of it once).
 
 Which samples of a stream an epoch takes: the stream has an endless sequence of passes,
 each its shards in a keyed order (manifest order without shuffle) laid end to end, and
-epoch ``e`` takes positions ``[e q, (e + 1) q)`` of it (``q`` the quota). So no sample of
-a stream repeats before every sample of it has been seen, and a downsampled stream takes
-the next part of its passes each epoch (another subset every epoch, all of the stream over
-successive epochs). An upsampled stream (``q >= N``, its ``N`` samples) gets a fresh order
-every pass, ``permutation(shards, (seed, p, TAG_PASS, stream))`` for pass ``p``. A
-downsampled one must also never repeat within an epoch, and an epoch that takes the tail
-of one pass and the head of the next would, with two unrelated orders; so its passes keep
-one order for a cycle of ``q / gcd(N, q)`` passes (then epochs and passes align again,
-``N / gcd(N, q)`` epochs), the order keyed by the cycle's number in place of ``p``: the
-head taken, ``N - q`` positions at most, never reaches the tail. Those positions are
-``Segments``: runs of one real shard each, a few per shard of the stream and epoch.
+epoch ``e`` takes positions ``[e q, (e + 1) q)`` of it (``q`` the quota, ``N`` the
+stream's samples). So no sample of a stream repeats before every sample of it has been
+seen, and a downsampled stream takes the next part of its passes each epoch (another
+subset every epoch, all of the stream over successive epochs). Within one epoch every
+sample must come ``q // N`` or ``q // N + 1`` times (at most once when downsampled); an
+epoch that takes the tail of one pass and the head of the next would break that with two
+unrelated orders (the head may hold samples of the tail). So the passes keep one order
+for a cycle of ``q / gcd(N, q)`` passes, after which epochs and passes align again
+(``N / gcd(N, q)`` epochs), the order ``permutation(shards, (seed, c, TAG_PASS,
+stream))`` for cycle ``c``: a head and the tail before it then never overlap (``q <=
+N``) or overlap in exactly ``q mod N`` samples. A fresh order comes every cycle: every
+epoch when ``q`` divides or is a multiple of ``N``. Those positions are ``Segments``: runs
+of one real shard each, a few per shard of the stream and epoch.
 
 The segments are the shards a plan runs on ("virtual shards"): with ``mix="random"`` one
 ``EpochPlan`` (or ``GlobalPlan``, order="global") over all streams' segments, which
@@ -144,8 +146,9 @@ class Mixture:
         total = spec.num_samples
         take = self.quotas[stream] if quota is None else check_count(quota, "quota")
         lo, hi = check_count(epoch, "epoch") * take, (epoch + 1) * take
-        # passes of one order: an epoch that ends one and starts the next stays free of repeats
-        cycle = take // math.gcd(total, take) if 0 < take < total else 1
+        # passes of one order: an epoch that ends one and starts the next takes each sample
+        # as often as any other, give or take one (NOTE [ Mixtures ])
+        cycle = take // math.gcd(total, take) if take else 1
         parts = []
         for number in range(lo // total, -(-hi // total)):
             if shuffle:
