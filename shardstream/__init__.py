@@ -6,6 +6,7 @@ inspect and verify) do not pay for importing torch::
     shardstream.pack(source, dest, ...)             # build a dataset
     shardstream.ShardWriter(dest, ...)              # write samples from a program
     shardstream.StreamingDataset(url, ...)          # stream it, rank- and worker-aware
+    shardstream.StreamingDataset([shardstream.Stream(url, weight=0.7), ...])  # a mixture
     shardstream.DataLoader(dataset, ...)            # with exact mid-epoch state_dict()
     shardstream.MapDataset(url, ...)                # random access: dataset[i], by key too
     shardstream.ShardSampler(shard_sizes, ...)      # the plan as a map-style sampler
@@ -25,6 +26,7 @@ _EXPORTS = {
     "inspect_dataset": "shardstream.catalog",
     "verify_dataset": "shardstream.catalog",
     "StreamingDataset": "shardstream.dataset",
+    "Stream": "shardstream.dataset",
     "DataLoader": "shardstream.dataset",
     "MapDataset": "shardstream.dataset",
     "ShardSampler": "shardstream.sampler",
@@ -47,6 +49,7 @@ __all__ = [
     "ShardWriter",
     "ShardstreamError",
     "Storage",
+    "Stream",
     "StreamingDataset",
     "__version__",
     "index_dataset",
@@ -57,7 +60,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from shardstream.catalog import index_dataset, inspect_dataset, verify_dataset
-    from shardstream.dataset import DataLoader, MapDataset, StreamingDataset
+    from shardstream.dataset import DataLoader, MapDataset, Stream, StreamingDataset
     from shardstream.errors import ShardstreamError
     from shardstream.manifest import Manifest, ShardInfo
     from shardstream.pack import ShardWriter, pack

@@ -4,7 +4,9 @@ A drop-in for ``torch.utils.data.DistributedSampler``, with the same knobs and t
 guarantees (every index once per epoch across ranks, equal counts per rank, padding by
 repetition or ``drop_last``), but the indices a rank gets are contiguous runs of shards
 shuffled inside windows (DESIGN.md, "The epoch plan"), and the order is computed lazily:
-no ``randperm(N)``, so a 10^10-sample epoch starts at once.
+no ``randperm(N)``, so a 10^10-sample epoch starts at once. Over a mixture (a
+``Mixture`` or a list of ``StreamSpec`` in place of the shard sizes) it mixes the streams
+as ``StreamingDataset`` does (NOTE [ Mixtures ]), indexing their ``ConcatDataset``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from torch.utils.data import Sampler
 from shardstream.errors import StateError
 from shardstream.plan import EpochPlan, PlanConfig
 from shardstream.plan.config import check_count, shard_sizes_array
+from shardstream.plan.mixture import Mixture, MixturePlan, StreamSpec
 from shardstream.plan.state import ResumeState
 from shardstream.topology import detect_rank
 
@@ -42,11 +45,17 @@ class ShardSampler(Sampler[int]):
     same global batches on every ``num_replicas`` dividing it (NOTE [ Global order ]):
     batch this sampler's indices by ``global_batch_size // num_replicas``, and count
     ``num_consumed`` in whole such batches.
+
+    A ``Mixture`` (or a list of ``StreamSpec``, mixed with ``mix="random"``) in place of
+    ``shard_sizes`` mixes its streams, each its quota per epoch, with the mixture's ``mix``
+    (NOTE [ Mixtures ], NOTE [ Composed batches ]): index ``i`` is sample
+    ``i - mixture.sample_offsets[s]`` of stream ``s``, the indexing of
+    ``ConcatDataset([stream_0, stream_1, ...])``; its states name the streams they fit.
     """
 
     def __init__(
         self,
-        shard_sizes: Sequence[int],
+        shard_sizes: Sequence[int] | Mixture | Sequence[StreamSpec],
         num_replicas: int | None = None,
         rank: int | None = None,
         shuffle: bool = True,
@@ -71,12 +80,13 @@ class ShardSampler(Sampler[int]):
         )
         # The plan's batch: this rank's part of a global batch, or single indices.
         self._batch = self.config.rank_batch_size(self.num_replicas)
-        self.shard_sizes = shard_sizes_array(shard_sizes)
+        self.mixture, self.shard_sizes = _mixture_or_sizes(shard_sizes)
+        # a mixture's shards are its streams' shards in order: these are ConcatDataset indices
         self.offsets = np.cumsum(self.shard_sizes) - self.shard_sizes
         self.epoch = 0
         self._resume: ResumeState | None = None  # a loaded state for the next __iter__
-        self._next: EpochPlan | None = None  # the plan of the next __iter__, once built
-        self._active: EpochPlan | None = None  # the plan the latest __iter__ follows
+        self._next: EpochPlan | MixturePlan | None = None  # the plan of the next __iter__, once built
+        self._active: EpochPlan | MixturePlan | None = None  # the plan the latest __iter__ follows
 
     def set_epoch(self, epoch: int) -> None:
         """Use the order of ``epoch`` from the next iteration on (a loaded state of the
@@ -89,12 +99,17 @@ class ShardSampler(Sampler[int]):
         if self._resume is not None and not self._resume.of_epoch(self.epoch):
             self._resume, self._next = None, None
 
-    def plan(self) -> EpochPlan:
+    def plan(self) -> EpochPlan | MixturePlan:
         """The plan the next iteration follows: resumed from a loaded state, or fresh."""
         if self._next is None:
             topology = dict(world_size=self.num_replicas, num_workers=1, batch_size=self._batch)
-            if self._resume is not None:
-                self._next = EpochPlan.resume(self.shard_sizes, self.config, self._resume.plan, **topology)
+            resume = self._resume.plan if self._resume is not None else None
+            if self.mixture is not None and resume is not None:
+                self._next = MixturePlan.resume(self.mixture, self.config, resume, **topology)
+            elif self.mixture is not None:
+                self._next = MixturePlan(self.mixture, self.config, epoch=self.epoch, **topology)
+            elif resume is not None:
+                self._next = EpochPlan.resume(self.shard_sizes, self.config, resume, **topology)
             else:
                 self._next = EpochPlan(self.shard_sizes, self.config, epoch=self.epoch, **topology)
         return self._next
@@ -120,7 +135,7 @@ class ShardSampler(Sampler[int]):
             self._resume, self._next = None, None
         return self._indices(plan)
 
-    def _indices(self, plan: EpochPlan) -> Iterator[int]:
+    def _indices(self, plan: EpochPlan | MixturePlan) -> Iterator[int]:
         for window in plan.worker_windows(self.rank, 0):
             for shards, indices in window.samples():
                 yield from (self.offsets[shards] + indices).tolist()
@@ -148,3 +163,16 @@ class ShardSampler(Sampler[int]):
         except StateError:
             self.epoch, self._resume, self._next, self._active = previous
             raise
+
+
+def _mixture_or_sizes(
+    given: Sequence[int] | Mixture | Sequence[StreamSpec],
+) -> tuple[Mixture | None, np.ndarray]:
+    """The mixture a sampler was given in place of shard sizes and its shard sizes, or
+    ``None`` and the shard sizes given."""
+    if isinstance(given, Mixture):
+        return given, given.sizes
+    if isinstance(given, Sequence) and len(given) and isinstance(given[0], StreamSpec):
+        mixture = Mixture(given)  # type: ignore[arg-type]  # it checks that every item is a StreamSpec
+        return mixture, mixture.sizes
+    return None, shard_sizes_array(np.asarray(given))

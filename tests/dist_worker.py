@@ -10,9 +10,10 @@ rank, in order], "batches": [batches of each rank], "world_size": W, "len": len(
 With ``--stop-after K`` the last epoch stops after K batches and rank 0 also writes the
 loader's state to ``OUT/state.json`` (every rank's state must be the same). With
 ``--resume STATE`` the loader loads that state first. With ``--global-batch-size G``
-the dataset has ``order="global"`` and each rank takes batches of ``G // world``. The
-record of the i-th epoch given is also written to ``OUT/pass-i.json`` (an epoch may be
-given twice).
+the dataset has ``order="global"`` and each rank takes batches of ``G // world``. A URL
+that is a JSON list of ``Stream`` arguments makes a mixture (``--mix`` its mix), whose
+keys are written as ``"STREAM/KEY"``. The record of the i-th epoch given is also
+written to ``OUT/pass-i.json`` (an epoch may be given twice).
 """
 
 from __future__ import annotations
@@ -30,7 +31,15 @@ import shardstream
 
 
 def keep(samples: list[dict]) -> list[str]:
-    return [sample["__key__"] for sample in samples]
+    """Each sample's key; in a mixture ``"STREAM/KEY"``."""
+    return [f"{s['__stream__']}/{s['__key__']}" if "__stream__" in s else s["__key__"] for s in samples]
+
+
+def source(url: str) -> object:
+    """``url``, or a mixture: a JSON list of ``Stream`` arguments."""
+    if not url.startswith("["):
+        return url
+    return [shardstream.Stream(**stream) for stream in json.loads(url)]
 
 
 def main() -> int:
@@ -44,6 +53,7 @@ def main() -> int:
     parser.add_argument("--resume", default=None)
     parser.add_argument("--start-method", default=None)
     parser.add_argument("--global-batch-size", type=int, default=None)
+    parser.add_argument("--mix", default=None)
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -53,7 +63,9 @@ def main() -> int:
     if args.global_batch_size is not None:
         batch_size = args.global_batch_size // world
         order = dict(order="global", global_batch_size=args.global_batch_size, read_lanes=3)
-    dataset = shardstream.StreamingDataset(args.url, shuffle=True, seed=7, decode=False, **order)
+    if args.mix is not None:
+        order["mix"] = args.mix
+    dataset = shardstream.StreamingDataset(source(args.url), shuffle=True, seed=7, decode=False, **order)
     loader = shardstream.DataLoader(
         dataset,
         batch_size=batch_size,

@@ -29,7 +29,9 @@ BATCH = 4
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
 
-def torchrun(url, out, *, ranks, workers, epochs, env, stop_after=None, resume=None, global_batch=None):
+def torchrun(
+    url, out, *, ranks, workers, epochs, env, stop_after=None, resume=None, global_batch=None, mix=None
+):
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
         str(WORKER), url, str(out), "--workers", str(workers), "--batch-size", str(BATCH),
@@ -41,6 +43,8 @@ def torchrun(url, out, *, ranks, workers, epochs, env, stop_after=None, resume=N
         command += ["--resume", str(resume)]
     if global_batch is not None:
         command += ["--global-batch-size", str(global_batch)]
+    if mix is not None:
+        command += ["--mix", mix]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert done.returncode == 0, f"torchrun failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
 

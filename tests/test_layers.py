@@ -513,6 +513,7 @@ PROCESS_STATE = {
     "storage/s3read.py:_LOADERS": "botocore's model loaders by data path, shared by every client",
     "storage/s3read.py:_lock": "guards _LOADERS; made anew in a fork child",
     "dataset/reader.py:_SKIPPED": "a log's once-per-shard filter (as warnings' registry): per process",
+    "dataset/random_access.py:_OPENING": "guards making a MapDataset's per-process readers; made anew in a fork child",
 }
 
 

@@ -79,6 +79,28 @@ def test_same_global_batches_on_any_topology_every_sample_once(sizes, config, da
 
 @PROPERTY
 @given(shard_sizes, global_configs(), st.data())
+def test_padding_is_only_in_the_last_global_batch(sizes, config, data):
+    size = config.global_batch_size
+    world, workers = data.draw(st.sampled_from(divisors(size))), data.draw(st.integers(0, 5))
+    plan = plan_of(sizes, config, world, workers)
+    flat = [s for batch in global_batches(plan) for s in batch]
+    for rank in range(world):  # a window names every shard it reads (the repeats' too)
+        for worker in range(max(1, workers)):
+            for window in plan.worker_windows(rank, worker):
+                assert {run.shard for run in window.runs} <= set(window.shards)
+    total = sum(sizes)
+    every = {(shard, i) for shard, n in enumerate(sizes) for i in range(n)}
+    real = min(len(flat), total)  # without drop_last every sample; with it, every full batch
+    assert len(set(flat[:real])) == real  # all but the last batch's padding: distinct samples
+    assert set(flat[:real]) <= every
+    if not config.drop_last:
+        assert set(flat[:real]) == every  # every sample comes before the padding
+        assert len(flat) - real < size or total == 0  # the padding fits in the last batch
+        assert flat[real:] == [flat[k % total] for k in range(len(flat) - real)]  # the first ones again
+
+
+@PROPERTY
+@given(shard_sizes, global_configs(), st.data())
 def test_resume_on_another_topology_gives_the_same_rest(sizes, config, data):
     size = config.global_batch_size
     before = plan_of(sizes, config, data.draw(st.sampled_from(divisors(size))), data.draw(st.integers(0, 4)))
@@ -155,3 +177,19 @@ def test_refusals_say_why():
         PlanConfig(global_batch_size=8)
     with pytest.raises(PlanError, match="order must be one of"):
         PlanConfig(order="random")
+
+
+def test_default_lanes_follow_the_global_batch_size():
+    # NOTE [ Default lanes ]: runs of at most 2 samples, at least 64 lanes where G allows
+    def lanes(size, **options):
+        return plan_of([100] * 50, PlanConfig(order="global", global_batch_size=size, **options), 1, 1)
+
+    assert lanes(512).sequence.lanes == 256
+    assert lanes(200).sequence.lanes == 100
+    assert lanes(128).sequence.lanes == 64
+    assert lanes(32).sequence.lanes == 32
+    assert lanes(512, read_lanes=64).sequence.lanes == 64
+    assert lanes(512, shuffle=False).sequence.lanes == 1
+    saved = lanes(512, read_lanes=64).state_dict(1)
+    with pytest.raises(StateError, match="read_lanes=64, this plan has read_lanes=256"):
+        plan_of([100] * 50, PlanConfig(order="global", global_batch_size=512), 1, 1, state=saved)

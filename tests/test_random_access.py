@@ -5,6 +5,7 @@ ShardSampler and workers (fork and spawn), pickling."""
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import random
 
@@ -14,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import shardstream
-from shardstream.errors import FormatError
+from shardstream.errors import FormatError, StorageError
 from shardstream.pack import ShardWriter
 from shardstream.storage import Storage
 
@@ -113,9 +114,113 @@ def test_batch_fetch_coalesces_neighbours_into_one_read_per_shard(local, monkeyp
     assert dataset.get_many(indices) == [epoch[i] for i in indices]
     assert len(reads) == 2  # shards 0 and 1, however many samples of each
     reads.clear()
+    preads = count_preads(monkeypatch)
     for i in indices:
         dataset[i]
-    assert len(reads) == len(indices)  # one ranged read per single fetch
+    assert not reads
+    assert len(preads) == len(indices)  # one read per single fetch, of a file kept open
+
+
+def count_preads(monkeypatch) -> list:
+    """The (length, offset) of every ``os.pread``: a local single fetch reads a kept file."""
+    preads: list = []
+    original = os.pread
+
+    def counting(fd, length, offset):
+        preads.append((length, offset))
+        return original(fd, length, offset)
+
+    monkeypatch.setattr(os, "pread", counting)
+    return preads
+
+
+def count_opens(monkeypatch) -> list:
+    """Every file ``Storage.open`` returns (from any thread)."""
+    opened: list = []
+    original = Storage.open
+
+    def counting(self, *args, **kwargs):
+        got = original(self, *args, **kwargs)
+        opened.append(got)
+        return got
+
+    monkeypatch.setattr(Storage, "open", counting)
+    return opened
+
+
+def sample_range(dataset, i):
+    shard, position = dataset.locate(i)
+    return dataset._parts()[1].index(shard).byte_range(position, position + 1)
+
+
+def test_a_single_fetch_reads_the_sample_once_its_block_was_checked(tmp_path, monkeypatch):
+    # NOTE [ Checked single reads ]: the first read of a block checks it and records the
+    # CRCs of the samples in it; a later read of any of them reads the sample's bytes only
+    url = tmp_path / "singles"
+    write(str(url), "tar", count=40, per_shard=40)
+    dataset = shardstream.MapDataset(str(url))
+    preads = count_preads(monkeypatch)
+    assert dataset[6]["txt"] == "text 6 é"
+    assert preads[0][0] >= 10 * sample_range(dataset, 6).length  # the whole check block
+    preads.clear()
+    for i in (6, 7, 20, 6):
+        assert dataset[i] == sample(i) | {"json": json.loads(sample(i)["json"])}
+    assert preads == [
+        (sample_range(dataset, i).length, sample_range(dataset, i).start) for i in (6, 7, 20, 6)
+    ]
+    shard = url / "shard-000000.tar"
+    data = bytearray(shard.read_bytes())
+    for i in (7, 12):  # one read before, one only checked with its block
+        data[data.index(b"text %d " % i)] ^= 0x01
+    with open(shard, "r+b") as rewrite:  # in place, under the open file
+        rewrite.write(bytes(data))
+    for i in (7, 12):
+        with pytest.raises(FormatError, match="checksum mismatch") as info:
+            dataset[i]
+        assert (info.value.offset, info.value.shard) == (sample_range(dataset, i).start, "shard-000000.tar")
+        assert f"dataset index {i}" in str(info.value)
+    assert dataset[6]["txt"] == "text 6 é"
+    dataset.close()
+
+
+def test_open_files_are_bounded_closed_and_a_truncated_shard_is_a_storage_error(tmp_path, monkeypatch):
+    from shardstream.dataset import sample_reads
+
+    url = tmp_path / "files"
+    write(str(url), "tar", count=40, per_shard=10)
+    monkeypatch.setattr(sample_reads, "OPEN_FILES", 2)
+    dataset = shardstream.MapDataset(str(url), verify_checksums=False)
+    opened = count_opens(monkeypatch)
+    for i in (0, 15, 25, 35, 1):
+        assert dataset[i]["__key__"] == f"k{i:05d}"
+    assert len(opened) == 5  # shards 0, 1, 2, 3, then 0 again: two kept at a time
+    assert [f.closed for f in opened] == [True, True, True, False, False]
+    (url / "shard-000003.tar").write_bytes(b"")  # truncated while open
+    with pytest.raises(StorageError, match="past the end") as info:
+        dataset[36]
+    assert info.value.shard == "shard-000003.tar"
+    dataset.close()
+    assert all(f.closed for f in opened)
+
+
+def test_threads_share_the_open_files_while_they_are_evicted(tmp_path, monkeypatch):
+    # a file evicted while another thread reads it is closed by its last reader, never under a read
+    from concurrent.futures import ThreadPoolExecutor
+
+    from shardstream.dataset import sample_reads
+
+    url = tmp_path / "threads"
+    write(str(url), "tar", count=40, per_shard=5)
+    monkeypatch.setattr(sample_reads, "OPEN_FILES", 1)
+    dataset = shardstream.MapDataset(str(url))
+    opened = count_opens(monkeypatch)
+    indices = [random.Random(seed).randrange(40) for seed in range(800)]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(dataset.__getitem__, indices))
+    assert [sample["__key__"] for sample in got] == [f"k{i:05d}" for i in indices]
+    assert sum(not f.closed for f in opened) <= 1
+    dataset.close()
+    assert all(f.closed for f in opened)
 
 
 def test_key_lookup(local):

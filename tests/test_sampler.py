@@ -11,9 +11,10 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import ConcatDataset, DataLoader, DistributedSampler
 
 from shardstream.errors import StateError, UsageError
+from shardstream.plan.mixture import Mixture, StreamSpec
 from shardstream.sampler import ShardSampler
 
 SIZES = [13, 0, 1, 20, 8, 17, 5]  # 64 samples
@@ -145,3 +146,82 @@ def test_two_real_processes_with_gloo_see_every_index_once(tmp_path):
         assert sorted(per_rank[0] + per_rank[1]) == list(range(64))
     assert result[0]["epochs"][0] != result[0]["epochs"][1]
     assert torch.distributed.is_initialized() is False
+
+
+# -- over a mixture (NOTE [ Mixtures ], NOTE [ Composed batches ]) --------------------------
+
+STREAMS = [([9, 4, 13], {"repeat": 0.5}), ([6, 6], {"repeat": 2.5}), ([11, 0, 7], {"choose": 10})]
+MIXED = {
+    "random local": ("random", {}),
+    "random global": ("random", dict(order="global", global_batch_size=12, read_lanes=3)),
+    "stratified": ("stratified", dict(order="global", global_batch_size=12, read_lanes=3)),
+    "per_stream": ("per_stream", dict(order="global", global_batch_size=12, read_lanes=3)),
+}
+
+
+def mixture_of(mix, *, choose_last=10):
+    specs = [StreamSpec(f"s3://b/{s}", sizes, f"fp{s}", **how) for s, (sizes, how) in enumerate(STREAMS)]
+    specs[-1] = StreamSpec("s3://b/2", STREAMS[-1][0], "fp2", choose=choose_last)
+    return Mixture(specs, mix=mix)
+
+
+def concat_dataset():
+    """Each stream's samples as (stream, shard, index): what ConcatDataset indexing gives."""
+    return ConcatDataset(
+        [
+            [(s, shard, i) for shard, n in enumerate(sizes) for i in range(n)]
+            for s, (sizes, _) in enumerate(STREAMS)
+        ]
+    )
+
+
+def mixed_batches(mixture, options, ranks, state=None, size=12):
+    """Every rank's indices, cut into global batches of ``size`` (rank r's k-th part in order)."""
+    parts = []
+    for rank in range(ranks):
+        sampler = ShardSampler(mixture, num_replicas=ranks, rank=rank, seed=5, **options)
+        if state is not None:
+            sampler.load_state_dict(state)
+        parts.append(list(sampler))
+    per = size // ranks
+    return [[i for part in parts for i in part[k * per : (k + 1) * per]] for k in range(len(parts[0]) // per)]
+
+
+@pytest.mark.parametrize("name", MIXED)
+def test_mixture_indices_are_concat_dataset_indices_with_each_stream_its_quota(name):
+    mix, options = MIXED[name]
+    mixture, dataset = mixture_of(mix), concat_dataset()
+    sampler = ShardSampler(mixture, num_replicas=1, rank=0, seed=5, **options)
+    got = collections.Counter(dataset[i][0] for i in sampler)
+    quotas = sampler.plan()._inner.sequence.quotas if mix != "random" else mixture.quotas
+    padding = sum(got.values()) - sum(quotas)
+    assert 0 <= padding < 12
+    assert all(got[s] >= q for s, q in enumerate(quotas))
+    if mix != "random":
+        assert [got[s] for s in range(len(STREAMS))] == list(quotas)
+    assert mixture.sample_offsets.tolist()[1:] == dataset.cumulative_sizes
+
+
+@pytest.mark.parametrize("name", ["random global", "stratified", "per_stream"])
+def test_mixture_global_batches_on_any_world_size_and_resume_on_another(name):
+    mix, options = MIXED[name]
+    mixture = mixture_of(mix)
+    whole = mixed_batches(mixture, options, 1)
+    assert mixed_batches(mixture, options, 4) == mixed_batches(mixture, options, 3) == whole
+    sampler = ShardSampler(mixture, num_replicas=2, rank=1, seed=5, **options)
+    state = sampler.state_dict(2 * 6)  # two batches of 6 on each of 2 ranks
+    assert state["mix"] == mix
+    assert mixed_batches(mixture, options, 6, state=state) == whole[2:]
+
+
+def test_a_list_of_streams_mixes_at_random_and_states_name_the_stream():
+    specs = list(mixture_of("random").streams)
+    sampler = ShardSampler(specs, num_replicas=2, rank=0, seed=5)
+    assert sampler.mixture is not None
+    assert sampler.mixture.mix == "random"
+    state = sampler.state_dict(3)
+    other = ShardSampler(mixture_of("random", choose_last=11), num_replicas=2, rank=0, seed=5)
+    with pytest.raises(StateError, match=r"stream 2 \(s3://b/2\) was saved with quota=10"):
+        other.load_state_dict(state)
+    with pytest.raises(StateError, match="of a mixture of datasets"):
+        ShardSampler([5, 4], num_replicas=1, rank=0).load_state_dict(state)

@@ -10,7 +10,9 @@
 - s3: ``MapDataset.get_many`` of 256 random indices from moto's S3 server (another
   process, loopback) vs one sequential read of as many bytes as those samples hold
   (``Storage.read`` of one ranged GET, and boto3 ``get_object``): the target is a batch
-  in at most 2x the time of that read. Also the requests and bytes a batch reads.
+  in at most 2x the time of that read. Also the requests and bytes a batch reads, and
+  the floor any batch has on this server: one small GET for each shard it touches, in
+  parallel, against the one read.
 
 Rates, rounds and ratios are measured as in tools/bench_stream.py (warm-up, rotating
 rounds, paired median ratios); the machine is shared, so take the ratios, not the rates.
@@ -27,6 +29,7 @@ import sys
 import tempfile
 import types
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from bench_stream import ROOT, MotoProcess, measure, report, small_sample, write_tar
 
@@ -177,7 +180,22 @@ def bench_s3(count: int, repeat: int) -> None:
             client.get_object(Bucket="bench", Key=key, Range=f"bytes=0-{span.end - 1}")["Body"].read()
             return 1
 
-        contenders = {"shardstream": batch, "shardstream unchecked": batch_unchecked, "one read": one_read}
+        # The floor of any batch on this server: a batch reads each shard it touches at least once.
+        _, reader, _ = dataset._parts()
+        touched = sorted({dataset.locate(i)[0] for i in batches[0]})
+        firsts = [(dataset.manifest.shards[s].path, reader.index(s).byte_range(0, 1)) for s in touched]
+
+        def per_shard() -> int:
+            with ThreadPoolExecutor(dataset.read_threads) as pool:
+                list(pool.map(lambda item: storage.read(*item), firsts))
+            return 1
+
+        contenders = {
+            "shardstream": batch,
+            "shardstream unchecked": batch_unchecked,
+            "one read": one_read,
+            "one GET per shard": per_shard,
+        }
         rates = measure({**contenders, "boto3 one read": boto}, repeat)
         report(
             f"S3 (moto, loopback): a batch of {BATCH} random indices of {count:,} x ~300 B vs one read of "
@@ -191,6 +209,11 @@ def bench_s3(count: int, repeat: int) -> None:
             met = "met" if median >= 0.5 else "MISSED"
             print(f"  {name}: batch time / one read's time = {1 / median:.1f}x; target <= 2x: {met}")
             _requests(which, batches[0], sample_bytes)
+        ratios = rates.ratios(["one read"], "one GET per shard")
+        print(
+            f"  floor: one small GET for each of the {len(touched)} shards a batch touches, in parallel, "
+            f"takes {1 / sorted(ratios)[len(ratios) // 2]:.1f}x one read's time"
+        )
         storage.close()
         dataset.close()
         unchecked.close()

@@ -6,7 +6,9 @@ and time to the first index next to torch's DistributedSampler.
 
 The big case runs for order="local" and order="global" (NOTE [ Global order ]: global
 batch of R x 32 samples, the default read lanes), and prints for each the mean run
-length per request (samples per ranked read of the worker's first windows).
+length per request (samples per ranked read of the worker's first windows); then for
+mixtures of the same shards as three streams weighted 6:3:1 with mix="stratified" and
+mix="per_stream" (NOTE [ Composed batches ]), next to that single order="global" dataset.
 
 Each measurement runs in a fresh subprocess, so imports, caches and earlier
 allocations do not count: time is wall-clock from building the plan (or sampler) to
@@ -55,10 +57,29 @@ def run_length(plan, rank: int, worker: int, windows: int = 64) -> float:  # typ
     return sum(lengths) / max(1, len(lengths))
 
 
+def _mixture_plan(sizes: list[int], config, mix: str, **topology):  # type: ignore[no-untyped-def]
+    """The shards as three streams weighted 6:3:1 (60%, 30% and 10% of them), mixed."""
+    from shardstream.plan.mixture import Mixture, MixturePlan, StreamSpec
+
+    cuts = [0, len(sizes) * 6 // 10, len(sizes) * 9 // 10, len(sizes)]
+    specs = [
+        StreamSpec(f"stream{i}", sizes[cuts[i] : cuts[i + 1]], weight=w) for i, w in enumerate((6, 3, 1))
+    ]
+    return MixturePlan(Mixture(specs, mix=mix), config, epoch=3, **topology)
+
+
 def measure_plan(
-    num_samples: int, num_shards: int, ranks: int, workers: int, first: int, trace: bool, order: str = "local"
+    num_samples: int,
+    num_shards: int,
+    ranks: int,
+    workers: int,
+    first: int,
+    trace: bool,
+    order: str = "local",
+    mix: str | None = None,
 ) -> dict:
-    """One worker of an EpochPlan: its first `first` samples, then the rest of its slice.
+    """One worker of an EpochPlan (or of a mixture of the same shards, with ``mix``): its
+    first `first` samples, then the rest of its slice.
 
     With `trace`, tracemalloc follows the first part (it slows allocation, so timings
     come from runs without it)."""
@@ -71,7 +92,11 @@ def measure_plan(
         tracemalloc.start()
     start, cpu = time.perf_counter(), time.process_time()
     config = _config(order, ranks)
-    plan = EpochPlan(sizes, config, epoch=3, world_size=ranks, num_workers=workers, batch_size=32)
+    topology = dict(world_size=ranks, num_workers=workers, batch_size=32)
+    if mix is None:
+        plan = EpochPlan(sizes, config, epoch=3, **topology)
+    else:
+        plan = _mixture_plan(sizes, config, mix, **topology)
     stream = plan.worker_samples(rank, worker)
     head = [next(stream) for _ in range(first)]
     first_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu
@@ -82,7 +107,8 @@ def measure_plan(
     rest = sum(1 for _ in stream)
     rest_s = time.perf_counter() - start
     return {
-        "what": f"EpochPlan worker, order={order}, N={num_samples:.0e}, {num_shards} shards, R={ranks}, W={workers}",
+        "what": f"{'EpochPlan' if mix is None else f'mix={mix}'} worker, order={order}, "
+        f"N={num_samples:.0e}, {num_shards} shards, R={ranks}, W={workers}",
         "run_length": run_length(plan, rank, worker),
         "first_ms": first_s * 1000,
         "cpu_ms": cpu_s * 1000,
@@ -174,7 +200,12 @@ def main(argv: list[str] | None = None) -> int:
     glob["peak_mb"] = _child("measure_plan", [big[0], big[1], ranks, workers, 1000, True, "global"])[
         "peak_mb"
     ]
-    results = [head, glob, plan_small, sampler, torch_ds]
+    mixed = {}
+    for mix in ("stratified", "per_stream"):
+        args = [big[0], big[1], ranks, workers, 1000, False, "global", mix]
+        mixed[mix] = _median("measure_plan", args, repeat)
+        mixed[mix]["peak_mb"] = _child("measure_plan", [*args[:5], True, *args[6:]])["peak_mb"]
+    results = [head, glob, *mixed.values(), plan_small, sampler, torch_ds]
     print(f"{'first ms':>10} {'peak MB':>9} {'RSS+ MB':>9} {'M samp/s':>9}  what")
     for result in results:
         print(_row(result))
@@ -194,6 +225,14 @@ def main(argv: list[str] | None = None) -> int:
         f"run length per request: order=local {head['run_length']:.0f} samples, "
         f"order=global {glob['run_length']:.0f} samples (min(G / lanes, G / R))"
     )
+    for mix, result in mixed.items():
+        print(
+            f"mix={mix} (3 streams 6:3:1, same shards): {result['first_ms']:.1f} ms wall "
+            f"(best {result['first_ms_min']:.1f} ms), {result['cpu_ms']:.1f} ms CPU, "
+            f"x{result['first_ms'] / glob['first_ms']:.2f} of order=global's; peak {result['peak_mb']:.1f} MB "
+            f"(x{result['peak_mb'] / glob['peak_mb']:.2f}), {result['rate'] / 1e6:.2f} M samples/s "
+            f"(x{result['rate'] / glob['rate']:.2f}), run length {result['run_length']:.0f}"
+        )
     print(f"peak traced memory then: {head['peak_mb']:.1f} MB (target < {TARGETS['peak_mb']:.0f} MB)")
     print(f"full rate of that worker: {head['rate'] / 1e6:.2f} M samples/s (target >= 1 M/s)")
     print(

@@ -1,6 +1,6 @@
 """Streaming throughput: shardstream against the alternatives, measured in the same run.
 
-    python tools/bench_stream.py [--quick] [--only small,large,s3,loader,order,wan] [--repeat 5]
+    python tools/bench_stream.py [--quick] [--only small,large,s3,loader,order,mix,wan] [--repeat 5]
 
 - small: 100k samples of three fields (~300 B): shardstream vs ``webdataset.WebDataset``
   on the same tar shards and ``litdata.StreamingDataset`` on the same samples in its own
@@ -19,6 +19,12 @@
 - wan: object storage over a simulated network (latency, a bandwidth cap per response),
   shardstream against LitData, WebDataset and MosaicML Streaming, cold and warm epochs;
   not in the default sections (minutes); see tools/bench_wan.py, which also runs alone.
+- mix: a mixture of three streams (50%, 30% and 20% of the shards, each taken once)
+  against one dataset of the same shards, shuffled, one process: small samples
+  undecoded and decoded, and large ones, local, and large ones on moto's S3; target
+  mixture / one dataset >= 0.9x.
+  Also the peak RSS of an epoch of each, in a fresh process (the whole process, and what
+  the epoch added to it); target mixture / one dataset <= 1.1x.
 - order: ``order="global"`` (default read lanes, NOTE [ Global order ]) against the
   local order, shuffled, through ``shardstream.DataLoader`` with 2 workers, on the small
   and the large samples on moto's S3 (loopback); target global / local >= 0.9x.
@@ -36,6 +42,8 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import functools
+import itertools
+import json
 import os
 import pathlib
 import shutil
@@ -412,6 +420,93 @@ def bench_order(small: int, large: int, repeat: int) -> None:
         server.stop()
 
 
+def bench_mix(work: str, small: int, large: int, repeat: int) -> None:
+    """A mixture of three streams against one dataset of the same samples (see the docstring)."""
+    mix_case("small", small_sample, small, small // 10, work, None, repeat)  # 10 shards
+    mix_case("large", large_sample, large, large // 10, work, None, repeat)
+    server = MotoProcess("mix")
+    try:
+        mix_case("large on moto S3", large_sample, large, large // 10, "s3://mix", server.options(), repeat)
+    finally:
+        server.stop()
+
+
+def mix_case(
+    name: str,
+    make: Callable[[int], dict],
+    count: int,
+    per_shard: int,
+    base: str,
+    options: dict | None,
+    repeat: int,
+) -> None:
+    """One dataset of ``count`` samples, and the same samples as three streams under ``base``."""
+    slug = name.replace(" ", "-")
+    one, parts = f"{base}/mix-{slug}-one", []
+    write_tar(one, map(make, range(count)), per_shard, options)
+    shards = -(-count // per_shard)  # cut at shard boundaries: the same shards, as streams
+    cuts = [0, shards // 2 * per_shard, shards * 8 // 10 * per_shard, count]
+    for number, (lo, hi) in enumerate(itertools.pairwise(cuts)):
+        parts.append(f"{base}/mix-{slug}-{number}")
+        write_tar(parts[-1], map(make, range(lo, hi)), per_shard, options)
+    for decode in (False, True) if name == "small" else (False,):
+        # opened once: an epoch of an opened dataset (its manifests, clients and sidecars made)
+        contenders = {
+            "one dataset": functools.partial(count_samples, opened(one, options, decode)),
+            "shardstream mixture": functools.partial(count_samples, opened(parts, options, decode)),
+        }
+        rates = measure(contenders, repeat)
+        what = "decoded" if decode else "no decode"
+        report(f"mix, {name}: {count:,} samples as 1 dataset or 3 streams, shuffled, {what}", rates)
+        print("  target: mixture / one dataset >= 0.9x")
+    peaks = {label: epoch_memory(spec, options) for label, spec in (("one dataset", one), ("mixture", parts))}
+    whole = peaks["mixture"][0] / peaks["one dataset"][0]
+    added = peaks["mixture"][1] / max(1, peaks["one dataset"][1])
+    print(
+        f"  peak RSS of an epoch, {name}: one dataset {peaks['one dataset'][0] / MB:,.0f} MB "
+        f"(+{peaks['one dataset'][1] / MB:,.0f} MB over its start), mixture {peaks['mixture'][0] / MB:,.0f} MB "
+        f"(+{peaks['mixture'][1] / MB:,.0f} MB); mixture / one dataset = {whole:.2f}x "
+        f"(what the epoch added: {added:.2f}x); target <= 1.1x"
+    )
+
+
+def opened(source: str | list[str], options: dict | None, decode: bool) -> shardstream.StreamingDataset:
+    """A shuffled dataset, or a mixture of a list of URLs, its first epoch taken."""
+    streams = source if isinstance(source, str) else [shardstream.Stream(url) for url in source]
+    dataset = shardstream.StreamingDataset(streams, storage_options=options, decode=decode)
+    count_samples(dataset)
+    return dataset
+
+
+_EPOCH_MEMORY = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import shardstream
+spec, options = json.loads(sys.argv[2]), json.loads(sys.argv[3])
+source = spec if isinstance(spec, str) else [shardstream.Stream(url) for url in spec]
+dataset = shardstream.StreamingDataset(source, storage_options=options, decode=False)
+len(dataset)  # manifests read, plan made: what the epoch starts from
+def field(name):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(name + ":"))
+start = field("VmRSS")
+count = sum(1 for _ in dataset)
+print(json.dumps([field("VmHWM"), field("VmHWM") - start, count]))
+"""
+
+
+def epoch_memory(spec: str | list[str], options: dict | None) -> tuple[int, int]:
+    """(peak RSS, peak RSS - RSS before the epoch) of one undecoded epoch in a fresh process."""
+    done = subprocess.run(
+        [sys.executable, "-c", _EPOCH_MEMORY, str(ROOT), json.dumps(spec), json.dumps(options)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    peak, added, _ = json.loads(done.stdout)
+    return peak, added
+
+
 def loader_samples(url: str, options: dict, batch: int, order: dict) -> int:
     """One shuffled epoch through a DataLoader with 2 workers, in the given order."""
     dataset = shardstream.StreamingDataset(url, storage_options=options, decode=False, **order)
@@ -426,8 +521,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="a smoke run: small sizes, one repeat")
     parser.add_argument(
         "--only",
-        default="small,large,s3,loader,order",
-        help="sections: small, large, loader, s3, order, wan (wan: only when named)",
+        default="small,large,s3,loader,order,mix",
+        help="sections: small, large, loader, s3, order, mix, wan (wan: only when named)",
     )
     parser.add_argument("--repeat", type=int, default=5, help="timed rounds after the warm-up")
     args = parser.parse_args()
@@ -451,6 +546,8 @@ def main() -> int:
             bench_s3(s3, repeat)
         if "order" in only:
             bench_order(small, s3 // 8, repeat)
+        if "mix" in only:
+            bench_mix(work, small, large // 6, repeat)  # 333 large samples: 10 shards of 33
         if "wan" in only:
             import bench_wan
 

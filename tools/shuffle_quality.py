@@ -16,7 +16,8 @@ a few epochs, for:
   [ Striped windows ]) to show what striping buys;
 - the same plan with ``order="global"`` (NOTE [ Global order ]; global batch = ranks x
   rank batch, default read lanes), read the same way: its global batches are the same
-  on every topology;
+  on every topology. Its mixing follows the read lanes, not the window (NOTE [ Default
+  lanes ]), so one more row has 64 lanes (runs of global batch / 64 samples);
 - WebDataset's buffer shuffle of the same shards: real ``webdataset.WebDataset`` over
   real tar shards written by ``webdataset.TarWriter`` (labels in ``.cls``) with
   ``shardshuffle=100`` and ``.shuffle(1000)``. Ranks and workers are simulated the way
@@ -112,12 +113,17 @@ def shardstream_plan(
     window_shards: int,
     epochs: int,
     order: str = "local",
+    lanes: int | None = None,
 ) -> float:
     labels = shard_labels(num_shards)
     config = PlanConfig(seed=17, shuffle_window=window_shards * per_shard)
     if order == "global":
         config = PlanConfig(
-            seed=17, shuffle_window=window_shards * per_shard, order="global", global_batch_size=ranks * batch
+            seed=17,
+            shuffle_window=window_shards * per_shard,
+            order="global",
+            global_batch_size=ranks * batch,
+            read_lanes=lanes,
         )
     batches = []
     for epoch in range(epochs):
@@ -200,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
             shardstream_plan(num_shards, per_shard, ranks, workers, b, w, epochs, order="global")
             for b in batch_sizes
         ]
+    rows["  global order, 64 lanes, window 4 shards"] = [
+        shardstream_plan(num_shards, per_shard, ranks, workers, b, 4, epochs, order="global", lanes=64)
+        for b in batch_sizes
+    ]
     with consecutive_windows():
         for w in windows:
             rows[f"  consecutive windows, {w} shards"] = [

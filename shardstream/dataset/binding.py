@@ -10,10 +10,8 @@ import multiprocessing
 import multiprocessing.context
 from typing import TYPE_CHECKING, Any
 
-from shardstream.plan import EpochPlan
-
 if TYPE_CHECKING:
-    from shardstream.dataset.streaming import StreamingDataset
+    from shardstream.dataset.streaming import Plan, StreamingDataset
 
 __all__ = ["Epoch", "LoaderBinding"]
 
@@ -69,7 +67,7 @@ class LoaderBinding:
         """Let persistent workers follow ``set_epoch``: the epoch moves to shared memory."""
         self.dataset._epoch.share((context or multiprocessing).RawValue("q", self.dataset.epoch))
 
-    def begin(self) -> EpochPlan:
+    def begin(self) -> Plan:
         """Before an iterator starts its workers: the plan they will follow (the main
         process's copy; the workers build the same one from the same inputs)."""
         self.dataset.rank_and_world()  # resolve here: torch.distributed lives in the main process
@@ -80,11 +78,11 @@ class LoaderBinding:
         loaded state now, so the dataset forgets it."""
         self.dataset._resume = None
 
-    def plan(self, num_workers: int) -> EpochPlan:
+    def plan(self, num_workers: int) -> Plan:
         """The plan of the epoch the next iteration plays with ``num_workers`` (for ``len()``)."""
         return self.dataset.make_plan(num_workers=max(1, num_workers), consume=False)
 
-    def state(self, plan: EpochPlan | None, steps: int) -> dict[str, Any]:
+    def state(self, plan: Plan | None, steps: int) -> dict[str, Any]:
         """The state after ``steps`` batches of ``plan`` (the current iterator's), or the
         state before the next iteration if ``plan`` is not of the current epoch."""
         dataset = self.dataset

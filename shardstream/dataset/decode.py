@@ -160,6 +160,10 @@ def failed(name: str, key: object, error: Exception, *, url: str | None, shard: 
     return FormatError(f"cannot decode field {name!r} of sample {key!r}: {error!r}", url=url, shard=shard)
 
 
+_UNKNOWN: Any = object()  # a field name not looked up yet
+_NAMES = 1024
+
+
 @dataclass(frozen=True, slots=True)
 class SampleDecoder:
     """Decodes the fields of one sample; picklable (it travels to DataLoader workers).
@@ -171,13 +175,22 @@ class SampleDecoder:
     table: tuple[tuple[str, Decoder], ...]
     allow_pickle: bool = False
     _lookup: dict[str, Decoder] = field(init=False, repr=False, compare=False)
+    # field name -> its decoder (or None), for the first _NAMES names met: a sample's few
+    # names are looked up once, not parsed for their extension in every sample
+    _by_name: dict[str, Decoder | None] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_lookup", dict(self.table))
+        object.__setattr__(self, "_by_name", {})
 
     def lookup(self, name: str) -> Decoder | None:
         """The decoder of field ``name`` (None for ``__*__`` entries and unknown extensions)."""
-        return None if name.startswith("__") else self._lookup.get(field_extension(name))
+        found = self._by_name.get(name, _UNKNOWN)
+        if found is _UNKNOWN:
+            found = None if name.startswith("__") else self._lookup.get(field_extension(name))
+            if len(self._by_name) < _NAMES:
+                self._by_name[name] = found
+        return found
 
     @classmethod
     def build(
@@ -200,9 +213,11 @@ class SampleDecoder:
         ``FormatError`` naming the field, key, URL and shard when a decoder fails.
         """
         out: dict[str, Any] = {}
-        lookup = self._lookup
+        by_name = self._by_name
         for name, value in sample.items():
-            decoder = None if name.startswith("__") else lookup.get(field_extension(name))
+            decoder = by_name.get(name, _UNKNOWN)
+            if decoder is _UNKNOWN:
+                decoder = self.lookup(name)
             if decoder is None or not isinstance(value, _BYTES):
                 out[name] = bytes(value) if isinstance(value, memoryview) else value
                 continue

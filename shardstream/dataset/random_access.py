@@ -5,8 +5,9 @@
 ``ShardSampler`` over the manifest's shard sizes gives): the shard holding ``i`` is found
 by bisecting the prefix sums of the shards' sample counts, the sample's byte range by
 its shard's sample index (sidecar, kept in the reader's LRU), and the bytes come with
-one ranged read, widened to whole check blocks and CRC-checked as a streamed read is
-(NOTE [ Checksummed reads ]). See NOTE [ Batch fetches ] for many indices at once.
+one ranged read, CRC-checked as a streamed read is (NOTE [ Checksummed reads ]; NOTE
+[ Checked single reads ] for how little one sample reads). See NOTE [ Batch fetches ]
+for many indices at once.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from shardstream.dataset.bulk import decode_samples
 from shardstream.dataset.config import DatasetConfig
 from shardstream.dataset.decode import Decoder
 from shardstream.dataset.keys import KeyFinder
-from shardstream.dataset.reader import Read, WindowReader
-from shardstream.errors import FormatError, ShardstreamError, StorageError
+from shardstream.dataset.reader import WindowReader
+from shardstream.dataset.sample_reads import SampleReads
+from shardstream.errors import FormatError, ShardstreamError
 from shardstream.manifest import Manifest
 from shardstream.plan import Run
 from shardstream.storage import Storage
@@ -47,6 +49,29 @@ __all__ = ["BATCH_READ_THREADS", "MapDataset"]
 # together (NOTE [ Bulk decode ]) and returned in the caller's order, duplicates as
 # copies. Batches of one dataset from several threads take turns.
 BATCH_READ_THREADS = 16
+# Held while a process makes a dataset's _Opened (module-level: a dataset pickles to
+# workers); a child made by fork while another thread held it gets a free one.
+_OPENING = threading.Lock()
+
+
+def _free_opening() -> None:
+    global _OPENING
+    _OPENING = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_free_opening)
+
+
+@dataclass(frozen=True, slots=True)
+class _Opened:
+    """What a process reads a dataset with: made lazily, anew after a fork."""
+
+    pid: int
+    storage: Storage
+    reader: WindowReader
+    finder: KeyFinder
+    singles: SampleReads
+    lock: threading.Lock  # batches of one dataset from several threads take turns
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,9 +126,7 @@ class MapDataset(Dataset):
         self._ends: list[int] | None = None  # prefix sums of the shards' sample counts
         self._starts: list[int] | None = None  # the index of each shard's first sample
         self._length: int | None = None
-        self._open: tuple[int, Storage, WindowReader, KeyFinder, threading.Lock] | None = (
-            None  # this process's
-        )
+        self._open: _Opened | None = None  # this process's
 
     # -- what the dataset is -------------------------------------------------------------
 
@@ -123,10 +146,15 @@ class MapDataset(Dataset):
         """Samples per shard, in manifest order: what a ``ShardSampler`` takes."""
         return self.manifest.shard_sizes
 
-    def _parts(self) -> tuple[Storage, WindowReader, KeyFinder]:
-        """This process's storage, reader and key finder: made lazily, anew after a fork."""
+    def _opened(self) -> _Opened:
+        """This process's storage, reader, key finder and single-sample reads."""
         opened = self._open
-        if opened is None or opened[0] != os.getpid():
+        if opened is not None and opened.pid == os.getpid():
+            return opened
+        with _OPENING:  # threads that come first at once share one: its LRU of open files bounds them
+            opened = self._open
+            if opened is not None and opened.pid == os.getpid():
+                return opened
             cfg = self.config
             storage = cfg.open_storage()
             manifest = self._manifest if self._manifest is not None else storage.read_manifest()
@@ -139,8 +167,14 @@ class MapDataset(Dataset):
                 read_concurrency=self.read_threads,
             )
             finder = KeyFinder(reader, self._offsets())
-            opened = self._open = (os.getpid(), storage, reader, finder, threading.Lock())
-        return opened[1], opened[2], opened[3]
+            opened = _Opened(os.getpid(), storage, reader, finder, SampleReads(reader), threading.Lock())
+            self._open = opened
+            return opened
+
+    def _parts(self) -> tuple[Storage, WindowReader, KeyFinder]:
+        """This process's storage, reader and key finder."""
+        opened = self._opened()
+        return opened.storage, opened.reader, opened.finder
 
     @property
     def storage(self) -> Storage:
@@ -200,9 +234,12 @@ class MapDataset(Dataset):
         i = self._normalise(index)
         ends, starts = self._shard_ends(), self._offsets()
         shard = bisect.bisect_right(ends, i)
-        _, reader, _ = self._parts()
+        opened = self._open
+        singles = (
+            opened.singles if opened is not None and opened.pid == os.getpid() else self._opened().singles
+        )
         try:
-            sample = _read_one(reader, shard, i - starts[shard])
+            sample = singles.sample(shard, i - starts[shard])
         except ShardstreamError as error:
             raise _with_index(error, i) from error
         decoder, transform = self.config.decoder, self.config.transform
@@ -211,7 +248,7 @@ class MapDataset(Dataset):
                 sample = decoder(sample, url=self.url)
             except FormatError as error:
                 run = _Batch((Run(shard, i - starts[shard], i - starts[shard] + 1),), (shard,))
-                raise _with_index(reader.locate(error, run, 0), i) from error
+                raise _with_index(singles.reader.locate(error, run, 0), i) from error
         return sample if transform is None else transform(sample)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
@@ -237,10 +274,9 @@ class MapDataset(Dataset):
 
     def _read(self, distinct: list[int]) -> list[Any]:
         """The samples at ``distinct`` (sorted, no repeats), decoded, in that order."""
-        _, reader, _ = self._parts()
-        batch = self._batch(distinct)
-        lock = self._open[4] if self._open is not None else threading.Lock()
-        with lock:  # the read threads are the reader's, made and ended per batch
+        opened = self._opened()
+        reader, batch = opened.reader, self._batch(distinct)
+        with opened.lock:  # the read threads are the reader's, made and ended per batch
             try:
                 raw, _ = reader.decode(batch, reader.fetch(batch))
             except ShardstreamError as error:
@@ -301,33 +337,16 @@ class MapDataset(Dataset):
     def close(self) -> None:
         """Release this process's connections (the dataset can still be used)."""
         opened, self._open = self._open, None
-        if opened is not None and opened[0] == os.getpid():
-            opened[2].close()
-            opened[1].close()
+        if opened is not None and opened.pid == os.getpid():
+            opened.singles.close()
+            opened.reader.close()
+            opened.storage.close()
 
     def __enter__(self) -> MapDataset:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def _read_one(reader: WindowReader, shard: int, position: int) -> Any:
-    """Sample ``position`` of ``shard`` with one ranged read, its check blocks checked:
-    what ``reader.fetch`` and ``reader.decode`` do for a window, without their planning."""
-    index = reader.index(shard)
-    rng = reader._read_range(index, position, position + 1)
-    read = Read(shard, rng, (0,))
-    item = reader._item(read)
-    try:
-        data = reader.bytes.read(*item)
-    except StorageError as error:
-        raise reader._storage_error(error, item) from error
-    if item[1] is None and len(data) < rng.end:
-        reader._too_short(read, len(data))
-    reader._bad_blocks(read, data, index)  # raises: the reader's on_error is "raise"
-    path = reader.manifest.shards[shard].path
-    return reader._decode(data, rng, index, position, position + 1, path)[0]
 
 
 def _with_index(error: ShardstreamError, index: object) -> ShardstreamError:

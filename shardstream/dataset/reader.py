@@ -38,6 +38,7 @@ __all__ = [
     "WHOLE_SHARD_SLACK",
     "Read",
     "WindowReader",
+    "WindowReads",
     "plan_reads",
     "report_skip",
 ]
@@ -65,6 +66,21 @@ AHEAD_THREADS = 4
 # What a window's fetch gives per read: the read, its bytes, the shard's index, and the
 # offsets of check blocks that failed (left for decode to skip with on_error="skip").
 Fetched = tuple["Read", "bytes | memoryview", SampleIndex, tuple[int, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class WindowReads:
+    """A window's reads before any byte is read: the reads, what each asks storage for,
+    and the sample indexes of their shards."""
+
+    reads: list[Read]
+    items: list[tuple[str, ByteRange | None]]
+    indexes: dict[int, SampleIndex]
+
+    @property
+    def bytes(self) -> int:
+        """What the reads hold (a whole-shard read its trailer too: at most WHOLE_SHARD_SLACK more)."""
+        return sum(read.rng.length for read in self.reads)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +189,7 @@ class WindowReader:
         self._indexes.put(info, index)
         return index
 
-    def _load_indexes(self, shards: Sequence[int]) -> dict[int, SampleIndex]:
+    def load_indexes(self, shards: Sequence[int]) -> dict[int, SampleIndex]:
         """The sample indexes of ``shards``: from the LRU, the missing ones read all at once.
 
         The window keeps them: a window of more shards than the LRU holds would otherwise
@@ -199,13 +215,22 @@ class WindowReader:
         (:meth:`decode`). The window's sidecars are loaded (and their counts checked)
         before its runs are laid out (``Window.shards``). ``take(bytes)`` is called with
         the bytes its reads will hold before any is asked for (NOTE [ Read budget ]).
+        A mixture's reader takes these steps itself, for all its streams at once.
         """
-        indexes = self._load_indexes(list(window.shards))  # before window.runs lays anything out
-        runs = window.runs
+        indexes = self.load_indexes(list(window.shards))  # before window.runs lays anything out
+        planned = self.plan_fetch(window.runs, indexes)
+        if take is not None:
+            take(planned.bytes)
+        return self.fetch_planned(planned)
+
+    def plan_fetch(self, runs: Sequence[Any], indexes: dict[int, SampleIndex]) -> WindowReads:
+        """The reads of ``runs``, whose shards' ``indexes`` are loaded (:meth:`load_indexes`)."""
         reads = plan_reads(runs, lambda shard, a, b: self._read_range(indexes[shard], a, b), gap=COALESCE_GAP)
-        items = [self._item(read) for read in reads]
-        if take is not None:  # a whole-shard read holds its trailer too: at most WHOLE_SHARD_SLACK more
-            take(sum(read.rng.length for read in reads))
+        return WindowReads(reads, [self._item(read) for read in reads], indexes)
+
+    def fetch_planned(self, planned: WindowReads) -> list[Fetched]:
+        """The bytes of :meth:`plan_fetch`'s reads, checked."""
+        reads, items, indexes = planned.reads, planned.items, planned.indexes
         fetched = self.bytes.read_all(items, self._storage_error)
         for read, item, data in zip(reads, items, fetched, strict=True):
             if item[1] is None and len(data) < read.rng.end:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from torch.utils.data import IterableDataset
 
@@ -30,6 +30,14 @@ from shardstream.plan import EpochPlan, PlanConfig
 from shardstream.plan.state import RESUME_VERSION, ResumeState
 from shardstream.storage import Expected, Storage
 from shardstream.topology import Detector
+
+if TYPE_CHECKING:
+    from shardstream.dataset.mixture import Stream
+    from shardstream.dataset.mixture_reader import MixtureReader
+    from shardstream.plan.mixture import MixturePlan
+
+# What a dataset plans with: one dataset's EpochPlan, or a mixture's (NOTE [ Mixtures ]).
+Plan: TypeAlias = "EpochPlan | MixturePlan"
 
 __all__ = ["STATE_VERSION", "StreamingDataset"]
 
@@ -57,12 +65,17 @@ class StreamingDataset(IterableDataset):
     ``topology`` detects rank, world size and DataLoader worker (default: torch.distributed,
     ``RANK``/``WORLD_SIZE``, ``get_worker_info()``); inject a ``topology.Detector`` with
     other detectors for odd launchers or tests.
+    A list of :class:`~shardstream.Stream` (or URLs) instead of ``url`` makes a mixture
+    (a ``MixedDataset``, dataset/mixture.py): ``mix`` and ``epoch_size`` are its options,
+    and every sample carries ``__stream__`` (NOTE [ Mixture options ]).
     """
 
     def __init__(
         self,
-        url: str,
+        url: str | os.PathLike[str] | Sequence[Stream | str],
         *,
+        mix: str | None = None,
+        epoch_size: int | None = None,
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
@@ -87,8 +100,10 @@ class StreamingDataset(IterableDataset):
         read_budget: int = DEFAULT_READ_BUDGET,
         read_concurrency: int = READ_THREADS,
     ) -> None:
-        self.config = DatasetConfig.build(
-            os.fspath(url),
+        if mix is not None or epoch_size is not None:
+            raise UsageError("mix and epoch_size are options of a mixture (a list of Streams)", url=str(url))
+        config = DatasetConfig.build(
+            os.fspath(cast("str | os.PathLike[str]", url)),  # a list makes a MixedDataset
             shuffle=shuffle,
             seed=seed,
             drop_last=drop_last,
@@ -112,6 +127,19 @@ class StreamingDataset(IterableDataset):
             read_budget=read_budget,
             read_concurrency=read_concurrency,
         )
+        self._start(config, topology)
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> StreamingDataset:
+        url = args[0] if args else kwargs.get("url")
+        if cls is StreamingDataset and isinstance(url, (list, tuple)):
+            from shardstream.dataset.mixture import MixedDataset  # a subclass: imports this module
+
+            return super().__new__(MixedDataset)
+        return super().__new__(cls)
+
+    def _start(self, config: DatasetConfig, topology: Detector | None) -> None:
+        self.config = config
+        url = config.url
         if topology is not None and not isinstance(topology, Detector):
             raise UsageError(f"topology must be a topology.Detector, not {type(topology).__name__}", url=url)
         self._detector = Detector() if topology is None else topology
@@ -200,21 +228,25 @@ class StreamingDataset(IterableDataset):
 
     # -- plans and states ----------------------------------------------------------------
 
-    def make_plan(self, *, num_workers: int | None = None, consume: bool) -> EpochPlan:
+    def make_plan(self, *, num_workers: int | None = None, consume: bool) -> Plan:
         """The plan of the current epoch for this rank: resumed from a loaded state of this
         epoch if there is one (``consume=True`` then uses it up), else fresh."""
         _, world = self.rank_and_world()
         if num_workers is None:
             num_workers = 1 if self._loader_shape is None else self._loader_shape[1]
         epoch = self.epoch
-        sizes = self.manifest.shard_sizes
         kwargs = dict(world_size=world, num_workers=num_workers, batch_size=self.batch_size())
         state = self._resume if self._resume is not None and self._resume.of_epoch(epoch) else None
         if consume:
             self._resume = None
+        return self._plan(epoch, None if state is None else state.plan, kwargs)
+
+    def _plan(self, epoch: int, state: Mapping[str, Any] | None, topology: dict[str, int]) -> Plan:
+        """A fresh plan of ``epoch``, or the plan ``state`` resumes, on ``topology``."""
+        sizes = self.manifest.shard_sizes
         if state is None:
-            return EpochPlan(sizes, self.config.plan, epoch=epoch, **kwargs)
-        return EpochPlan.resume(sizes, self.config.plan, state.plan, **kwargs)
+            return EpochPlan(sizes, self.config.plan, epoch=epoch, **topology)
+        return EpochPlan.resume(sizes, self.config.plan, state, **topology)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the latest in-process iteration stands (iterating the dataset directly;
@@ -285,7 +317,14 @@ class StreamingDataset(IterableDataset):
         iteration = _Iteration(plan)
         if not self._detector.in_worker():
             self._iteration = iteration
-        reader = WindowReader(
+        return self._samples(self._reader(), plan.worker_windows(rank, worker), iteration)
+
+    def _reader(self) -> WindowReader | MixtureReader:
+        """A reader of this dataset's windows for one iteration (in this process)."""
+        return self._window_reader()
+
+    def _window_reader(self) -> WindowReader:
+        return WindowReader(
             self.storage,
             self.manifest,
             on_error=self.config.on_error,
@@ -297,7 +336,6 @@ class StreamingDataset(IterableDataset):
             indexes=self._indexes,
             expected=self._expectations(),
         )
-        return self._samples(reader, plan.worker_windows(rank, worker), iteration)
 
     def _expectations(self) -> Mapping[str, Expected]:
         """What the manifest says of each object, made once per process (after ``storage``)."""
@@ -305,7 +343,9 @@ class StreamingDataset(IterableDataset):
             self._expected = expectations(self.manifest)
         return self._expected
 
-    def _samples(self, reader: WindowReader, windows: Iterator[Any], iteration: _Iteration) -> Iterator[Any]:
+    def _samples(
+        self, reader: WindowReader | MixtureReader, windows: Iterator[Any], iteration: _Iteration
+    ) -> Iterator[Any]:
         decoder, transform = self.config.decoder, self.config.transform
         try:
             for window, samples, holes in reader.stream(windows):
@@ -354,7 +394,7 @@ class _Iteration:
 
     __slots__ = ("_base", "_iterator", "_size", "done", "plan")
 
-    def __init__(self, plan: EpochPlan) -> None:
+    def __init__(self, plan: Plan) -> None:
         self.plan = plan
         self.done = False
         self._base = self._size = 0

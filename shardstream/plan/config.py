@@ -12,6 +12,7 @@ from shardstream.errors import PlanError
 
 __all__ = [
     "DEFAULT_LANES",
+    "DEFAULT_RUN",
     "MAX_WINDOW",
     "ORDERS",
     "PlanConfig",
@@ -36,9 +37,12 @@ DEFAULT_WINDOW_SHARDS = 4
 MAX_WINDOW = 1 << 40
 
 ORDERS = ("local", "global")
-# Read lanes of order="global" when none are given (NOTE [ Global order ]): a fixed
-# number, never derived from the topology, so the order is the same on every cluster.
+# Read lanes of order="global" when none are given (NOTE [ Default lanes ] in
+# plan/global_order.py): DEFAULT_LANES, or more for a big global batch so that no lane
+# gives a batch more than DEFAULT_RUN samples; a function of global_batch_size only,
+# never of the topology, so the order is the same on every cluster.
 DEFAULT_LANES = 64
+DEFAULT_RUN = 2
 
 
 def check_count(value: object, name: str, *, minimum: int | None = 0) -> int:
@@ -77,8 +81,9 @@ class PlanConfig:
 
     ``shuffle_window`` is the number of samples a worker holds for its in-window shuffle;
     ``None`` means four mean-sized shards. ``order="global"`` makes the epoch a sequence
-    of global batches of ``global_batch_size`` read from ``read_lanes`` lanes (default
-    ``DEFAULT_LANES``), the same on every world size dividing it (NOTE [ Global order ]);
+    of global batches of ``global_batch_size`` read from ``read_lanes`` lanes (by default
+    enough for runs of ``DEFAULT_RUN`` samples, at least ``DEFAULT_LANES``: NOTE
+    [ Default lanes ]), the same on every world size dividing it (NOTE [ Global order ]);
     ``"local"`` (the default) cuts the epoch per rank and worker as always.
     """
 

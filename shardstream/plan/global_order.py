@@ -8,15 +8,14 @@ the shards, seed, epoch, ``G``, the read lanes ``L`` and the shuffle window; ran
 workers only cut it:
 
 - Positions are the local order's (shards permuted by ``(seed, epoch)``, laid end to
-  end), padded by repeats from the start to ``B * G`` (``B = ceil(N / G)`` global
-  batches, every one full), or cut to ``B = N // G`` batches with ``drop_last`` (the
-  tail of the shard order is dropped). The repeats are the tail of the last lane, so
-  they fall in the batches of the epoch's last window, not only in its last batch.
-- The padded positions are ``L`` lanes of contiguous positions (``L`` at most ``G``;
-  one lane with ``shuffle=False``, so the sequence is manifest order). Lane ``l``
-  gives every global batch ``take[l]`` samples (``take`` splits ``G`` evenly): one
-  chunk of ``take[l]`` consecutive positions, so a lane is read front to back and
-  every read is a run of about ``G / L`` samples (locality).
+  end). There are ``B = ceil(N / G)`` global batches, every one full, the last one
+  filled by repeats (NOTE [ Padding in the last batch ]), or ``B = N // G`` with
+  ``drop_last`` (the tail of the shard order is dropped).
+- The positions are ``L`` lanes of contiguous positions (``L`` at most ``G``; one
+  lane with ``shuffle=False``, so the sequence is manifest order). Lane ``l`` gives
+  every global batch ``take[l]`` samples (``take`` splits ``G`` evenly): one chunk of
+  ``take[l]`` consecutive positions, so a lane is read front to back and every read is
+  a run of about ``G / L`` samples (locality).
 - Global batch ``k`` is its lanes' chunks in lane order. Within a window of
   ``M = shuffle_window // G`` global batches, which chunk of a lane each batch takes
   is a permutation drawn from the stream keyed by ``(seed, epoch, lane, block)`` (a
@@ -38,14 +37,46 @@ few at first, for a fast first sample, then twice as many each time, up to
 ``shuffle_window`` samples): every lane's part of a window is then fetched by one
 ``Window`` (the reader joins a lane's nearby chunks into one read, so a Window cut
 inside a window of the sequence would fetch those bytes again). The grouping says
-only what the reader fetches together; it changes nothing in the sequence. The price is that a batch holds runs of ``G / L`` consecutive samples of a
-shard (the local order's batch holds runs cut by its window's shuffle); more lanes
-mix more and read shorter runs, and ``L`` is the user's choice, never R's or W's.
+only what the reader fetches together; it changes nothing in the sequence. The price
+is that a batch holds runs of ``G / L`` consecutive samples of a shard (the local
+order's batch holds runs cut by its window's shuffle); more lanes mix more and read
+shorter runs, and ``L`` is the user's choice or ``G``'s (NOTE [ Default lanes ]), never
+R's or W's.
+
+NOTE [ Default lanes ]
+How well a global batch mixes depends on its lanes, not on the window: a batch holds
+one chunk of every lane, and the window only decides which chunk, so on shards sorted
+by label a batch holds about ``L`` places of the epoch whatever the window
+(``tools/shuffle_quality.py``: the global rows are the same for windows of 1 to 16
+shards). At 64 lanes a batch of 512 was 2.6x a perfect shuffle's distance; with runs
+of at most 2 samples (``L >= G / 2``) batches of 32, 128 and 512 are 0.95x, 1.25x and
+0.93x, and a run of 2 is already what 64 lanes gave a batch of 128. So ``read_lanes=None``
+means ``max(DEFAULT_LANES, ceil(G / DEFAULT_RUN))`` (at most ``G``): a function of
+``G`` alone, so still the same on every topology. Shorter runs cost reads: with a
+batch of 256 of ~300 B samples on moto S3, 128 lanes streamed at 0.79x of 64 lanes
+(``tools/bench_stream.py --only order``); a user who knows the shards are mixed
+already passes ``read_lanes`` for longer runs. A state records its lanes, so one saved
+under another default is refused, naming both, and resumes with that ``read_lanes``.
 
 A resume state is the number of global batches taken (plus the parameters and the
 dataset's checksum): it resumes on any ``(R, W)`` with ``R`` dividing ``G``, and the
 rest of the epoch is the same batches. Memory is O(shards + window): a worker's
 window is its batches of one window of ``M`` batches.
+
+NOTE [ Padding in the last batch ]
+Without ``drop_last`` the epoch's ``N`` samples fill ``B - 1`` global batches and
+``T = N - (B - 1) G`` entries (``0 < T <= G``) of the last one; its entries ``[T, G)``
+are repeats. So every batch but the last holds real samples only, each sample once:
+lane ``l`` holds ``(B - 1) take[l]`` positions plus the real entries of its last chunk
+(the entries of ``[entry[l], entry[l + 1])`` below ``T``), the lanes laid end to end
+from ``lane_start``, and the last batch always takes each lane's last chunk (the last
+window's permutation leaves it in place). Entry ``e >= T`` of the last batch repeats
+entry ``(e - T) mod N`` of the epoch's sequence, the samples its first batches hold, as
+DistributedSampler repeats its first indices: repeats of the first positions instead
+would be a run of the first shards, a last batch of one or two labels on shards sorted
+by label. Nothing here depends on ``R`` or ``W``: a rank whose part of the last batch
+lies past ``T`` reads repeats only. An epoch with no padding (``T = G``, or
+``drop_last``) has the lanes and permutations it always had.
 
 Mixtures (issue 11) fit the same mould: let the mixture decide, per global batch
 ``k`` and keyed by ``(seed, epoch, k)`` only, how many of the ``G`` entries each source
@@ -63,7 +94,15 @@ from typing import Any
 import numpy as np
 
 from shardstream.errors import PlanError, StateError
-from shardstream.plan.config import DEFAULT_LANES, PlanConfig, Run, Window, check_count, shard_sizes_array
+from shardstream.plan.config import (
+    DEFAULT_LANES,
+    DEFAULT_RUN,
+    PlanConfig,
+    Run,
+    Window,
+    check_count,
+    shard_sizes_array,
+)
 from shardstream.plan.epoch import EpochPlan
 from shardstream.plan.intervals import from_points, merge, points
 from shardstream.plan.keys import TAG_GLOBAL, permutation, random_words, row_permutations
@@ -82,10 +121,14 @@ _FIRST_WINDOW = 1024
 
 
 def lanes_of(config: PlanConfig) -> int:
-    """The read lanes of a global order: never more than the global batch size."""
+    """The read lanes of a global order: never more than the global batch size, and by
+    default enough that a lane gives a batch at most ``DEFAULT_RUN`` samples (NOTE
+    [ Default lanes ])."""
     if not config.shuffle:
         return 1
-    return max(1, min(int(config.read_lanes or DEFAULT_LANES), int(config.global_batch_size or 1)))
+    size = int(config.global_batch_size or 1)
+    default = max(DEFAULT_LANES, -(-size // DEFAULT_RUN))
+    return max(1, min(int(config.read_lanes or default), size))
 
 
 class GlobalSequence:
@@ -99,6 +142,11 @@ class GlobalSequence:
         self.lanes = lanes_of(config)
         self.take = split_even(self.size, self.lanes)
         self.entry = np.concatenate([[0], np.cumsum(self.take)]).astype(np.int64)
+        # NOTE [ Padding in the last batch ]: the real entries of the last batch, and where
+        # each lane starts among the epoch's positions
+        self.last_real = min(self.size, total - (self.batches - 1) * self.size)
+        lengths = (self.batches - 1) * self.take + np.clip(self.last_real - self.entry[:-1], 0, self.take)
+        self.lane_start = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         self.per_window = max(1, window // self.size)
         self.block = max(1, BLOCK_WORDS // self.per_window)  # windows per keyed stream
         self._blocks: dict[tuple[int, int], np.ndarray] = {}
@@ -144,8 +192,10 @@ class GlobalSequence:
         words = random_words(windows * per, (self.seed, self.epoch, TAG_GLOBAL, lane, number))
         rows = row_permutations(words.reshape(windows, per))
         last = self.batches - (first + windows - 1) * per  # the epoch's last window may be short
-        if last < per:
-            rows[-1, :last] = permutation(last, (self.seed, self.epoch, TAG_GLOBAL, lane, number, last))
+        moving = last - (self.last_real < self.size)  # a padded last batch keeps the last chunk
+        if moving < per:
+            rows[-1, :moving] = permutation(moving, (self.seed, self.epoch, TAG_GLOBAL, lane, number, moving))
+            rows[-1, moving:last] = np.arange(moving, last)
         if len(self._blocks) >= _CACHED_BLOCKS:
             self._blocks.pop(next(iter(self._blocks)))
         self._blocks[key] = rows
@@ -155,27 +205,59 @@ class GlobalSequence:
         """Base positions of ``pieces`` of ``batches`` (ascending), in yield order."""
         if not batches.size or not pieces:
             return np.zeros(0, dtype=np.int64)
-        starts, stops = [], []
-        for lane, a, b in pieces:
-            chunk = self.chunks(batches, lane)
-            start = self.batches * int(self.entry[lane]) + chunk * int(self.take[lane]) + a
-            starts.append(start)
-            stops.append(start + (b - a))
+        lanes = np.array([lane for lane, _, _ in pieces], dtype=np.int64)
+        a = np.array([a for _, a, _ in pieces], dtype=np.int64)
+        width = np.array([b - a for _, a, b in pieces], dtype=np.int64)
+        first = self.entry[lanes] + a  # the batch entry of each piece's first sample
+        chunk = np.stack([self.chunks(batches, lane) for lane in lanes.tolist()], axis=1)
+        start = self.lane_start[lanes] + chunk * self.take[lanes] + a
+        real = np.repeat(width[None, :], batches.size, axis=0)
+        if batches[-1] == self.batches - 1:  # the last batch: its entries from last_real on repeat
+            real[-1] = np.clip(self.last_real - first, 0, width)
+        repeat = self.shards.total + first + real - self.last_real  # empty but in the last batch
         # batches outer, lanes inner: the yield order of a rank's part of each batch
-        spans = (np.stack(starts, axis=1).ravel(), np.stack(stops, axis=1).ravel())
+        spans = (
+            np.stack([start, repeat], axis=2).ravel(),
+            np.stack([start + real, repeat + width - real], axis=2).ravel(),
+        )
         padded = points(spans)
-        return padded % self.shards.total if padded.size else padded  # padding repeats from the start
+        beyond = padded >= self.shards.total  # the last batch's repeats
+        if beyond.any():
+            padded[beyond] = self.entries(padded[beyond] - self.shards.total)
+        return padded
+
+    def entries(self, flat: np.ndarray) -> np.ndarray:
+        """The positions of entries ``flat`` (taken modulo ``N``) of the epoch's sequence, entry
+        ``e`` being entry ``e % G`` of batch ``e // G``: what the last batch's repeats are."""
+        batch, entry = np.divmod(flat % self.shards.total, self.size)
+        lane = np.searchsorted(self.entry, entry, side="right") - 1
+        out = np.empty(flat.size, dtype=np.int64)
+        for number in np.unique(lane).tolist():
+            mine = lane == number
+            chunk = self.chunks(batch[mine], number)
+            out[mine] = self.lane_start[number] + chunk * self.take[number] + entry[mine] - self.entry[number]
+        return out
 
     def window_shards(self, lo: int, hi: int, pieces: list[tuple[int, int, int]]) -> tuple[int, ...]:
         """The shards the lanes of ``pieces`` hold in the windows of batches ``[lo, hi)``:
         every shard a worker reading some of those batches may read."""
-        per = self.per_window
+        per, total, real = self.per_window, self.shards.total, self.last_real
         first, stop = lo // per * per, min(-(-hi // per) * per, self.batches)
         found: dict[int, None] = {}
-        for lane, _, _ in pieces:
-            base, take = self.batches * int(self.entry[lane]), int(self.take[lane])
-            for run in self.shards.runs(_wrap(base + first * take, base + stop * take, self.shards.total)):
+        for lane, a, b in pieces:
+            start, end, take = (
+                int(self.lane_start[lane]),
+                int(self.lane_start[lane + 1]),
+                int(self.take[lane]),
+            )
+            spans = _wrap(start + first * take, min(start + stop * take, end), total)
+            for run in self.shards.runs(spans):
                 found[run.shard] = None
+            entry = int(self.entry[lane])
+            if stop == self.batches and entry + b > real:  # the last batch's repeats (at most G)
+                repeats = self.entries(np.arange(max(entry + a, real) - real, entry + b - real))
+                for run in self.shards.runs(from_points(np.unique(repeats))):
+                    found[run.shard] = None
         return tuple(found)
 
 

@@ -16,11 +16,22 @@ from __future__ import annotations
 import numpy as np
 from numpy.random import PCG64, SeedSequence  # numpy loads its random module lazily: pay at import
 
-__all__ = ["TAG_GLOBAL", "TAG_SHARDS", "TAG_WINDOW", "permutation", "random_words", "row_permutations"]
+__all__ = [
+    "TAG_COMPOSED",
+    "TAG_GLOBAL",
+    "TAG_PASS",
+    "TAG_SHARDS",
+    "TAG_WINDOW",
+    "permutation",
+    "random_words",
+    "row_permutations",
+]
 
 TAG_SHARDS = 1  # the order of the shards in an epoch
 TAG_WINDOW = 2  # the order of the samples in one window
 TAG_GLOBAL = 3  # order="global": which chunk of a lane each global batch of a window takes
+TAG_PASS = 4  # a mixture: the order of a stream's shards in one of its passes (NOTE [ Mixtures ])
+TAG_COMPOSED = 5  # mix="stratified"/"per_stream": parts' seeds and places (NOTE [ Composed batches ])
 
 _WORD = (1 << 32) - 1
 

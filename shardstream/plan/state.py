@@ -58,6 +58,13 @@ class Key:
     GLOBAL_BATCH_SIZE = "global_batch_size"
     READ_LANES = "read_lanes"
     GLOBAL_BATCHES = "global_batches"
+    # a mixture (NOTE [ Mixtures ]): the inner plan's state with these
+    MIX = "mix"
+    STREAMS = "streams"
+    # a stream of a mixture's state (with NUM_SHARDS and NUM_SAMPLES)
+    NAME = "name"
+    FINGERPRINT = "fingerprint"
+    QUOTA = "quota"
     # a pass record
     WORLD_SIZE = "world_size"
     NUM_WORKERS = "num_workers"
@@ -232,6 +239,8 @@ def _check_plan(state: Mapping[str, Any], sizes: np.ndarray, config: PlanConfig,
             f"unknown plan state version {shown(state.get(Key.VERSION))}; "
             f"this shardstream reads version {STATE_VERSION}"
         )
+    if Key.STREAMS in state:
+        raise StateError("the state is of a mixture of datasets: it resumes a mixture of the same streams")
     checksum = counts_checksum(sizes.tolist())
     saved = {
         Key.COUNTS_CHECKSUM: checksum,

@@ -68,6 +68,8 @@ def tar_samples(
     k, build = len(uniform), sample_builder(uniform)
     if not k:  # an empty run of an empty shard
         return map(build, keys)
+    if len(keys) == 1:  # one sample (random access): no blocks to chain
+        return iter((build(keys[0], *cut(starts, ends)),))
 
     def block(i: int) -> Iterator[Sample]:
         values = iter(cut(starts[i * k : (i + BLOCK) * k], ends[i * k : (i + BLOCK) * k]))

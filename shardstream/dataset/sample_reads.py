@@ -1,0 +1,205 @@
+"""One sample at a time, for ``MapDataset[i]``: the shortest checked read of a sample.
+
+NOTE [ Checked single reads ]
+A checked read is widened to whole check blocks (NOTE [ Checksummed reads ]): for one
+~300 B tar sample, ``dataset[i]`` read and CRC'd a 64 KiB block (two where the sample
+straddles a boundary), ~200x its bytes, and that was most of its time. So the first
+checked read of a block also records, in this process, the CRC-32 of every sample that
+lies wholly in the bytes it has just checked; a later read of such a sample reads only
+its own bytes and checks them against that CRC. The guarantee is the block check's:
+the bytes decoded are the bytes the sidecar was written for (a recorded CRC is of bytes
+that passed it), and a shard changed since then fails as a checksum mismatch naming the
+sample's bytes either way. Only samples shorter than a block are recorded: a longer
+read grows by at most two blocks, and a Parquet row's range is its whole row group's
+(rows sharing a range share its CRC). The CRCs take 5 bytes per sample of the
+``SHARDS_KEPT`` shards first read last, kept with their indexes (so a read looks its
+shard up once, not in the sidecar LRU).
+
+Local files read by copy (NOTE [ Getting the bytes ]) stay open between reads of this
+process, ``OPEN_FILES`` at most: a read is then one ``pread``, where opening, checking
+and closing the file cost more than the read. A file truncated while open gives a short
+read, a ``StorageError`` naming it; one rewritten in place fails its checksum.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+from typing import Any, cast
+
+import numpy as np
+
+from shardstream.dataset.indexes import INDEX_CACHE_SIZE
+from shardstream.dataset.reader import Read, WindowReader
+from shardstream.errors import FormatError, StorageError
+from shardstream.formats.base import Sample, SampleIndex
+from shardstream.formats.checks import crc32
+from shardstream.storage import Expected
+from shardstream.types import ByteRange
+
+__all__ = ["OPEN_FILES", "SHARDS_KEPT", "SampleReads"]
+
+SHARDS_KEPT = INDEX_CACHE_SIZE  # shards whose index and samples' CRCs are kept
+OPEN_FILES = 64  # local shards kept open
+
+
+class _Shard:
+    """A shard's index, path and the CRCs recorded of its samples (NOTE [ Checked single reads ])."""
+
+    __slots__ = ("crcs", "index", "known", "path")
+
+    def __init__(self, index: SampleIndex, path: str, checked: bool) -> None:
+        self.index, self.path = index, path
+        n = index.num_samples if checked and index.checks is not None else 0
+        self.crcs = np.zeros(n, dtype=np.uint32)
+        self.known = np.zeros(n, dtype=bool)
+
+
+class SampleReads:
+    """Reads of single samples through ``reader`` (this process's; NOTE [ Checked single reads ])."""
+
+    def __init__(self, reader: WindowReader) -> None:
+        self.reader = reader
+        self._keep_open = reader.bytes.local and not reader.bytes.mapped
+        self._files: collections.OrderedDict[int, list[Any]] = collections.OrderedDict()
+        self._shards: collections.OrderedDict[int, _Shard] = collections.OrderedDict()
+        self._lock = threading.Lock()  # for the two LRUs
+
+    def sample(self, shard: int, position: int) -> Sample:
+        """Sample ``position`` of ``shard``, its bytes checked, not decoded by extension."""
+        reader = self.reader
+        kept = self._shards.get(shard) or self._keep(shard)
+        index = kept.index
+        rng = index.byte_range(position, position + 1)
+        checks = index.checks if reader.verify_checksums else None
+        if checks is None:
+            data = self._read(shard, rng)
+        elif kept.known[position]:
+            data = self._read(shard, rng)
+            if crc32(data) != int(kept.crcs[position]):
+                raise self._mismatch(kept, rng)
+        else:
+            wide = checks.widen(rng)
+            data = self._read(shard, wide)
+            reader._bad_blocks(Read(shard, wide, (0,)), data, index)  # raises: on_error is "raise"
+            self._record(kept, wide, data, position, checks.block)
+            rng = wide
+        # never None: with on_error="raise" a sample that cannot be decoded raises
+        return cast(Sample, reader._decode(data, rng, index, position, position + 1, kept.path)[0])
+
+    def _keep(self, shard: int) -> _Shard:
+        reader = self.reader
+        kept = _Shard(reader.index(shard), reader.manifest.shards[shard].path, reader.verify_checksums)
+        with self._lock:
+            kept = self._shards.setdefault(shard, kept)
+            while len(self._shards) > SHARDS_KEPT:
+                self._shards.popitem(last=False)
+        return kept
+
+    # -- bytes ---------------------------------------------------------------------------
+
+    def _read(self, shard: int, rng: ByteRange) -> bytes | memoryview:
+        reader = self.reader
+        if not self._keep_open:
+            read = Read(shard, rng, (0,))
+            item = reader._item(read)
+            try:
+                data = reader.bytes.read(*item)
+            except StorageError as error:
+                raise reader._storage_error(error, item) from error
+            if item[1] is None and len(data) < rng.end:
+                reader._too_short(read, len(data))
+            return data if item[1] is not None else memoryview(data)[rng.start : rng.end]
+        entry = self._acquire(shard)
+        try:
+            data = os.pread(entry[0].fileno(), rng.length, rng.start)
+        except OSError as error:
+            path = reader.manifest.shards[shard].path
+            raise StorageError(
+                f"cannot read bytes [{rng.start}, {rng.end}): {error}",
+                url=reader.storage.full_url(path),
+                shard=path,
+                offset=rng.start,
+            ) from error
+        finally:
+            self._release(entry)
+        if len(data) != rng.length:
+            reader._too_short(Read(shard, rng, (0,)), rng.start + len(data))
+        return data
+
+    def _acquire(self, shard: int) -> list[Any]:
+        """``[file, users, evicted]`` of ``shard``, open, with this read counted as a user:
+        a file evicted from the LRU is closed by its last user, never under a read."""
+        with self._lock:
+            entry = self._files.get(shard)
+            if entry is not None:
+                self._files.move_to_end(shard)
+                entry[1] += 1
+                return entry
+        reader = self.reader
+        info = reader.manifest.shards[shard]
+        try:  # checks the file's size against the manifest
+            opened = reader.storage.open(info.path, expect=Expected(info.bytes, info.sha256))
+        except StorageError as error:
+            raise reader._storage_error(error, (info.path, None)) from error
+        with self._lock:
+            entry = self._files.get(shard)
+            if entry is None:
+                entry = self._files[shard] = [opened, 0, False]
+            else:  # another thread opened it meanwhile
+                opened.close()
+            entry[1] += 1
+            while len(self._files) > OPEN_FILES:
+                self._retire(self._files.popitem(last=False)[1])
+            return entry
+
+    def _release(self, entry: list[Any]) -> None:
+        with self._lock:
+            entry[1] -= 1
+            if entry[2] and not entry[1]:
+                entry[0].close()
+
+    @staticmethod
+    def _retire(entry: list[Any]) -> None:
+        entry[2] = True
+        if not entry[1]:
+            entry[0].close()
+
+    # -- checks --------------------------------------------------------------------------
+
+    def _record(
+        self, kept: _Shard, wide: ByteRange, data: bytes | memoryview, position: int, block: int
+    ) -> None:
+        """The CRCs of the samples wholly in ``data`` (``wide``'s bytes, just checked)."""
+        index, crcs, known = kept.index, kept.crcs, kept.known
+        view = memoryview(data)
+        last: tuple[ByteRange, int] | None = None
+        for step in (-1, 1):  # from the sample read outwards, while samples lie in the bytes
+            j = position if step == 1 else position - 1
+            while 0 <= j < len(known):
+                one = index.byte_range(j, j + 1)
+                if one.start < wide.start or one.end > wide.end:
+                    break
+                if one.length < block:
+                    if last is None or last[0] != one:
+                        last = one, crc32(view[one.start - wide.start : one.end - wide.start])
+                    crcs[j], known[j] = last[1], True
+                j += step
+
+    def _mismatch(self, kept: _Shard, rng: ByteRange) -> FormatError:
+        path = kept.path
+        return FormatError(
+            f"checksum mismatch in bytes [{rng.start}, {rng.end}): the shard's bytes differ from those it "
+            "was indexed with (corrupt, or rewritten)",
+            url=self.reader.storage.full_url(path),
+            shard=path,
+            offset=rng.start,
+        )
+
+    def close(self) -> None:
+        """Close the files kept open (each at once, or when the read using it ends)."""
+        with self._lock:
+            for entry in self._files.values():
+                self._retire(entry)
+            self._files.clear()

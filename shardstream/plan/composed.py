@@ -1,0 +1,222 @@
+"""mix="stratified" and mix="per_stream": a mixture's global batches composed of parts.
+
+NOTE [ Composed batches ]
+Both mixes need order="global" (NOTE [ Global order ]): the epoch is ``B`` global
+batches of ``G`` samples (``B = total // G`` with drop_last, else ``ceil(total / G)``),
+the same on every world size dividing ``G`` and any worker count. A global batch is
+made of *parts*: each part is a ``GlobalSequence`` of its own (its lanes, chunks and
+windows as for a single dataset) over its own virtual shards (some of one stream's
+``Segments``), with a batch size ``g``, its share ``L g / G`` of the lanes (at least
+one; so reads are as long as a single dataset's, ``G / L``) and a seed drawn from
+``(seed, stream, kind)``. Part ``i``'s ``j``-th batch goes into the ``j``-th global
+batch that holds part ``i``; the parts of a batch come in a fixed order, so entry ``e``
+of batch ``k`` is one entry of one part, and ranks and workers cut the batches exactly
+as a ``GlobalPlan``'s. The quotas are first rounded so that the epoch is whole batches:
+the epoch of stream ``s`` is ``q_s'`` samples (``quotas``), taken from its passes as
+``Mixture.segments(quota=q_s')`` takes them, so "every sample before a repeat" holds.
+
+- stratified: ``q'`` is ``B G`` apportioned by the quotas; ``a_s = q_s' // B`` and
+  ``e_s = q_s' % B``. Stream ``s`` has a main part (``g = a_s``, in every batch) over
+  its first ``a_s B`` samples and an extras part (``g = 1``) over its last ``e_s``.
+  Every batch holds exactly ``X = G - sum(a_s)`` extras (``sum(e_s) = X B``): batch
+  ``k`` holds one of stream ``s`` when ``pi(k)`` falls in the cyclic interval
+  ``[c_s, c_s + e_s)`` of ``[0, B)`` (``c_s`` the sum of the ``e`` before ``s``), so the
+  intervals wrap around ``[0, B)`` exactly ``X`` times and each batch holds ``a_s`` or
+  ``a_s + 1`` of stream ``s``. ``pi(k) = alpha k + beta (mod B)`` with ``alpha`` the
+  inverse of a step near ``B / phi`` (coprime with ``B``; of the neighbours, the one with
+  the smallest continued-fraction quotients): consecutive ``pi`` values are batches
+  about ``0.618 B`` apart, so a stream's extras spread evenly over the epoch (every
+  prefix within 4 of its share up to B = 3e6, as measured); ``beta`` is keyed by
+  ``(seed, epoch)``. Parts of a batch: mains by stream, then extras.
+- per_stream: ``b`` is ``B`` apportioned by the quotas, ``q_s' = b_s G``; one part per
+  stream (``g = G``). Stream ``s`` has the points ``(j + u_s) / b_s`` for ``j < b_s``
+  (``u_s`` keyed by ``(seed, epoch)``), and batch ``k`` is the stream of the ``k``-th
+  point of all streams (ties to the first stream): every stream's batches evenly spread
+  and interleaved. Where the ``k``-th point lies is a bisection over O(S) counts, so a
+  range of batches costs O(S log + range): nothing O(B) is ever built.
+
+Which part-batch a global batch holds is a count (``before``): for a main, ``k``; for
+extras, the lattice points of ``alpha k + beta`` below ``k`` in an interval (a floor
+sum, O(log B)); for per_stream, the bisection above. So a resume state is the number of
+global batches taken, as a ``GlobalPlan``'s, and memory is O(segments + window).
+
+Every part's windows are ``M = shuffle_window // G`` of its own batches: a main part's
+windows are then exactly the windows of the global batches, a sparse part's span more
+of them (its window of ``M g`` samples still shuffles as a single dataset's would). A
+worker's ``Window`` is its batches of whole windows, as a ``GlobalPlan``'s; as every
+batch is full, entry ``e`` of its ``i``-th batch is yielded ``i (G / R) + e - r G / R``,
+so the yield order is one scatter, no sort.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from shardstream.errors import PlanError, StateError
+from shardstream.plan.config import PlanConfig, Window, check_count
+from shardstream.plan.epoch import EpochPlan
+from shardstream.plan.global_order import _FIRST_WINDOW, lanes_of
+from shardstream.plan.mixture import Mixture
+from shardstream.plan.parts import ComposedSequence, PerStreamSequence, StratifiedSequence
+from shardstream.plan.state import make_global_state, read_global_state
+
+__all__ = ["ComposedPlan"]
+
+
+class ComposedPlan(EpochPlan):
+    """The plan of a mix="stratified" or "per_stream" epoch (NOTE [ Composed batches ]) for
+    every rank and worker, as a ``GlobalPlan``'s: ``batch_size`` is ``global_batch_size //
+    world_size`` and ``state_dict(steps)`` counts global batches. Its runs are of mixture
+    shards. ``MixturePlan`` makes it."""
+
+    def __init__(
+        self,
+        mixture: Mixture,
+        config: PlanConfig,
+        *,
+        epoch: int,
+        world_size: int,
+        num_workers: int = 1,
+        batch_size: int = 1,
+    ) -> None:
+        self._composed_setup(mixture, config, check_count(epoch, "epoch"), 0)
+        self._topology(world_size, num_workers, batch_size, error=PlanError)
+
+    @classmethod
+    def resume(  # type: ignore[override]  # a mixture in place of shard sizes
+        cls,
+        mixture: Mixture,
+        config: PlanConfig,
+        state: Mapping[str, Any],
+        *,
+        world_size: int,
+        num_workers: int = 1,
+        batch_size: int = 1,
+    ) -> ComposedPlan:
+        """The rest of the epoch after the global batches the state took, on any topology
+        whose world size divides the global batch size."""
+        _check_config(config)
+        window = config.window_for(mixture.sizes)
+        epoch, taken = read_global_state(state, mixture.sizes, config, window=window, lanes=lanes_of(config))
+        plan = object.__new__(cls)
+        plan._composed_setup(mixture, config, epoch, taken)
+        if taken > plan._sequence.batches:
+            raise StateError(
+                f"the state says {taken} global batches were taken, the epoch has {plan._sequence.batches}"
+            )
+        plan._topology(world_size, num_workers, batch_size, error=StateError)
+        return plan
+
+    def _composed_setup(self, mixture: Mixture, config: PlanConfig, epoch: int, taken: int) -> None:
+        _check_config(config)
+        if mixture.mix not in _SEQUENCES:
+            raise PlanError(f"a ComposedPlan composes mix='stratified' or 'per_stream', not {mixture.mix!r}")
+        self._mixture, self._config, self._epoch, self._taken, self._first = mixture, config, epoch, taken, 0
+        self._sizes = mixture.sizes
+        self._window = config.window_for(mixture.sizes)
+        self._sequence = _SEQUENCES[mixture.mix](mixture, config, epoch=epoch, window=self._window)
+
+    def _topology(
+        self, world_size: int, num_workers: int, batch_size: int, *, error: type[Exception]
+    ) -> None:
+        world = check_count(world_size, "world_size", minimum=1)
+        self._workers = max(1, check_count(num_workers, "num_workers"))
+        batch = check_count(batch_size, "batch_size", minimum=1)
+        size = self._sequence.size
+        if size % world or batch != size // world:
+            raise error(
+                f"mix={self._mixture.mix!r} with global_batch_size={size} runs on a world size that divides "
+                f"it, with batch_size=global_batch_size // world_size, not on {world} ranks with "
+                f"batch_size={batch}"
+            )
+        self._world, self._batch = world, batch
+
+    # -- what the plan is ------------------------------------------------------------------
+
+    @property
+    def world_size(self) -> int:
+        return self._world
+
+    @property
+    def num_workers(self) -> int:
+        return self._workers
+
+    @property
+    def batch_size(self) -> int:
+        return self._batch
+
+    @property
+    def sequence(self) -> ComposedSequence:
+        return self._sequence
+
+    @property
+    def global_batches_taken(self) -> int:
+        return self._taken
+
+    def _left(self, worker: int) -> int:
+        left = self._sequence.batches - self._taken
+        return (left // self._workers + (worker < left % self._workers)) * self._batch
+
+    def samples_per_rank(self) -> int:
+        return (self._sequence.batches - self._taken) * self._batch
+
+    def batches_per_rank(self) -> int:
+        return self._sequence.batches - self._taken
+
+    def __repr__(self) -> str:
+        return (
+            f"ComposedPlan(mix={self._mixture.mix!r}, epoch={self.epoch}, world_size={self.world_size}, "
+            f"num_workers={self.num_workers}, global_batch_size={self._sequence.size}, "
+            f"quotas={self._sequence.quotas}, global_batches_taken={self._taken} of {self._sequence.batches})"
+        )
+
+    # -- what a worker reads ---------------------------------------------------------------
+
+    def _windows(self, rank: int, worker: int) -> Iterator[Window]:
+        # As GlobalPlan's: the worker's batches of whole windows of the sequence per Window.
+        sequence, step, per = self._sequence, self._workers, self._sequence.per_window
+        first_entry, last_entry = rank * self._batch, (rank + 1) * self._batch
+        share = max(1, per * self._batch // step)
+        most = max(1, self._window // share)
+        count = max(1, min(most, _FIRST_WINDOW // share))
+        first = self._taken + worker
+        while first < sequence.batches:
+            stop = min((first // per + count) * per, sequence.batches)
+            batches = np.arange(first, stop, step, dtype=np.int64)
+            build = functools.partial(sequence.window_parts, batches, first_entry, last_entry)
+            yield Window.lazy(sequence.window_shards(first, stop, first_entry, last_entry), build)
+            first, count = int(batches[-1]) + step, min(most, 2 * count)
+
+    # -- resume ----------------------------------------------------------------------------
+
+    def state_dict(self, steps: int) -> dict[str, Any]:
+        """The state after every rank took ``steps`` batches (global batches) of this plan;
+        ``MixturePlan`` adds the mix and the streams."""
+        steps = check_count(steps, "steps")
+        if steps > self.batches_per_rank():
+            raise PlanError(
+                f"steps={steps} is more than the {self.batches_per_rank()} batches this plan has per rank"
+            )
+        return make_global_state(
+            self._sizes,
+            self._config,
+            epoch=self._epoch,
+            window=self._window,
+            lanes=self._sequence.lanes,
+            taken=self._taken + steps,
+        )
+
+
+_SEQUENCES: dict[str, type[ComposedSequence]] = {
+    "stratified": StratifiedSequence,
+    "per_stream": PerStreamSequence,
+}
+
+
+def _check_config(config: PlanConfig) -> None:
+    if not isinstance(config, PlanConfig) or not config.is_global:
+        raise PlanError("mix='stratified' and 'per_stream' compose global batches: they need order='global'")
