@@ -128,7 +128,7 @@ def add_index(subparsers: Any, common: argparse.ArgumentParser) -> None:
         "index",
         parents=[common],
         help="write the manifest and sample indexes for shards another tool wrote (or for --part jobs)",
-        description="Index every *.tar or *.parquet shard under URL and write URL/manifest.json.",
+        description="Index every *.tar or *.parquet shard under URL and write URL/.shardstream/manifest.json.",
     )
     p.add_argument("url", metavar="URL")
     p.add_argument("--threads", type=int, default=4, metavar="N", help="shards read at once (default: 4)")
@@ -150,7 +150,7 @@ def run_index(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(
             f"index: {len(manifest.shards)} {manifest.format} shards, {manifest.num_samples:,} samples, "
-            f"{human_bytes(manifest.num_bytes)}; wrote manifest.json at {args.url}"
+            f"{human_bytes(manifest.num_bytes)}; wrote .shardstream/manifest.json at {args.url}"
         )
     return 0
 

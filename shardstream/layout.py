@@ -1,20 +1,41 @@
 """How a dataset folder is laid out: the names shardstream writes there, and its manifest.
 
 ``pack`` writes these names and ``catalog`` (``index``, ``verify``) reads them back, so
-the rules live here, below both, and import neither. At the top of a dataset folder:
+the rules live here, below both, and import neither. In a dataset folder:
 
 - shards ``shard-NNNNNN.<suffix>``, those of ``--part I/N`` named
-  ``part-IIIII-shard-NNNNNN.<suffix>``, each with its sample-index sidecar ``<shard>.idx``;
-- ``part-IIIII-of-NNNNN.json``, a finished part's record (a manifest of its shards),
-  which ``index`` joins into one dataset;
+  ``part-IIIII-shard-NNNNNN.<suffix>``, at the top (``index`` takes shards below it too);
+- in ``.shardstream/`` (``META_FOLDER``, NOTE [ The dataset folder as others read it ]):
+  each shard's sample-index sidecar ``<shard>.idx``; ``part-IIIII-of-NNNNN.json``, a
+  finished part's record (a manifest of its shards), which ``index`` joins into one
+  dataset; and ``manifest.json`` (``manifest.MANIFEST_NAME``), built by ``build_manifest``,
+  written last;
 - ``.shardstream-pack[-part-IIIII].json``, the record of a pack in progress (NOTE
   [ Packs in progress ] in ``pack.dest``);
 - ``.shardstream-lock[-part-IIIII].<run id>.json``, a pack's claim on the folder (NOTE
-  [ One pack per destination ] in ``lock``);
-- ``manifest.json`` (``manifest.MANIFEST_NAME``), built by ``build_manifest``, written last.
+  [ One pack per destination ] in ``lock``).
 
 These names are read back by later versions (a rerun resumes a killed pack, ``index``
-joins parts packed by another machine), so changing one is a format change.
+joins parts packed by another machine), so changing one is a format change. Datasets
+written before ``.shardstream/`` existed keep their sidecars beside their shards and
+their manifest and part records at the top (the legacy layout): they are read, resumed
+and joined as they are, and a pack or ``index`` that rewrites one moves it.
+
+# NOTE [ The dataset folder as others read it ]
+# A dataset folder should load in the tools its users have, as it is: Hugging Face
+# ``datasets.load_dataset(folder)``, DuckDB's ``read_parquet('folder/*.parquet')``,
+# ``webdataset.WebDataset`` on a brace URL, pyarrow's ``dataset(folder)``. Hugging Face
+# takes every file of the folder whose name holds a data extension as data: a sidecar
+# ``shard-000000.parquet.idx`` was read as Parquet (and failed), and a ``manifest.json``
+# beside one tar shard made it pick its JSON builder and load the manifest as the data.
+# It skips files and folders whose names start with a dot (and folders starting with
+# ``__``); pyarrow's dataset discovery skips names starting with ``.`` or ``_``. So all
+# that shardstream keeps beside the shards goes in one folder, ``.shardstream/``, as
+# the records of packs in progress (``.shardstream-pack*.json``) always did: the top of
+# the folder holds the shards alone. The other way, writing the ``configs:`` YAML of a
+# README.md that Hugging Face reads, would put a file of ours where users keep their own
+# dataset card, and would help Hugging Face only. (A copy of the folder must take its
+# hidden entries too: ``cp -r folder dest``, ``aws s3 sync``, not ``cp folder/* dest``.)
 """
 
 from __future__ import annotations
@@ -26,13 +47,16 @@ from typing import TYPE_CHECKING
 
 from shardstream._version import __version__
 from shardstream.formats import available_formats
-from shardstream.manifest import Manifest, ShardInfo
+from shardstream.manifest import LEGACY_MANIFEST_NAME, MANIFEST_NAME, Manifest, ShardInfo
 
 if TYPE_CHECKING:
     from shardstream.formats import SampleIndex
 
 __all__ = [
     "CLAIM_RE",
+    "LEGACY_MANIFEST_NAME",
+    "MANIFEST_NAME",
+    "META_FOLDER",
     "PACK_RECORD_RE",
     "PART_RECORD_RE",
     "PART_SHARD_RE",
@@ -42,6 +66,8 @@ __all__ = [
     "build_manifest",
     "claim_name",
     "fields_and_schema",
+    "legacy_part_record_name",
+    "own_name",
     "pack_record_name",
     "part_prefix",
     "part_record_name",
@@ -53,27 +79,30 @@ __all__ = [
 ]
 
 SHARD_PREFIX = "shard-"
+META_FOLDER = ".shardstream"  # NOTE [ The dataset folder as others read it ]
 
 
 def shard_name_re() -> re.Pattern[str]:
-    """Every name a shardstream pack writes at the top of a dataset folder: a shard of any
-    format registered now (``shard-000000`` plus the format's suffix), or its sidecar."""
+    """Every shard or sidecar name a shardstream pack writes: a shard of any format
+    registered now (``shard-000000`` plus the format's suffix), or its sidecar (in
+    ``.shardstream/``, or beside it in the legacy layout)."""
     return _shard_name_re(tuple(sorted({fmt.suffix for fmt in available_formats().values()})))
 
 
 @functools.lru_cache(maxsize=16)
 def _shard_name_re(suffixes: tuple[str, ...]) -> re.Pattern[str]:
     formats = "|".join(map(re.escape, suffixes))
-    return re.compile(rf"^(?:part-\d{{5}}-)?shard-\d{{6}}(?:{formats})(?:\.idx)?$")
+    shard = rf"(?:part-\d{{5}}-)?shard-\d{{6}}(?:{formats})"
+    return re.compile(rf"^(?:{shard}|(?:{re.escape(META_FOLDER)}/)?{shard}\.idx)$")
 
 
 # The names of the built-in formats' shards, for importers; a pack asks ``shard_name_re()``,
 # which knows the formats registered after this module was imported too.
 SHARD_NAME_RE = shard_name_re()
 # A shard (or sidecar) of a part; group 1 is the part's index.
-PART_SHARD_RE = re.compile(r"^part-(\d{5})-shard-\d{6}\.")
-# A finished part's record; groups: the part's index, the number of parts.
-PART_RECORD_RE = re.compile(r"^part-(\d{5})-of-(\d{5})\.json$")
+PART_SHARD_RE = re.compile(r"^(?:\.shardstream/)?part-(\d{5})-shard-\d{6}\.")
+# A finished part's record (either layout); groups: the part's index, the number of parts.
+PART_RECORD_RE = re.compile(r"^(?:\.shardstream/)?part-(\d{5})-of-(\d{5})\.json$")
 # The record of a pack in progress (NOTE [ Packs in progress ]), of a part if it names one.
 PACK_RECORD_RE = re.compile(r"^\.shardstream-pack(?:-part-(\d{5}))?\.json$")
 # A pack's claim; groups: its scope ("-part-IIIII", or None for the whole dataset), its run id.
@@ -91,13 +120,24 @@ def shard_name(prefix: str, number: int, suffix: str) -> str:
 
 
 def sidecar_name(shard: str) -> str:
-    """The sample-index sidecar of ``shard``."""
-    return shard + ".idx"
+    """The sample-index sidecar of ``shard`` (a path in the folder): ``.shardstream/<shard>.idx``."""
+    return f"{META_FOLDER}/{shard}.idx"
 
 
 def part_record_name(part: int, count: int) -> str:
     """The record of part number ``part`` of ``count``, written when the part is whole."""
+    return f"{META_FOLDER}/{legacy_part_record_name(part, count)}"
+
+
+def legacy_part_record_name(part: int, count: int) -> str:
+    """Where a part's record is in the legacy layout: at the top of the folder."""
     return f"part-{part:05d}-of-{count:05d}.json"
+
+
+def own_name(path: str) -> str:
+    """A file's name as ``SHARD_PREFIX`` or a part's prefix starts it: ``path`` outside
+    ``.shardstream/``, ``shard-000000.tar.idx`` for ``.shardstream/shard-000000.tar.idx``."""
+    return path.removeprefix(META_FOLDER + "/")
 
 
 def part_scope(part: int | None) -> str:

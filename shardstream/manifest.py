@@ -1,8 +1,9 @@
-"""The dataset manifest: ``manifest.json`` at the root of a dataset folder.
+"""The dataset manifest: ``.shardstream/manifest.json`` in a dataset folder (at its top,
+``manifest.json``, in datasets of the legacy layout: see ``shardstream.layout``).
 
-It lists every shard (path relative to the manifest, sample count, byte size, sha256,
-and the path of its sample-index sidecar), the fields of a sample, the totals and the
-writer. It holds no timestamps and no absolute paths, so the same input always gives
+It lists every shard (path relative to the dataset folder, sample count, byte size,
+sha256, and the path of its sample-index sidecar), the fields of a sample, the totals
+and the writer. It holds no timestamps and no absolute paths, so the same input always gives
 the same manifest and a dataset folder can be copied or moved as a whole. It is written
 last and atomically: a dataset without a manifest is not a dataset.
 """
@@ -23,6 +24,7 @@ from shardstream.formats import available_formats
 
 __all__ = [
     "FORMATS",
+    "LEGACY_MANIFEST_NAME",
     "MANIFEST_NAME",
     "MANIFEST_VERSION",
     "Manifest",
@@ -31,22 +33,25 @@ __all__ = [
     "dataset_fingerprint",
 ]
 
-MANIFEST_NAME = "manifest.json"
+MANIFEST_NAME = ".shardstream/manifest.json"
+LEGACY_MANIFEST_NAME = "manifest.json"  # where datasets of the legacy layout have it
 MANIFEST_VERSION = 1
 # The built-in formats; a manifest may name any format registered when it loads.
 FORMATS = ("tar", "parquet")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_PATHS = reprlib.Repr()
+_PATHS.maxstring = 200  # a path in an error whole (sidecars: .shardstream/<shard>.idx), a hostile one cut
 
 
 @dataclass(frozen=True, slots=True)
 class ShardInfo:
-    """One shard: where it is (relative to the manifest) and what it holds."""
+    """One shard: where it is (relative to the dataset folder) and what it holds."""
 
     path: str
     samples: int
     bytes: int
     sha256: str
-    index: str  # sidecar with the per-sample index, relative to the manifest
+    index: str  # sidecar with the per-sample index, relative to the dataset folder
     index_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -83,7 +88,7 @@ class Manifest:
             for what, path in (("shard", shard.path), ("sample index", shard.index)):
                 if path in seen:
                     raise ManifestError(
-                        f"the manifest lists {what} path {reprlib.repr(path)} twice (as a shard or a sample index)",
+                        f"the manifest lists {what} path {_PATHS.repr(path)} twice (as a shard or a sample index)",
                         shard=shard.path,
                     )
                 seen.add(path)
@@ -233,7 +238,7 @@ def _shard_info(entry: object, number: int, url: str | None) -> ShardInfo:
     for key in ("path", "index"):
         if not _inside(strings[key]):
             raise ManifestError(
-                f"shard {key} must be relative and inside the dataset: {reprlib.repr(strings[key])}",
+                f"shard {key} must be relative and inside the dataset: {_PATHS.repr(strings[key])}",
                 url=url,
                 shard=shard,
             )

@@ -21,7 +21,7 @@ from shardstream.types import ByteRange
 
 
 def read_back(folder) -> list[dict]:
-    manifest = Manifest.from_json((folder / "manifest.json").read_text())
+    manifest = Manifest.from_json((folder / ".shardstream" / "manifest.json").read_text())
     fmt = get_format(manifest.format)
     out = []
     for shard in manifest.shards:
@@ -59,7 +59,7 @@ def test_index_webdataset_tars_reads_each_once_and_decodes(tmp_path):
         "split1/train-0001.tar",
     ]
     assert manifest.fields == ("jpg", "txt")
-    assert (tmp_path / "wds" / "split0" / "train-0000.tar.idx").exists()
+    assert (tmp_path / "wds" / ".shardstream" / "split0" / "train-0000.tar.idx").exists()
     assert read_back(tmp_path / "wds") == expected
     report = verify_dataset(str(tmp_path / "wds"))
     assert report.ok, report.problems
@@ -100,14 +100,14 @@ def test_index_of_a_packed_dataset_is_the_packed_manifest(tmp_path, format):
     with ShardWriter(tmp_path / "ds", format=format, samples_per_shard=7) as writer:
         for i in range(30):
             writer.write({"__key__": f"k{i:03d}", "txt": f"text {i}", "cls": i % 3})
-    packed = (tmp_path / "ds" / "manifest.json").read_bytes()
-    sidecars = {
-        p: (tmp_path / "ds" / p).read_bytes() for p in os.listdir(tmp_path / "ds") if p.endswith(".idx")
-    }
-    (tmp_path / "ds" / "manifest.json").unlink()
+    packed = (tmp_path / "ds" / ".shardstream" / "manifest.json").read_bytes()
+    meta = tmp_path / "ds" / ".shardstream"
+    sidecars = {p: (meta / p).read_bytes() for p in os.listdir(meta) if p.endswith(".idx")}
+    assert len(sidecars) == 5
+    (tmp_path / "ds" / ".shardstream" / "manifest.json").unlink()
     index_dataset(str(tmp_path / "ds"))
-    assert (tmp_path / "ds" / "manifest.json").read_bytes() == packed
-    assert {p: (tmp_path / "ds" / p).read_bytes() for p in sidecars} == sidecars
+    assert (tmp_path / "ds" / ".shardstream" / "manifest.json").read_bytes() == packed
+    assert {p: (meta / p).read_bytes() for p in sidecars} == sidecars
 
 
 def test_index_refuses_what_it_cannot_index(tmp_path):
@@ -168,9 +168,9 @@ def test_verify_reports_each_bad_shard(tmp_path):
     # shard 2: gone
     (ds / "shard-000002.tar").unlink()
     # shard 3: its sidecar is another shard's
-    shutil.copy(ds / "shard-000004.tar.idx", ds / "shard-000003.tar.idx")
+    shutil.copy(ds / ".shardstream" / "shard-000004.tar.idx", ds / ".shardstream" / "shard-000003.tar.idx")
     # shard 4: sidecar gone
-    (ds / "shard-000004.tar.idx").unlink()
+    (ds / ".shardstream" / "shard-000004.tar.idx").unlink()
     report = verify_dataset(str(ds))
     assert not report.ok
     assert report.bad_shards == [f"shard-00000{i}.tar" for i in range(5)]

@@ -44,7 +44,7 @@ def test_pack_inspect_verify_index(tmp_path, corpus, capsys):
     assert main(["verify", str(dest)]) == 0
     assert "3 shards, 40 samples checked: OK" in capsys.readouterr().out
 
-    (dest / "manifest.json").unlink()
+    (dest / ".shardstream" / "manifest.json").unlink()
     assert main(["index", str(dest), "--quiet"]) == 0
     assert capsys.readouterr().out == ""
     assert main(["verify", str(dest), "--json"]) == 0
@@ -70,7 +70,7 @@ def test_verify_lists_bad_shards_and_exits_1(tmp_path, corpus, capsys):
         (["pack", "{corpus}", "{dest}", "--format", "zip"], 2, "invalid choice"),
         (["pack", "{corpus}", "{dest}", "--source-type", "xml"], 2, "csv, folder, jsonl, parquet, tar"),
         (["pack", "{corpus}", "{dest}", "--compression", "gzip"], 2, "tar shards are not compressed"),
-        (["inspect", "{tmp}"], 1, "no manifest.json"),
+        (["inspect", "{tmp}"], 1, "no .shardstream/manifest.json"),
         (["frobnicate"], 2, "invalid choice"),
     ],
 )
@@ -103,7 +103,7 @@ def test_existing_dataset_needs_overwrite(tmp_path, corpus, capsys):
     assert main(["pack", str(other), dest]) == 2
     assert "another dataset" in capsys.readouterr().err
     assert main(["pack", str(other), dest, "--overwrite", "--quiet"]) == 0
-    assert json.loads((tmp_path / "ds" / "manifest.json").read_text())["num_samples"] == 1
+    assert json.loads((tmp_path / "ds" / ".shardstream" / "manifest.json").read_text())["num_samples"] == 1
 
 
 def test_parts_then_index(tmp_path, corpus, capsys):

@@ -48,7 +48,7 @@ def read(path: str | os.PathLike) -> bytes:
 
 
 def manifest(url: str) -> dict:
-    return json.loads(pathlib.Path(url, "manifest.json").read_text())
+    return json.loads(pathlib.Path(url, ".shardstream", "manifest.json").read_text())
 
 
 def stream(url: str, **kwargs) -> list[dict]:
@@ -196,7 +196,7 @@ def to_version_1(url: str, fmt: str) -> None:
         old = pack_sidecar(kind, 1, [bytes(s) for s in sections[:count]])
         pathlib.Path(path).write_bytes(old)
         info["index_bytes"] = len(old)
-    pathlib.Path(url, "manifest.json").write_text(json.dumps(data))
+    pathlib.Path(url, ".shardstream", "manifest.json").write_text(json.dumps(data))
 
 
 @pytest.mark.parametrize("fmt", ["tar", "parquet"])
@@ -258,7 +258,7 @@ def test_a_manifest_claiming_huge_counts_fails_clearly_before_allocating(tmp_pat
     data = manifest(url)
     data["shards"][1]["samples"] = claimed
     data["num_samples"] = sum(s["samples"] for s in data["shards"])
-    pathlib.Path(url, "manifest.json").write_text(json.dumps(data))
+    pathlib.Path(url, ".shardstream", "manifest.json").write_text(json.dumps(data))
     tracemalloc.start()
     try:
         with pytest.raises(ShardstreamError, match=f"the manifest says {claimed}") as caught:
@@ -301,7 +301,7 @@ def test_a_version_1_sidecar_of_another_shard_is_still_a_problem(tmp_path, fmt):
     first, second = data["shards"][0], data["shards"][1]
     for key in ("index", "index_bytes"):
         first[key], second[key] = second[key], first[key]
-    pathlib.Path(url, "manifest.json").write_text(json.dumps(data))
+    pathlib.Path(url, ".shardstream", "manifest.json").write_text(json.dumps(data))
     report = verify_dataset(url)
     assert not report.ok
     assert report.bad_shards == sorted([first["path"], second["path"]])

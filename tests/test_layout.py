@@ -22,8 +22,11 @@ from shardstream.storage import Storage
 def test_names_are_those_written_before():
     assert layout.shard_name(layout.SHARD_PREFIX, 3, ".tar") == "shard-000003.tar"
     assert layout.shard_name(layout.part_prefix(2), 1, ".parquet") == "part-00002-shard-000001.parquet"
-    assert layout.sidecar_name("shard-000003.tar") == "shard-000003.tar.idx"
-    assert layout.part_record_name(1, 4) == "part-00001-of-00004.json"
+    assert layout.sidecar_name("shard-000003.tar") == ".shardstream/shard-000003.tar.idx"
+    assert layout.part_record_name(1, 4) == ".shardstream/part-00001-of-00004.json"
+    assert layout.legacy_part_record_name(1, 4) == "part-00001-of-00004.json"
+    assert layout.MANIFEST_NAME == ".shardstream/manifest.json"
+    assert layout.LEGACY_MANIFEST_NAME == "manifest.json"
     assert layout.pack_record_name(layout.part_scope(None)) == ".shardstream-pack.json"
     assert layout.pack_record_name(layout.part_scope(7)) == ".shardstream-pack-part-00007.json"
     assert layout.claim_name(layout.part_scope(3), "ab12") == ".shardstream-lock-part-00003.ab12.json"
@@ -34,7 +37,7 @@ def test_pack_options_name_shards_by_the_layout():
     options = PackOptions(format="parquet", part=Part(4, 9))
     assert options.shard_name(12) == "part-00004-shard-000012.parquet"
     assert options.part is not None
-    assert options.part.record == "part-00004-of-00009.json"
+    assert options.part.record == ".shardstream/part-00004-of-00009.json"
     assert PackOptions().shard_name(0) == "shard-000000.tar"
 
 
@@ -45,7 +48,12 @@ def test_patterns_match_what_the_rules_make(number, part, suffix):
     prefix = layout.SHARD_PREFIX if part is None else layout.part_prefix(part)
     shard = layout.shard_name(prefix, number, suffix)
     assert layout.SHARD_NAME_RE.match(shard)
-    assert layout.SHARD_NAME_RE.match(layout.sidecar_name(shard))
+    for sidecar in (layout.sidecar_name(shard), shard + ".idx"):  # this layout's and the legacy one's
+        assert layout.SHARD_NAME_RE.match(sidecar)
+        assert layout.own_name(sidecar) == shard + ".idx"
+        sidecar_part = layout.PART_SHARD_RE.match(sidecar)
+        assert (None if sidecar_part is None else int(sidecar_part.group(1))) == part
+    assert layout.own_name(shard) == shard
     match = layout.PART_SHARD_RE.match(shard)
     assert (None if match is None else int(match.group(1))) == part
     scope = layout.part_scope(part)
@@ -56,9 +64,10 @@ def test_patterns_match_what_the_rules_make(number, part, suffix):
     assert claim is not None
     assert (claim.group(1) or "", claim.group(2)) == (scope, "0f" * 8)
     if part is not None:
-        finished = layout.PART_RECORD_RE.match(layout.part_record_name(part, part + 1))
-        assert finished is not None
-        assert finished.groups() == (f"{part:05d}", f"{part + 1:05d}")
+        for name in (layout.part_record_name(part, part + 1), layout.legacy_part_record_name(part, part + 1)):
+            finished = layout.PART_RECORD_RE.match(name)
+            assert finished is not None
+            assert finished.groups() == (f"{part:05d}", f"{part + 1:05d}")
 
 
 @pytest.mark.parametrize(
@@ -69,6 +78,9 @@ def test_patterns_match_what_the_rules_make(number, part, suffix):
         "other-000003.tar",
         "part-0001-shard-000001.tar",
         "manifest.json",
+        ".shardstream/manifest.json",
+        ".shardstream/shard-000003.tar",
+        "sub/shard-000003.tar.idx",
     ],
 )
 def test_other_names_are_not_shards(name):
@@ -120,13 +132,18 @@ def test_a_pack_and_index_write_the_writer_and_names_of_the_layout(tmp_path):
     with ShardWriter(str(tmp_path / "ds"), samples_per_shard=2) as writer:
         for i in range(5):
             writer.write({"__key__": f"k{i}", "txt": b"x" * i})
-    doc = json.loads((tmp_path / "ds" / "manifest.json").read_text())
+    doc = json.loads((tmp_path / "ds" / ".shardstream" / "manifest.json").read_text())
     assert doc["writer"] == layout.writer_name()
     assert [s["path"] for s in doc["shards"]] == [f"shard-{i:06d}.tar" for i in range(3)]
-    (tmp_path / "ds" / "manifest.json").unlink()
+    assert [s["index"] for s in doc["shards"]] == [f".shardstream/shard-{i:06d}.tar.idx" for i in range(3)]
+    assert sorted(p.name for p in (tmp_path / "ds").iterdir()) == [
+        ".shardstream",
+        *(f"shard-{i:06d}.tar" for i in range(3)),
+    ]
+    (tmp_path / "ds" / ".shardstream" / "manifest.json").unlink()
     manifest = index_dataset(str(tmp_path / "ds"), threads=1)
     assert manifest.writer == layout.writer_name()
-    assert [s.index for s in manifest.shards] == [f"shard-{i:06d}.tar.idx" for i in range(3)]
+    assert [s.index for s in manifest.shards] == [f".shardstream/shard-{i:06d}.tar.idx" for i in range(3)]
     storage = Storage(str(tmp_path / "ds"))
     try:
         assert not [p for p in storage.list_files() if layout.CLAIM_RE.match(p)]  # the lease was released

@@ -29,7 +29,7 @@ def packed(tmp_path):
 
 def edit(folder, change) -> None:
     """Rewrite ``folder``'s manifest.json with ``change(dict)`` applied."""
-    path = folder / "manifest.json"
+    path = folder / ".shardstream" / "manifest.json"
     data = json.loads(path.read_text())
     change(data)
     path.write_text(json.dumps(data))
@@ -38,7 +38,7 @@ def edit(folder, change) -> None:
 def refused(folder, match: str) -> ManifestError:
     """The error every way of reading the manifest gives (they must agree)."""
     with pytest.raises(ManifestError, match=match) as loaded:
-        Manifest.from_json((folder / "manifest.json").read_text(), url="ds/manifest.json")
+        Manifest.from_json((folder / ".shardstream" / "manifest.json").read_text(), url="ds/manifest.json")
     with pytest.raises(ManifestError, match=match):
         StreamingDataset(str(folder), shuffle=False).manifest  # noqa: B018
     with pytest.raises(ManifestError, match=match):
@@ -48,7 +48,7 @@ def refused(folder, match: str) -> ManifestError:
 
 
 def test_packed_and_indexed_manifests_still_load(packed, tmp_path):
-    manifest = Manifest.from_json((packed / "manifest.json").read_text())
+    manifest = Manifest.from_json((packed / ".shardstream" / "manifest.json").read_text())
     assert (len(manifest.shards), manifest.num_samples) == (3, 25)
     assert verify_dataset(str(packed)).ok
     assert index_dataset(str(packed)) == manifest
@@ -77,7 +77,10 @@ def test_two_shards_sharing_a_sidecar_are_refused(packed):
         data["shards"][1]["index"] = data["shards"][0]["index"]
 
     edit(packed, share)
-    assert refused(packed, "sample index path 'shard-000000.tar.idx' twice").shard == "shard-000001.tar"
+    assert (
+        refused(packed, "sample index path '.shardstream/shard-000000.tar.idx' twice").shard
+        == "shard-000001.tar"
+    )
 
 
 @pytest.mark.parametrize("field", ["samples", "bytes", "index_bytes"])
@@ -159,8 +162,12 @@ DEPTH = 100_000
     "nested", ["[" * DEPTH + "]" * DEPTH, '{"a":' * DEPTH + "0" + "}" * DEPTH], ids=["lists", "objects"]
 )
 def test_a_deeply_nested_manifest_is_a_manifest_error(packed, nested):
-    text = (packed / "manifest.json").read_text().replace('"writer":', f'"deep": {nested}, "writer":', 1)
-    (packed / "manifest.json").write_text(text)
+    text = (
+        (packed / ".shardstream" / "manifest.json")
+        .read_text()
+        .replace('"writer":', f'"deep": {nested}, "writer":', 1)
+    )
+    (packed / ".shardstream" / "manifest.json").write_text(text)
     refused(packed, "nests too deeply")
     with pytest.raises(ManifestError, match="nests too deeply"):
         Manifest.from_json(nested.encode())

@@ -25,10 +25,11 @@ from shardstream.types import ByteRange
 
 
 def snapshot(folder) -> dict[str, bytes]:
-    """Every visible file of a folder (recursive) and its bytes."""
+    """Every file of a folder (recursive) and its bytes, but the hidden ones outside
+    ``.shardstream/`` (the records and claims of packs)."""
     found = {}
     for directory, dirs, names in os.walk(folder):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        dirs[:] = [d for d in dirs if not d.startswith(".") or d == ".shardstream"]
         for name in names:
             if not name.startswith("."):
                 path = os.path.join(directory, name)
@@ -53,7 +54,7 @@ def make_folder(root, n: int, *, size: int = 300) -> None:
 
 
 def read_shards(dest) -> list[dict]:
-    manifest = json.loads((dest / "manifest.json").read_text())
+    manifest = json.loads((dest / ".shardstream" / "manifest.json").read_text())
     fmt = get_format(manifest["format"])
     out = []
     for shard in manifest["shards"]:
@@ -72,7 +73,7 @@ def test_writer_cuts_by_sample_count(tmp_path):
     assert [s.path for s in manifest.shards] == ["shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]
     assert manifest.fields == ("cls", "txt")
     assert manifest.writer.startswith("shardstream ")
-    assert json.loads((tmp_path / "ds" / "manifest.json").read_text()) == manifest.to_dict()
+    assert json.loads((tmp_path / "ds" / ".shardstream" / "manifest.json").read_text()) == manifest.to_dict()
 
 
 def test_writer_cuts_by_size_and_every_shard_fits(tmp_path):
@@ -125,12 +126,15 @@ def test_writer_failure_leaves_no_manifest_and_a_rerun_reuses_whole_shards(tmp_p
 
     with pytest.raises(RuntimeError, match="crashed"):
         crash_after(15)
-    assert not (tmp_path / "ds" / "manifest.json").exists()
+    assert not (tmp_path / "ds" / ".shardstream" / "manifest.json").exists()
     assert sorted(os.listdir(tmp_path / "ds")) == [
+        ".shardstream",
         ".shardstream-pack.json",  # the record of the unfinished pack: the rerun may take these over
         "shard-000000.tar",
-        "shard-000000.tar.idx",
         "shard-000001.tar",
+    ]
+    assert sorted(os.listdir(tmp_path / "ds" / ".shardstream")) == [
+        "shard-000000.tar.idx",
         "shard-000001.tar.idx",
     ]
     inode = os.stat(tmp_path / "ds" / "shard-000001.tar").st_ino
@@ -210,7 +214,7 @@ def test_destination_with_another_dataset_is_refused_unless_overwrite(tmp_path):
         assert snapshot(tmp_path / "ds") == before
     manifest = pack(tmp_path / "b", tmp_path / "ds", samples_per_shard=5, workers=1, overwrite=True)
     assert sorted(snapshot(tmp_path / "ds")) == sorted(
-        ["manifest.json"] + [p for s in manifest.shards for p in (s.path, s.index)]
+        [".shardstream/manifest.json"] + [p for s in manifest.shards for p in (s.path, s.index)]
     )
     assert len(manifest.shards) == 2
 
@@ -221,7 +225,7 @@ def test_parts_then_index_make_one_dataset(tmp_path, monkeypatch):
     whole = pack(tmp_path / "c.jsonl", tmp_path / "whole", samples_per_shard=4, workers=1)
     for part in (2, 0):
         pack(tmp_path / "c.jsonl", tmp_path / "parts", samples_per_shard=4, part=f"{part}/3", workers=1)
-    assert not (tmp_path / "parts" / "manifest.json").exists()
+    assert not (tmp_path / "parts" / ".shardstream" / "manifest.json").exists()
     with pytest.raises(UsageError, match="part 1 of 3 is not finished"):
         index_dataset(str(tmp_path / "parts"))
     pack(tmp_path / "c.jsonl", tmp_path / "parts", samples_per_shard=4, part=(1, 3), workers=1)

@@ -111,7 +111,10 @@ def _write_source(root: pathlib.Path, kind: str, lengths: list[int]) -> pathlib.
 
 
 def _keys_by_shard(dest: pathlib.Path) -> list[list[str]]:
-    counts = [shard["samples"] for shard in json.loads((dest / "manifest.json").read_text())["shards"]]
+    counts = [
+        shard["samples"]
+        for shard in json.loads((dest / ".shardstream" / "manifest.json").read_text())["shards"]
+    ]
     keys = [sample["__key__"] for sample in read_shards(dest)]
     out, start = [], 0
     for count in counts:

@@ -62,8 +62,10 @@ def test_foreign_tars_without_a_manifest_are_refused_then_replaced_with_overwrit
     assert "--overwrite" in err
     assert snapshot(dest) == before  # nothing replaced, nothing deleted
     assert main([*args, "--overwrite"]) == 0
-    assert sorted(snapshot(dest)) == ["manifest.json"] + [
-        f"shard-00000{i}.tar{x}" for i in range(3) for x in ("", ".idx")
+    assert sorted(snapshot(dest)) == [
+        ".shardstream/manifest.json",
+        *(f".shardstream/shard-00000{i}.tar.idx" for i in range(3)),
+        *(f"shard-00000{i}.tar" for i in range(3)),
     ]
     assert verify_dataset(str(dest)).ok
 
@@ -106,7 +108,7 @@ def test_shards_of_an_unfinished_pack_with_other_options_are_not_taken_over(tmp_
     with ShardWriter(tmp_path / "ds", samples_per_shard=6) as writer:  # the same pack again resumes
         for sample in data:
             writer.write(sample)
-    assert sorted(os.listdir(tmp_path / "ds"))[0] == "manifest.json"  # the record is gone with success
+    assert sorted(os.listdir(tmp_path / "ds"))[:2] == [".shardstream", "shard-000000.tar"]  # no record left
 
 
 @pytest.mark.s3
@@ -175,7 +177,9 @@ def test_a_second_pack_into_a_local_destination_is_refused_while_the_first_runs(
     dest = str(tmp_path / "ds")
     first = BlockedPack(tmp_path, dest, "--workers", "2")
     try:
-        wait_for(lambda: os.path.exists(os.path.join(dest, "shard-000005.tar.idx")), "shards 0..5")
+        wait_for(
+            lambda: os.path.exists(os.path.join(dest, ".shardstream", "shard-000005.tar.idx")), "shards 0..5"
+        )
         second = run_pack(str(tmp_path / "other.jsonl"), dest, "--samples-per-shard", "10", "--overwrite")
         assert second.returncode == 2
         assert "another pack is writing this destination: its lock .shardstream-lock." in second.stderr
@@ -185,7 +189,7 @@ def test_a_second_pack_into_a_local_destination_is_refused_while_the_first_runs(
     assert verify_dataset(dest).ok
     texts = [sample["txt"] for sample in read_shards(tmp_path / "ds")]
     assert texts == [json.loads(line)["txt"].encode() for line in LINES]  # the first pack's dataset, whole
-    assert sorted(os.listdir(dest))[0] == "manifest.json"  # no lock nor record left
+    assert sorted(os.listdir(dest))[:2] == [".shardstream", "shard-000000.tar"]  # no lock nor record left
 
 
 @pytest.mark.slow
@@ -197,7 +201,7 @@ def test_a_second_pack_into_an_s3_destination_is_refused_while_the_first_runs(s3
     first = BlockedPack(tmp_path, url)
     try:
         with Storage(url, options) as storage:
-            wait_for(lambda: storage.exists("shard-000005.tar.idx"), "shards 0..5")
+            wait_for(lambda: storage.exists(".shardstream/shard-000005.tar.idx"), "shards 0..5")
         second = run_pack(str(tmp_path / "other.jsonl"), url, "--samples-per-shard", "10")
         assert second.returncode == 2
         assert "its lock .shardstream-lock." in second.stderr
@@ -205,7 +209,7 @@ def test_a_second_pack_into_an_s3_destination_is_refused_while_the_first_runs(s3
     finally:
         first.stop()
     assert verify_dataset(url, storage_options=options).ok
-    assert not [p for p in stored(url, options) if p.startswith(".")]
+    assert not [p for p in stored(url, options) if p.startswith(".") and not p.startswith(".shardstream/")]
 
 
 @pytest.mark.slow
@@ -238,7 +242,7 @@ def test_a_sigkilled_pack_on_s3_does_not_block_its_rerun_which_reuses_its_shards
     first = BlockedPack(tmp_path, url)
     try:
         with Storage(url, options) as storage:
-            wait_for(lambda: storage.exists("shard-000005.tar.idx"), "shards 0..5")
+            wait_for(lambda: storage.exists(".shardstream/shard-000005.tar.idx"), "shards 0..5")
         kill(first.process)
     finally:
         first.stop()
@@ -263,7 +267,7 @@ def test_the_lease_of_a_pack_killed_on_another_machine_runs_out(tmp_path):
     dest = tmp_path / "ds"
     first = BlockedPack(tmp_path, str(dest), env={LEASE_ENV: "1"})
     try:
-        wait_for(lambda: (dest / "shard-000005.tar.idx").exists(), "shards 0..5")
+        wait_for(lambda: (dest / ".shardstream" / "shard-000005.tar.idx").exists(), "shards 0..5")
         (name,) = claims(str(dest))
         claim = json.loads((dest / name).read_text())
         wait_for(lambda: json.loads((dest / name).read_text())["renewed"] > claim["renewed"], "a renewal")
@@ -311,7 +315,7 @@ def test_a_live_claim_from_another_machine_refuses_and_an_expired_one_is_taken_o
         pack(tmp_path / "c.jsonl", dest, samples_per_shard=40, workers=1)
     assert "taking over" in caplog.text
     assert "lease of 60 s ran out" in caplog.text
-    assert sorted(os.listdir(dest))[0] == "manifest.json"
+    assert sorted(os.listdir(dest))[:2] == [".shardstream", "shard-000000.tar"]
 
 
 def test_claims_of_other_parts_do_not_block(tmp_path):
@@ -351,7 +355,7 @@ def test_a_writer_that_lost_its_lease_writes_no_manifest(tmp_path):
     (tmp_path / "ds" / (".shardstream-lock." + "34" * 8 + ".json")).write_bytes(claim_doc())
     with pytest.raises(UsageError, match="this pack lost its lock"):
         writer.close()
-    assert not (tmp_path / "ds" / "manifest.json").exists()
+    assert not (tmp_path / "ds" / ".shardstream" / "manifest.json").exists()
 
 
 def test_two_writers_in_one_process_exclude_each_other(tmp_path):
@@ -387,14 +391,17 @@ def test_temp_files_of_a_killed_runs_lock_and_record_are_removed(tmp_path):
     other_part = ".shardstream-tmp-0123456789ab-.shardstream-lock-part-00001." + "78" * 8 + ".json"
     for name in [*left, other_part]:
         (dest / name).write_bytes(b"{")  # a SIGKILL mid-write leaves these
+    (dest / ".shardstream").mkdir()
+    sidecars = [
+        ".shardstream-tmp-0123456789ab-shard-000003.tar.idx",
+        ".shardstream-tmp-0123456789ab-other.idx",
+    ]
+    for name in sidecars:
+        (dest / ".shardstream" / name).write_bytes(b"SS")
     with ShardWriter(dest, samples_per_shard=4) as writer:
         writer.write({"__key__": "k", "txt": "x"})
-    assert sorted(os.listdir(dest)) == [
-        other_part,
-        "manifest.json",
-        "shard-000000.tar",
-        "shard-000000.tar.idx",
-    ]
+    assert sorted(os.listdir(dest)) == [".shardstream", other_part, "shard-000000.tar"]
+    assert sorted(os.listdir(dest / ".shardstream")) == [sidecars[1], "manifest.json", "shard-000000.tar.idx"]
 
 
 def test_the_lease_thread_does_not_stop_workers_being_forked(tmp_path, monkeypatch):

@@ -58,8 +58,8 @@ class Recorder:
 
 
 def assert_durable_before_manifest(recorder: Recorder, dest) -> None:
-    manifest = json.loads((dest / "manifest.json").read_text())
-    published = recorder.position("rename", dest / "manifest.json")
+    manifest = json.loads((dest / ".shardstream" / "manifest.json").read_text())
+    published = recorder.position("rename", dest / ".shardstream" / "manifest.json")
     files = [name for shard in manifest["shards"] for name in (shard["path"], shard["index"])]
     for name in files:
         assert recorder.position("fsync", dest / name) < published, name
@@ -93,10 +93,10 @@ def test_a_failed_fsync_leaves_no_manifest(tmp_path, monkeypatch):
     with pytest.raises(StorageError, match="durable") as info:
         pack(tmp_path / "src", tmp_path / "ds", shard_size="8KB", workers=1)
     assert info.value.url.endswith("shard-000001.tar")
-    assert not (tmp_path / "ds" / "manifest.json").exists()
+    assert not (tmp_path / "ds" / ".shardstream" / "manifest.json").exists()
     monkeypatch.undo()
     pack(tmp_path / "src", tmp_path / "ds", shard_size="8KB", workers=1)  # a rerun finishes it
-    assert (tmp_path / "ds" / "manifest.json").exists()
+    assert (tmp_path / "ds" / ".shardstream" / "manifest.json").exists()
 
 
 def write_and_fail(path, *, durable: bool) -> None:

@@ -34,7 +34,7 @@ def test_folder_refuses_a_fifo_beside_a_samples_files(tmp_path, workers):
     with pytest.raises(PackError, match="FIFO") as info:
         pack(src, tmp_path / "out", workers=workers)
     assert info.value.url == f"{src}/b.cls"
-    assert not (tmp_path / "out" / "manifest.json").exists()
+    assert not (tmp_path / "out" / ".shardstream" / "manifest.json").exists()
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -120,7 +120,7 @@ def test_a_writer_whose_renewals_lag_stops_before_the_next_shard(tmp_path):
     with pytest.raises(UsageError, match=r"this pack lost its lock \.shardstream-lock\..*half its lease"):
         writer.write({"__key__": "k4", "txt": "x"})  # would store shard 1 and start shard 2
     writer.abort()
-    assert not (tmp_path / "ds" / "manifest.json").exists()
+    assert not (tmp_path / "ds" / ".shardstream" / "manifest.json").exists()
     assert not claims(str(tmp_path / "ds"))
 
 
@@ -151,7 +151,7 @@ def test_index_is_refused_while_a_pack_writes(tmp_path):
             writer.write({"__key__": f"k{i}", "txt": "x"})
         with pytest.raises(UsageError, match="another pack is writing this destination"):
             index_dataset(str(dest))
-        assert not (dest / "manifest.json").exists()
+        assert not (dest / ".shardstream" / "manifest.json").exists()
 
 
 def test_index_is_refused_over_a_killed_packs_output(tmp_path):
@@ -164,7 +164,7 @@ def test_index_is_refused_over_a_killed_packs_output(tmp_path):
         UsageError, match=r"an unfinished pack left \.shardstream-pack\.json.*rerun that pack"
     ):
         index_dataset(str(dest))
-    assert not (dest / "manifest.json").exists()
+    assert not (dest / ".shardstream" / "manifest.json").exists()
     assert not claims(str(dest))
 
 
@@ -186,7 +186,7 @@ def test_index_refuses_a_part_whose_overwrite_was_interrupted(tmp_path):
     write_part(dest, "1/2", "new", overwrite=True).abort()  # its shards 0 and 1 are new, its record old
     with pytest.raises(UsageError, match=r"an unfinished pack left \.shardstream-pack-part-00001\.json"):
         index_dataset(str(dest))
-    assert not (dest / "manifest.json").exists()
+    assert not (dest / ".shardstream" / "manifest.json").exists()
 
 
 # -- M5: claims that could never run out ----------------------------------------------
@@ -291,11 +291,8 @@ def test_a_pack_refused_for_another_format_leaves_no_record(tmp_path):
         writer.write({"__key__": "k", "txt": "x"})
     with pytest.raises(UsageError, match="holds a tar dataset and this pack writes parquet"):
         ShardWriter(tmp_path / "ds", format="parquet", samples_per_shard=2)
-    assert sorted(os.listdir(tmp_path / "ds")) == [
-        "manifest.json",
-        "shard-000000.tar",
-        "shard-000000.tar.idx",
-    ]
+    assert sorted(os.listdir(tmp_path / "ds")) == [".shardstream", "shard-000000.tar"]
+    assert sorted(os.listdir(tmp_path / "ds" / ".shardstream")) == ["manifest.json", "shard-000000.tar.idx"]
 
 
 # -- L6: worker counts -----------------------------------------------------------------

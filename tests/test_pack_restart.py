@@ -23,11 +23,14 @@ def console_script() -> str:
 
 
 def snapshot(folder) -> dict[str, bytes]:
+    """Every file of a folder (recursive, ``.shardstream/`` too) and its bytes."""
     found = {}
-    for name in sorted(os.listdir(folder)):
-        with open(os.path.join(folder, name), "rb") as f:
-            found[name] = f.read()
-    return found
+    for directory, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(directory, name)
+            with open(path, "rb") as f:
+                found[os.path.relpath(path, folder)] = f.read()
+    return dict(sorted(found.items()))
 
 
 def wait_for(condition, what: str, timeout: float = 120.0) -> None:
@@ -58,7 +61,7 @@ def test_killed_pack_leaves_no_manifest_and_a_rerun_finishes_it(tmp_path):
         with open(source, "w") as feed:
             feed.writelines(lines[:95])
             feed.flush()
-            shards = [tmp_path / "ds" / f"shard-{i:06d}.tar.idx" for i in range(9)]
+            shards = [tmp_path / "ds" / ".shardstream" / f"shard-{i:06d}.tar.idx" for i in range(9)]
             wait_for(lambda: all(p.exists() for p in shards), "shards 0..8")
             kill(process)
     finally:
@@ -66,7 +69,7 @@ def test_killed_pack_leaves_no_manifest_and_a_rerun_finishes_it(tmp_path):
             kill(process)
         process.stderr.close()
     assert process.returncode == -signal.SIGKILL
-    assert not (tmp_path / "ds" / "manifest.json").exists()
+    assert not (tmp_path / "ds" / ".shardstream" / "manifest.json").exists()
     assert not (tmp_path / "ds" / "shard-000009.tar").exists()
     inodes = {i: os.stat(tmp_path / "ds" / f"shard-{i:06d}.tar").st_ino for i in range(9)}
 
@@ -101,7 +104,7 @@ def test_killed_while_writing_shards(tmp_path):
         if process.poll() is None:
             kill(process)
     assert process.returncode == -signal.SIGKILL
-    assert not (tmp_path / "ds" / "manifest.json").exists()
+    assert not (tmp_path / "ds" / ".shardstream" / "manifest.json").exists()
 
     assert subprocess.run(command, capture_output=True, timeout=300).returncode == 0
     clean = subprocess.run(

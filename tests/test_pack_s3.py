@@ -83,9 +83,14 @@ def test_interrupted_writer_on_s3_then_rerun(s3):
     with pytest.raises(KeyboardInterrupt):
         write(30)
     files = stored(url, options)
-    assert "manifest.json" not in files
-    shards = [f"shard-00000{i}.tar{x}" for i in range(3) for x in ("", ".idx")]
-    assert sorted(files) == [".shardstream-pack.json", *shards]  # with the unfinished pack's record
+    assert ".shardstream/manifest.json" not in files
+    sidecars = [f".shardstream/shard-00000{i}.tar.idx" for i in range(3)]
+    shards = [f"shard-00000{i}.tar" for i in range(3)]
+    assert sorted(files) == [
+        ".shardstream-pack.json",
+        *sidecars,
+        *shards,
+    ]  # with the unfinished pack's record
     write(len(data))
     write_clean = f"{base}/clean"
     with ShardWriter(write_clean, samples_per_shard=8, storage_options=options) as writer:

@@ -67,7 +67,7 @@ def test_folder_unreadable_file_is_named(tmp_path):
     with pytest.raises(PackError, match="cannot read file") as info:
         pack(tmp_path / "src", tmp_path / "out", workers=1)
     assert info.value.url.endswith("broken.txt")
-    assert not (tmp_path / "out" / "manifest.json").exists()
+    assert not (tmp_path / "out" / ".shardstream" / "manifest.json").exists()
 
 
 def test_jsonl_keys_values_and_blank_lines(tmp_path):
@@ -117,7 +117,7 @@ def test_jsonl_bad_lines_name_file_and_line(tmp_path, text, line, message):
         pack(path, tmp_path / "out", workers=1)
     assert info.value.url == str(path)
     assert info.value.line == line
-    assert not (tmp_path / "out" / "manifest.json").exists()
+    assert not (tmp_path / "out" / ".shardstream" / "manifest.json").exists()
 
 
 def test_jsonl_that_cannot_be_read(tmp_path):

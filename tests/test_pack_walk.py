@@ -101,7 +101,7 @@ def test_the_first_bad_file_in_walk_order_is_the_error(tmp_path, workers):
     with pytest.raises(PackError, match="no extension") as info:
         pack(tmp_path / "src", tmp_path / "ds", shard_size="64KB", workers=workers)
     assert info.value.url.endswith("flat/zz")
-    assert not (tmp_path / "ds" / "manifest.json").exists()
+    assert not (tmp_path / "ds" / ".shardstream" / "manifest.json").exists()
 
 
 def test_a_sample_too_large_for_a_shard_fails_only_the_part_that_holds_it(tmp_path):

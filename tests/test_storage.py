@@ -141,7 +141,17 @@ class StorageConformance:
         manifest = Manifest("tar", (ShardInfo("shard-000000.tar", 3, 100, "ab" * 32, "shard-000000.idx"),))
         storage.write_manifest(manifest)
         assert storage.read_manifest() == manifest
-        assert storage.list_files() == ["manifest.json"]
+        assert storage.list_files() == [".shardstream/manifest.json"]
+
+    def test_a_manifest_of_the_legacy_layout_is_read_and_the_new_one_wins(self, storage):
+        old = Manifest("tar", (ShardInfo("shard-000000.tar", 3, 100, "ab" * 32, "shard-000000.tar.idx"),))
+        storage.write("manifest.json", old.to_json().encode())
+        assert storage.read_manifest() == old
+        new = Manifest(
+            "tar", (ShardInfo("shard-000000.tar", 3, 100, "ab" * 32, ".shardstream/shard-000000.tar.idx"),)
+        )
+        storage.write_manifest(new)
+        assert storage.read_manifest() == new
 
     def test_pickle_round_trip_then_use(self, storage):
         storage.write("x.bin", DATA)

@@ -8,6 +8,7 @@ import errno
 import io
 import os
 import pathlib
+import shutil
 import socket
 import subprocess
 import sys
@@ -171,12 +172,12 @@ def _shardstream(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize(
     ("command", "fifo"),
     [
-        ("verify", "manifest.json"),
-        ("verify", "shard-000001.tar.idx"),
-        ("inspect", "manifest.json"),
-        ("stream", "manifest.json"),
+        ("verify", ".shardstream/manifest.json"),
+        ("verify", ".shardstream/shard-000001.tar.idx"),
+        ("inspect", ".shardstream/manifest.json"),
+        ("stream", ".shardstream/manifest.json"),
         ("stream", "shard-000001.tar"),
-        ("stream", "shard-000001.tar.idx"),
+        ("stream", ".shardstream/shard-000001.tar.idx"),
     ],
 )
 def test_a_fifo_in_a_dataset_is_refused_naming_it(tmp_path, command, fifo):
@@ -203,9 +204,7 @@ def test_a_fifo_in_a_dataset_is_refused_naming_it(tmp_path, command, fifo):
 @pytest.mark.timeout(300)
 def test_index_refuses_a_fifo_shard_naming_it(tmp_path):
     url = _fifo_dataset(tmp_path, "shard-000001.tar")
-    for name in os.listdir(url):  # shards another tool wrote: no manifest, no sidecars
-        if not name.endswith(".tar"):
-            os.remove(os.path.join(url, name))
+    shutil.rmtree(os.path.join(url, ".shardstream"))  # shards another tool wrote: no manifest, no sidecars
     run = _shardstream("index", url)
     output = run.stdout + run.stderr
     assert run.returncode != 0, output

@@ -8,7 +8,8 @@
   ``verify_checksums=False``: the cost of checking every read; with ``decode=True``
   (text, integer, JSON): the cost of decoding; and with ``local_reads="map"``: shards
   mapped rather than copied (the default copies, which a shard truncated in place cannot
-  crash), checked and unchecked.
+  crash), checked and unchecked; and Parquet shards of the same samples (given as bytes,
+  as a folder gives them), with and without decoding.
 - large: 2k samples of 1 MB, local: shardstream vs ``open().read()`` of every shard.
 - s3: large samples on moto's S3 server (a separate process on 127.0.0.1): shardstream (an
   epoch of an opened dataset, and a first epoch with a new dataset) vs boto3 ``get_object``
@@ -144,8 +145,8 @@ def small_sample(i: int) -> dict:
     }
 
 
-def write_tar(url: str, samples, per_shard: int, options: dict | None = None) -> None:  # type: ignore[no-untyped-def]
-    with ShardWriter(url, format="tar", samples_per_shard=per_shard, storage_options=options) as writer:
+def write_tar(url: str, samples, per_shard: int, options: dict | None = None, format: str = "tar") -> None:  # type: ignore[no-untyped-def]
+    with ShardWriter(url, format=format, samples_per_shard=per_shard, storage_options=options) as writer:
         for sample in samples:
             writer.write(sample)
 
@@ -173,6 +174,8 @@ def write_litdata(directory: str, samples) -> bool:  # type: ignore[no-untyped-d
 def bench_small(work: str, count: int, repeat: int) -> None:
     url = os.path.join(work, "small")
     write_tar(url, map(small_sample, range(count)), 10_000)
+    parquet = os.path.join(work, "small-parquet")  # the same samples, given as bytes, as a folder gives them
+    write_tar(parquet, map(small_sample, range(count)), 10_000, format="parquet")
     contenders: dict[str, Callable[[], int]] = {
         "shardstream": lambda: count_samples(shardstream.StreamingDataset(url, shuffle=False, decode=False)),
         # the same without the block CRCs of NOTE [ Checksummed reads ]: what checking costs
@@ -181,6 +184,13 @@ def bench_small(work: str, count: int, repeat: int) -> None:
         ),
         # decoded (text, integer, JSON; NOTE [ Bulk decode ]): what decoding costs
         "shardstream decoded": lambda: count_samples(shardstream.StreamingDataset(url, shuffle=False)),
+        # Parquet shards of the same samples (typed columns: NOTE [ Typed columns ])
+        "shardstream parquet": lambda: count_samples(
+            shardstream.StreamingDataset(parquet, shuffle=False, decode=False)
+        ),
+        "shardstream parquet decoded": lambda: count_samples(
+            shardstream.StreamingDataset(parquet, shuffle=False)
+        ),
         # shards mapped instead of copied (local_reads="map", NOTE [ Getting the bytes ])
         "shardstream mapped": lambda: count_samples(
             shardstream.StreamingDataset(url, shuffle=False, decode=False, local_reads="map")
@@ -215,6 +225,8 @@ def bench_small(work: str, count: int, repeat: int) -> None:
     print(
         f"  decode=True / decode=False = {rates.ratio(['shardstream'], 'shardstream decoded')}; target >= 0.7x"
     )
+    decoded = rates.ratio(["shardstream parquet"], "shardstream parquet decoded")
+    print(f"  decode=True / decode=False = {decoded} (Parquet)")
 
 
 def large_sample(i: int) -> dict:

@@ -9,22 +9,26 @@ sidecar ``index`` wrote verifies byte for byte.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any, TypeVar, cast
 
 from shardstream.digests import checks_of
-from shardstream.errors import UsageError
+from shardstream.errors import ShardstreamError, UsageError
 from shardstream.formats import SampleIndex, ShardFormat, available_formats, get_format
 from shardstream.formats.checks import BlockHasher
 from shardstream.layout import (
+    LEGACY_MANIFEST_NAME,
+    META_FOLDER,
     PACK_RECORD_RE,
     PART_RECORD_RE,
     PART_SHARD_RE,
     ShardResult,
     build_manifest,
     fields_and_schema,
+    own_name,
     part_record_name,
     sidecar_name,
 )
@@ -142,7 +146,8 @@ def _shard_format(paths: list[str], url: str) -> str:
 
 
 def _part_records(storage: Storage, files: list[str]) -> dict[str, tuple[ShardInfo, Manifest]]:
-    """Shards of finished ``pack --part`` jobs, from their records; refuses unfinished parts."""
+    """Shards of finished ``pack --part`` jobs, from their records (in ``.shardstream/``, or
+    at the top in the legacy layout); refuses unfinished parts."""
     records = {
         m.group(0): (int(m.group(1)), int(m.group(2))) for f in files if (m := PART_RECORD_RE.match(f))
     }
@@ -191,7 +196,7 @@ def index_dataset(
     threads: int = _DEFAULT_THREADS,
     rehash: bool = False,
 ) -> Manifest:
-    """Write sample indexes and ``manifest.json`` for the shards under ``url``; return the manifest.
+    """Write sample indexes and ``.shardstream/manifest.json`` for the shards under ``url``; return the manifest.
 
     Shards are the ``*.tar`` or ``*.parquet`` files under ``url`` (recursive, sorted by
     path). Shards listed in the records of finished ``pack --part`` jobs are taken from
@@ -209,7 +214,7 @@ def index_dataset(
         format = _shard_format(visible, storage.url)
         fmt = get_format(format)
         shards = [f for f in visible if f.endswith(fmt.suffix)]
-        records = _part_records(storage, visible)
+        records = _part_records(storage, files)
         present = set(files)
         for path, (info, _) in records.items():
             if path not in present or info.index not in present:
@@ -221,12 +226,15 @@ def index_dataset(
         def one(path: str) -> ShardResult:
             if path in records and not rehash:
                 info, record = records[path]
-                return ShardResult(info, record.fields, record.schema)
+                return ShardResult(_moved(storage, info), record.fields, record.schema)
             return _index_one(storage, fmt, path)
 
+        legacy = _legacy_manifest(storage, files)
         manifest = build_manifest(format, _map(one, shards, threads))
         lease.check()
+        moved_records = _move_part_records(storage, files, manifest)
         storage.write_manifest(manifest)
+        _delete_legacy(storage, files, manifest, legacy, moved_records)
         lease.release()
         return manifest
     finally:
@@ -252,3 +260,55 @@ def _refuse_unfinished_packs(storage: Storage, files: list[str]) -> None:
             "whole, delete that record to index them as they are)",
             url=storage.url,
         )
+
+
+# -- the legacy layout (``shardstream.layout``) --------------------------------------
+
+
+def _legacy_manifest(storage: Storage, files: list[str]) -> Manifest | None:
+    """The manifest at the top of a dataset of the legacy layout, if it is there and reads."""
+    if LEGACY_MANIFEST_NAME not in files:
+        return None
+    try:
+        return Manifest.from_json(storage.read(LEGACY_MANIFEST_NAME))
+    except ShardstreamError:
+        return None  # it lists nothing this index may delete
+
+
+def _moved(storage: Storage, info: ShardInfo) -> ShardInfo:
+    """``info`` with its sidecar in ``.shardstream/``, copied there from a legacy part's."""
+    target = sidecar_name(info.path)
+    if info.index == target:
+        return info
+    storage.write(target, storage.read(info.index))
+    return dataclasses.replace(info, index=target)
+
+
+def _move_part_records(storage: Storage, files: list[str], manifest: Manifest) -> dict[str, Manifest]:
+    """Write the legacy layout's part records into ``.shardstream/``, listing the sidecars
+    as the manifest has them (moved), so that a later ``index`` joins the parts again;
+    return the legacy records by name."""
+    moved = {s.path: s for s in manifest.shards}
+    legacy = {}
+    for name in files:
+        if PART_RECORD_RE.match(name) and own_name(name) == name:
+            record = legacy[name] = Manifest.from_json(storage.read(name), url=storage.full_url(name))
+            shards = tuple(moved.get(info.path, info) for info in record.shards)
+            storage.write(
+                f"{META_FOLDER}/{name}", dataclasses.replace(record, shards=shards).to_json().encode()
+            )
+    return legacy
+
+
+def _delete_legacy(
+    storage: Storage, files: list[str], manifest: Manifest, old: Manifest | None, records: dict[str, Manifest]
+) -> None:
+    """Delete what the new manifest replaced of the legacy layout: its manifest, its part
+    records, and the sidecars that they (never anything else) list beside the shards."""
+    present = set(files)
+    kept = {s.index for s in manifest.shards}
+    listed = {s.index for s in old.shards} if old is not None else set()
+    for record in records.values():
+        listed |= {s.index for s in record.shards}
+    for name in sorted(({LEGACY_MANIFEST_NAME} | set(records) | (listed - kept)) & present):
+        storage.delete(name)

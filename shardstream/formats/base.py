@@ -2,12 +2,14 @@
 
 A *sample* is a dict: ``"__key__"`` (str) and one entry per field, raw ``bytes`` for tar
 members (field name = extension, e.g. ``"txt"``, ``"cls"``, ``"jpg"``) or Python values
-for Parquet columns. Decoding by extension happens later, in the dataset.
+for Parquet columns (bytes for those made from bytes: NOTE [ Typed columns ]). Decoding
+by extension happens later, in the dataset.
 
-Every shard has a *sample index*, stored as a sidecar file ``<shard path>.idx`` next to
-the shard, so a reader loads only the indexes of the shards it reads. From the index a
-reader gets the byte range that holds any run of consecutive samples, fetches that
-range with one ranged GET, and decodes just those samples from the bytes.
+Every shard has a *sample index*, stored as a sidecar file (``.shardstream/<shard
+path>.idx``, see ``shardstream.layout``), so a reader loads only the indexes of the
+shards it reads. From the index a reader gets the byte range that holds any run of
+consecutive samples, fetches that range with one ranged GET, and decodes just those
+samples from the bytes.
 """
 
 from __future__ import annotations

@@ -45,19 +45,22 @@ from typing import Any
 
 from shardstream.errors import ManifestError, ShardstreamError, UsageError
 from shardstream.layout import (
+    META_FOLDER,
     PACK_RECORD_RE,
     PART_RECORD_RE,
     PART_SHARD_RE,
     SHARD_NAME_RE,
     ShardResult,
     build_manifest,
+    legacy_part_record_name,
+    own_name,
     pack_record_name,
     part_scope,
     shard_name_re,
     writer_name,
 )
 from shardstream.lock import PackLease, write_unsynced
-from shardstream.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from shardstream.manifest import LEGACY_MANIFEST_NAME, MANIFEST_NAME, Manifest, ShardInfo
 from shardstream.pack.durable import ShardSync
 from shardstream.pack.options import PackOptions
 from shardstream.storage import Storage, absolute_url
@@ -143,7 +146,7 @@ class DatasetTarget:
         """Whether an old dataset's file is this pack's to delete: a part deletes only its own
         shards and a whole dataset's, never another part's (which may be being written now)."""
         part = self.options.part
-        return part is None or path.startswith(self.options.prefix) or not PART_SHARD_RE.match(path)
+        return part is None or own_name(path).startswith(self.options.prefix) or not PART_SHARD_RE.match(path)
 
     def close(self, *, cleanup: bool = False) -> None:
         """Release the lease (the record of the pack in progress stays: a rerun resumes).
@@ -191,7 +194,7 @@ class DatasetTarget:
         foreign = [
             p
             for p in self.storage.list_files()
-            if shard_name_re().match(p) and p.startswith(prefix) and p not in known
+            if shard_name_re().match(p) and own_name(p).startswith(prefix) and p not in known
         ]
         if not foreign:
             return
@@ -222,10 +225,14 @@ class DatasetTarget:
             return bool(shard) or target == self.record or self._lease.is_stale_claim(target)
 
         self.storage.remove_temp_files(ours)
+        self.storage.remove_temp_files(ours, META_FOLDER)  # sidecars
 
     def _old_manifest(self) -> tuple[str, Manifest] | None:
         """The dataset there (its manifest, or for a part this part's record when there is none)."""
-        names = [MANIFEST_NAME] + ([self.options.part.record] if self.options.part is not None else [])
+        part = self.options.part
+        names = [MANIFEST_NAME, LEGACY_MANIFEST_NAME]
+        if part is not None:
+            names += [part.record, legacy_part_record_name(part.index, part.count)]
         for name in names:
             if not self.storage.exists(name):
                 continue
@@ -266,14 +273,19 @@ class DatasetTarget:
                 raise self._refusal(
                     f"it has {len(ours)} shards named {prefix}*, this pack {len(manifest.shards)}"
                 )
-        for path in self.storage.list_files():
-            stale = shard_name_re().match(path) and (path.startswith(prefix) or path in self._old)
+        files = self.storage.list_files()
+        part = self.options.part
+        legacy = LEGACY_MANIFEST_NAME if part is None else legacy_part_record_name(part.index, part.count)
+        if legacy in files:  # gone before the sidecars it lists (layout's legacy layout)
+            self._lease.ensure()
+            self.storage.delete(legacy)
+        for path in files:
+            stale = shard_name_re().match(path) and (own_name(path).startswith(prefix) or path in self._old)
             record = self.options.part is None and bool(self._old) and PART_RECORD_RE.match(path)
             if (stale and path not in names) or record:
                 self._lease.ensure()
                 self.storage.delete(path)
         sync.finish(names)  # NOTE [ Durable before the manifest ] in ``durable``
-        part = self.options.part
         if part is None:
             self.storage.write_manifest(manifest)
         else:

@@ -74,16 +74,20 @@ class ShardSync:
             thread.join()
 
     def finish(self, names: Iterable[str]) -> None:
-        """Make the files ``names`` (relative to the folder), all added ones and the folder durable."""
+        """Make the files ``names`` (relative to the folder), all added ones and the folders
+        holding ``names`` (``.shardstream/`` for sidecars) durable."""
         if not self.enabled:
             return
         self.close()
         try:
+            folders = {""}
             for name in names:
                 if name not in self._synced:
                     self._storage.sync(name)
                     self._synced.add(name)
-            self._storage.sync("")  # the renames of the files into place
+                folders.add(name.rpartition("/")[0])
+            for folder in sorted(folders):  # the renames of the files into place
+                self._storage.sync(folder)
         except OSError as error:
             self._error = self._error or error
         failed, self._error = self._error, None

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import IO, Any, TypeVar
 
 from shardstream.errors import ManifestError, StorageError, UsageError
-from shardstream.manifest import MANIFEST_NAME, Manifest
+from shardstream.manifest import LEGACY_MANIFEST_NAME, MANIFEST_NAME, Manifest
 from shardstream.storage import cached as through_cache
 from shardstream.storage import local
 from shardstream.storage.backend import Backend, backend_for
@@ -358,14 +358,15 @@ class Storage:
         """
         self._backend.sync(self._fspath(path))
 
-    def remove_temp_files(self, ours: Callable[[str], bool]) -> None:
-        """Delete what writes that died left in flight at the top of the folder, where
-        ``ours(target name)`` says it is the caller's (other writers may be busy).
+    def remove_temp_files(self, ours: Callable[[str], bool], folder: str = "") -> None:
+        """Delete what writes that died left in flight at the top of ``folder`` (the
+        folder's own top by default), where ``ours(target name)`` says it is the caller's
+        (other writers may be busy).
 
         Only local folders hold such files: remote writes spool outside the dataset.
         """
-        self._check_writable("")
-        self._backend.sweep_temp(self._root, ours)
+        self._check_writable(folder)
+        self._backend.sweep_temp(self._fspath(folder), ours)
 
     def _check_writable(self, path: str) -> None:
         if self.read_only:
@@ -379,21 +380,24 @@ class Storage:
     # -- manifest ------------------------------------------------------------------
 
     def read_manifest(self) -> Manifest:
-        """The dataset's manifest (always read from storage, never from the cache)."""
-        url = self.full_url(MANIFEST_NAME)
-        try:
-            data = self._read_direct(MANIFEST_NAME, None)
-        except StorageError as error:
-            if is_not_found(error):
-                raise ManifestError(
-                    f"no {MANIFEST_NAME} at {self.url}: not a shardstream dataset (run `shardstream index {self.url}`)",
-                    url=url,
-                ) from None
-            raise
-        return Manifest.from_json(data, url=url)
+        """The dataset's manifest (always read from storage, never from the cache): in
+        ``.shardstream/``, or at the top of a dataset of the legacy layout."""
+        for name in (MANIFEST_NAME, LEGACY_MANIFEST_NAME):
+            try:
+                data = self._read_direct(name, None)
+            except StorageError as error:
+                if is_not_found(error):
+                    continue
+                raise
+            return Manifest.from_json(data, url=self.full_url(name))
+        raise ManifestError(
+            f"no {MANIFEST_NAME} (nor {LEGACY_MANIFEST_NAME}) at {self.url}: not a shardstream dataset "
+            f"(run `shardstream index {self.url}`)",
+            url=self.full_url(MANIFEST_NAME),
+        )
 
     def write_manifest(self, manifest: Manifest) -> None:
-        """Write ``manifest.json`` atomically (do it last: it makes the folder a dataset)."""
+        """Write ``.shardstream/manifest.json`` atomically (do it last: it makes the folder a dataset)."""
         self.write(MANIFEST_NAME, manifest.to_json().encode())
 
 

@@ -221,6 +221,7 @@ def _rows(
     import pyarrow.parquet as pq
 
     from shardstream.formats.parquet.index import KEY_COLUMN, MAGIC
+    from shardstream.formats.parquet.typed import as_bytes
 
     lo, hi = index.row_groups(start, stop)
     footer = index.footer
@@ -231,7 +232,8 @@ def _rows(
         table = parquet.read_row_groups(list(range(lo, hi)), use_threads=False)
         table = table.slice(start - index.first_row(lo), stop - start)
         names = [n for n in table.column_names if n != KEY_COLUMN]  # a non-str __key__ is no sample data
-        columns = [table.column(n).to_pylist() for n in names]
+        typed = index.typed_columns  # read back as the bytes they were made from: NOTE [ Typed columns ]
+        columns = [as_bytes(table.column(n)) if n in typed else table.column(n).to_pylist() for n in names]
     except _arrow_errors() as error:
         raise FormatError(f"cannot decode rows [{start}, {stop}): {error}", shard=name) from None
     keys = index.key_slice(start, stop)

@@ -26,6 +26,7 @@ from shardstream.formats._sidecar import (
 )
 from shardstream.formats.base import SampleIndex
 from shardstream.formats.checks import ShardChecks
+from shardstream.formats.parquet.typed import EXTENSION_KEY
 from shardstream.types import ByteRange
 
 __all__ = ["KEY_COLUMN", "ParquetIndex", "parse_footer", "row_group_spans"]
@@ -139,6 +140,17 @@ class ParquetIndex(SampleIndex):
             return self.metadata.schema.to_arrow_schema()
         except (pa.ArrowException, ValueError) as error:
             raise FormatError(f"Parquet schema has no Arrow equivalent: {error}", shard=self._name) from None
+
+    @cached_property
+    def typed_columns(self) -> frozenset[str]:
+        """The columns made from bytes fields and stored typed, which shardstream reads back
+        as those bytes (NOTE [ Typed columns ] in ``typed``)."""
+        return frozenset(
+            f.name
+            for f in self.arrow_schema
+            if EXTENSION_KEY in (f.metadata or {})
+            and not (pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type))
+        )
 
     @property
     def key_column(self) -> str | None:

@@ -1,6 +1,8 @@
 """The Parquet shard encoder: rows buffered into small row groups, schema inferred once.
 
 # NOTE [ Parquet shard schema ]
+# A field given as bytes is first stored by its extension (NOTE [ Typed columns ] in
+# ``typed``): text and JSON as str, integers as int, the rest as bytes.
 # The schema is inferred from the first row group (up to ROW_GROUP_MAX_ROWS rows): the
 # column order is the order in which names first appear, ``__key__`` (string) first;
 # bytes -> binary, str -> string, int -> int64, float -> double (int and float mixed in
@@ -31,6 +33,7 @@ from shardstream.errors import PackError, UsageError, shown
 from shardstream.formats.base import Sample, ShardEncoder
 from shardstream.formats.keys import check_key_value
 from shardstream.formats.parquet.index import KEY_COLUMN, MAGIC, ParquetIndex, parse_footer, row_group_spans
+from shardstream.formats.parquet.typed import EXTENSION_KEY, converter, extension_of, refused
 
 __all__ = [
     "COMPRESSIONS",
@@ -190,6 +193,8 @@ class ParquetEncoder(ShardEncoder):
         self._schema: pa.Schema | None = None
         self._checks: dict[str, Callable[[Any], bool]] = {}
         self._kinds: dict[str, str] = {}  # column -> kind, while the schema is not inferred yet
+        self._extensions: dict[str, str] = {}  # column -> extension, of fields given as bytes
+        self._converters: dict[str, Callable[[Any], Any] | None] = {}  # NOTE [ Typed columns ]
         self._rows: list[Sample] = []
         self._row_bytes = 0
         self._keys: list[str] = []
@@ -212,6 +217,7 @@ class ParquetEncoder(ShardEncoder):
         if not isinstance(key, str):
             raise PackError(f"sample key must be a str, not {shown(key)}", shard=self._name)
         check_key_value(key, self._name)  # a value, not a path: NOTE [ Safe sample keys ]
+        sample = self._typed(key, sample)
         if self._schema is not None:
             self._check_row(key, sample)
         else:
@@ -221,6 +227,27 @@ class ParquetEncoder(ShardEncoder):
         self._row_bytes += estimate_size(sample)
         if len(self._rows) >= ROW_GROUP_MAX_ROWS or self._row_bytes >= ROW_GROUP_MAX_BYTES:
             self._flush()
+
+    def _typed(self, key: str, sample: Sample) -> Sample:
+        """``sample`` with its bytes fields as their columns store them (NOTE [ Typed columns ])."""
+        typed = None
+        converters = self._converters
+        for field, value in sample.items():
+            if not isinstance(value, (bytes, bytearray, memoryview)) or not isinstance(field, str):
+                continue
+            if field not in converters:
+                converters[field] = converter(field)  # (the key is a str: checked first)
+                self._extensions[field] = extension_of(field)
+            convert = converters[field]
+            if convert is None:
+                continue
+            if typed is None:
+                typed = dict(sample)
+            try:
+                typed[field] = convert(value)
+            except ValueError as error:  # UnicodeDecodeError is one
+                raise refused(field, value, key, self._name, error) from None
+        return sample if typed is None else typed
 
     def _check_row(self, key: str, sample: Sample) -> None:
         checks = self._checks
@@ -278,14 +305,18 @@ class ParquetEncoder(ShardEncoder):
                     f"(samples {rows[0][KEY_COLUMN]!r} to {rows[-1][KEY_COLUMN]!r}): {error}",
                     shard=self._name,
                 ) from None
-            fields.append(pa.field(name, values.type))
+            extension = self._extensions.get(name)
+            metadata = None if extension is None else {EXTENSION_KEY: extension.encode()}
+            fields.append(pa.field(name, values.type, metadata=metadata))
         return pa.schema(fields)
 
     def _open(self, schema: pa.Schema) -> pq.ParquetWriter:
-        dictionary = [
+        dictionary = [  # not for columns made from bytes (typed or not): their row groups are small
             f.name
             for f in schema
-            if f.name != KEY_COLUMN and not (pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type))
+            if f.name != KEY_COLUMN
+            and f.name not in self._extensions
+            and not (pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type))
         ]
         return pq.ParquetWriter(
             self._sink,

@@ -1,0 +1,102 @@
+"""Typed Parquet columns for fields given as bytes: text, integers and JSON by extension.
+
+# NOTE [ Typed columns ]
+# A folder of ``.txt``/``.cls``/``.json`` files (or a tar) gives every field as bytes. As
+# binary columns, DuckDB, pandas and Hugging Face users saw ``b'1\n'`` where a WebDataset
+# user gets 1. So a Parquet shard stores a bytes field by its extension (the part of its
+# name after the last dot, lowercased, as the decoders read it):
+# - text (``txt``, ``text``, ``transcript``, ``caption``, ``md``): a string column, the
+#   bytes decoded as UTF-8;
+# - integers (``cls``, ``cls2``, ``class``): an int64 column, the bytes parsed as ``int``
+#   parses them (what the tar decoder does), so ``b'1\n'`` is 1;
+# - JSON (``json``, ``jsn``): a string column holding the document's text as it was. Not
+#   a struct: a struct needs the same keys and types in every sample, turns a missing key
+#   into a null, and cannot hold a document that is a list or a number; the text keeps
+#   every document whole, and DuckDB (``json`` functions) and pandas read it as text;
+# - anything else (``npy``, images, ...): a binary column, as before.
+# Every column made from bytes records its field's extension in the Arrow field metadata
+# (``shardstream.extension``), so any reader knows how to decode it.
+# shardstream reads a typed column back as the bytes it was made from (``as_bytes``): its
+# text's UTF-8, its integer's decimal digits. Decoding then runs the same decoders, the
+# user's too, on the same bytes as for a tar shard, and ``decode=False`` gives bytes for
+# every field in both formats. The one difference: an integer comes back as its digits
+# alone (``b'1'``), without whatever whitespace its file had around it (``b'1\n'``),
+# which carries nothing ``int`` keeps.
+# A value its column cannot hold (a ``.cls`` that is no integer or outside int64, a
+# ``.txt`` that is not UTF-8) is refused, naming the sample: its decoder would fail on it
+# in a tar shard too, and a column that fell back to binary in one shard only would give
+# that shard another schema than the others (Hugging Face and DuckDB refuse to read
+# them together).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+
+from shardstream.errors import PackError, shown
+
+__all__ = ["EXTENSION_KEY", "as_bytes", "converter", "extension_of", "refused"]
+
+EXTENSION_KEY = b"shardstream.extension"
+_TEXT = frozenset({"txt", "text", "transcript", "caption", "md"})
+_INTEGER = frozenset({"cls", "cls2", "class"})
+_JSON = frozenset({"json", "jsn"})
+_INT64 = range(-(2**63), 2**63)
+# Values below which a column is turned back into bytes in Python rather than by Arrow
+# casts, which cost ~40 us a call however short the column (a run of a few samples).
+_CAST_FROM = 256
+
+
+def extension_of(field: str) -> str:
+    """The extension a field is decoded by: ``"seg.PNG"`` -> ``"png"``."""
+    return field.rsplit(".", 1)[-1].lower()
+
+
+def _text(data: Any) -> str:
+    return (data if type(data) is bytes else bytes(data)).decode("utf-8")
+
+
+def _integer(data: Any) -> int:
+    value = int(data if type(data) is bytes else bytes(data))
+    if value not in _INT64:
+        raise ValueError("it does not fit in 64 bits")
+    return value
+
+
+_CONVERTERS: dict[str, Callable[[Any], Any]] = {
+    **dict.fromkeys(_TEXT | _JSON, _text),
+    **dict.fromkeys(_INTEGER, _integer),
+}
+
+
+def converter(field: str) -> Callable[[Any], Any] | None:
+    """What the column of ``field``, given as bytes, stores for them (NOTE [ Typed columns ]):
+    a function of the bytes that raises ``ValueError`` for bytes its column cannot hold,
+    or None for a binary column."""
+    return _CONVERTERS.get(extension_of(field))
+
+
+def refused(field: str, value: Any, key: str, shard: str, error: ValueError) -> PackError:
+    """The error for a value of ``field`` that its typed column cannot hold."""
+    what = "an integer" if _CONVERTERS[extension_of(field)] is _integer else "UTF-8 text"
+    return PackError(
+        f"sample {key!r}: field {field!r} is {shown(bytes(value))}, which is not {what} ({error}); "
+        f"a Parquet shard stores .{extension_of(field)} fields in a typed column, as their decoder "
+        "reads them: fix the file, or give the field another extension to store it as bytes",
+        shard=shard,
+    )
+
+
+def as_bytes(column: pa.ChunkedArray) -> list[Any]:
+    """A typed column's values as the bytes they were made from: text as UTF-8, integers as
+    digits (a missing value stays None)."""
+    integers = pa.types.is_integer(column.type)
+    if len(column) >= _CAST_FROM:
+        return (column.cast(pa.string()) if integers else column).cast(pa.binary()).to_pylist()
+    values = column.to_pylist()
+    if integers:
+        return [None if v is None else b"%d" % v for v in values]
+    return list(map(str.encode, values)) if None not in values else [v and v.encode() for v in values]
