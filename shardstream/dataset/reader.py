@@ -16,14 +16,18 @@ import collections
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
+from operator import attrgetter, itemgetter
 from typing import Any, cast
+
+import numpy as np
 
 from shardstream.dataset.budget import DEFAULT_READ_BUDGET, ReadBudget, fetch_in_turn, fetched_in_order
 from shardstream.dataset.fetch import READ_THREADS, ByteFetcher
 from shardstream.dataset.indexes import INDEX_CACHE_SIZE, IndexCache
 from shardstream.errors import FormatError, StorageError
 from shardstream.formats import get_format
-from shardstream.formats.base import Sample, SampleIndex
+from shardstream.formats.base import Sample, SampleColumns, SampleIndex
 from shardstream.formats.checks import BLOCK, ShardChecks
 from shardstream.manifest import Manifest
 from shardstream.storage import Expected, Prefetcher, Storage
@@ -40,12 +44,26 @@ __all__ = [
     "WindowReader",
     "plan_reads",
     "report_skip",
+    "run_table",
 ]
 
 _log = logging.getLogger("shardstream.dataset")
 # Runs of one shard closer than this share a read: a request costs more than this many
 # bytes on object storage (latency x bandwidth), and the read stays within the window.
 COALESCE_GAP = 256 * 1024
+
+# NOTE [ One call per read ]
+# A window of the local order has a few runs of thousands of samples; one of
+# ``order="global"`` has thousands of runs of G/L samples (8-32), close runs of a shard
+# sharing a read. Whatever is done per run in Python (a decode call, a byte range, a
+# list to join) then costs more than the samples themselves. So runs live in arrays: the
+# reads are planned with array arithmetic (``plan_reads``), each read's runs are decoded
+# by one ``ShardFormat.decode_runs`` call (tar: one numpy gather of member spans, the
+# values cut by one C ``map``), and the samples are put in yield order by one gather per
+# column: Python work per read, none per run. Columns (``SampleColumns``) are kept until
+# a sample is yielded, so a decoded window builds each sample's dict once. A read whose
+# check blocks failed (``on_error="skip"``), or whose one call raised, is redone run by
+# run as before, so its samples, skips and errors are exactly those of one call per run.
 
 # NOTE [ Whole shards ]
 # A read that starts at a shard's first byte and leaves at most this many of its bytes
@@ -76,30 +94,41 @@ class Read:
     runs: tuple[int, ...]
 
 
-def plan_reads(
-    runs: Sequence[Any], byte_range: Callable[[int, int, int], ByteRange], *, gap: int
-) -> list[Read]:
-    """The ranged reads for a window's runs: runs of one shard whose bytes overlap, touch
-    or lie at most ``gap`` bytes apart share one read (Parquet runs in one row group
-    overlap; the rest of a resumed window has holes). Reads come in window order."""
-    by_shard: dict[int, list[tuple[ByteRange, int]]] = {}
-    for number, run in enumerate(runs):
-        if run.stop > run.start:
-            by_shard.setdefault(run.shard, []).append((byte_range(run.shard, run.start, run.stop), number))
-    reads: list[Read] = []
-    for shard, spans in by_shard.items():
-        spans.sort(key=lambda span: span[0].start)
-        lo, hi, members = spans[0][0].start, spans[0][0].end, [spans[0][1]]
-        for rng, number in spans[1:]:
-            if rng.start - hi <= gap:
-                hi = max(hi, rng.end)
-                members.append(number)
-                continue
-            reads.append(Read(shard, ByteRange(lo, hi), tuple(members)))
-            lo, hi, members = rng.start, rng.end, [number]
-        reads.append(Read(shard, ByteRange(lo, hi), tuple(members)))
-    reads.sort(key=lambda read: min(read.runs))
-    return reads
+def run_table(runs: Sequence[Any]) -> np.ndarray:
+    """The runs' ``(shard, start, stop)`` as an ``(n, 3)`` int64 array."""
+    table = np.array(list(map(_run_fields, runs)), dtype=np.int64)
+    return table.reshape(len(runs), 3)
+
+
+_run_fields = attrgetter("shard", "start", "stop")
+# ``ranges(shard, starts, stops)``: the byte ranges to read for those runs of a shard, as arrays
+Ranges = Callable[[int, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+def plan_reads(runs: Sequence[Any] | np.ndarray, ranges: Ranges, *, gap: int) -> list[Read]:
+    """The ranged reads for a window's runs (a ``run_table`` or the runs): runs of one
+    shard whose bytes overlap, touch or lie at most ``gap`` bytes apart share one read
+    (Parquet runs in one row group overlap; the rest of a resumed window has holes; the
+    runs of ``order="global"`` are a few samples each, a worker's every other chunk of a
+    lane). A read's runs are in byte order; reads come in window order (of their first run).
+    Array arithmetic throughout: Python work per shard and per read, none per run."""
+    table = runs if isinstance(runs, np.ndarray) else run_table(runs)
+    numbers = np.flatnonzero(table[:, 2] > table[:, 1])
+    shards = table[numbers, 0]
+    reads: list[tuple[int, Read]] = []
+    for shard in np.unique(shards).tolist():
+        mine = numbers[shards == shard]
+        lo, hi = ranges(shard, table[mine, 1], table[mine, 2])
+        by_start = np.argsort(lo, kind="stable")
+        mine, lo, hi = mine[by_start], lo[by_start], hi[by_start]
+        reach = np.maximum.accumulate(hi)
+        cuts = [0, *(np.flatnonzero(lo[1:] - reach[:-1] > gap) + 1).tolist(), len(mine)]
+        firsts = np.minimum.reduceat(mine, cuts[:-1]).tolist()
+        for a, b, first in zip(cuts[:-1], cuts[1:], firsts, strict=True):
+            rng = ByteRange(int(lo[a]), int(reach[b - 1]))
+            reads.append((first, Read(shard, rng, tuple(mine[a:b].tolist()))))
+    reads.sort(key=itemgetter(0))
+    return [read for _, read in reads]
 
 
 class WindowReader:
@@ -202,7 +231,9 @@ class WindowReader:
         """
         indexes = self._load_indexes(list(window.shards))  # before window.runs lays anything out
         runs = window.runs
-        reads = plan_reads(runs, lambda shard, a, b: self._read_range(indexes[shard], a, b), gap=COALESCE_GAP)
+        reads = plan_reads(
+            runs, lambda shard, a, b: self._read_ranges(indexes[shard], a, b), gap=COALESCE_GAP
+        )
         items = [self._item(read) for read in reads]
         if take is not None:  # a whole-shard read holds its trailer too: at most WHOLE_SHARD_SLACK more
             take(sum(read.rng.length for read in reads))
@@ -217,6 +248,11 @@ class WindowReader:
 
     def _read_range(self, index: SampleIndex, start: int, stop: int) -> ByteRange:
         return index.read_range(start, stop) if self.verify_checksums else index.byte_range(start, stop)
+
+    def _read_ranges(
+        self, index: SampleIndex, starts: np.ndarray, stops: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        return index.read_ranges(starts, stops) if self.verify_checksums else index.byte_ranges(starts, stops)
 
     def _bad_blocks(self, read: Read, data: bytes | memoryview, index: SampleIndex) -> tuple[int, ...]:
         """Offsets of the read's check blocks whose CRC fails; with ``on_error="raise"``
@@ -253,31 +289,61 @@ class WindowReader:
             offset=read.rng.start,
         )
 
-    def decode(self, window: Any, fetched: list[Fetched]) -> tuple[list[Sample | None], bool]:
-        """The samples of ``window``'s runs from :meth:`fetch`'s bytes, concatenated in run
-        order (not yet shuffled), and whether any is ``None`` (skipped as corrupt). Each
-        read's bytes are let go as soon as they are decoded."""
-        runs, holes = window.runs, self._holes
+    def decode(
+        self, window: Any, fetched: list[Fetched], order: np.ndarray | None = None
+    ) -> tuple[SampleColumns | list[Sample | None], bool]:
+        """The samples of ``window``'s runs from :meth:`fetch`'s bytes, and whether any is
+        ``None`` (skipped as corrupt). They come in ``order`` (positions in the
+        concatenation of the runs' samples, as ``Window.order`` gives the yield order), or
+        in run order; as ``SampleColumns`` where every read decoded to columns of the same
+        fields, else as a list. Each read's runs are decoded in one format call and its
+        bytes let go as soon as they are; everything else is array work, none of it per
+        run (NOTE [ One call per read ])."""
+        table, holes = run_table(window.runs), self._holes
         fetched.reverse()
-        parts: dict[int, list[Sample | None]] = {}
+        parts: list[SampleColumns | list[Sample | None]] = []
+        numbers: list[tuple[int, ...]] = []
         while fetched:
             read, data, index, bad = fetched.pop()
-            info = self.manifest.shards[read.shard]
-            for number in read.runs:
-                run = runs[number]
-                if bad:  # on_error="skip": the samples of failed blocks are left out (bad implies checks)
-                    block = cast(ShardChecks, index.checks).block
-                    parts[number] = self._read_one_by_one(
-                        data, read.rng, index, run.start, run.stop, info.path, (bad, block)
-                    )
-                    continue
-                parts[number] = self._decode(data, read.rng, index, run.start, run.stop, info.path)
+            mine = table[list(read.runs)]
+            parts.append(self._decode_read(read, data, index, bad, mine[:, 1], mine[:, 2]))
+            numbers.append(read.runs)
             del data
-        if len(parts) == 1:  # the usual unshuffled case: one run
-            samples = parts.popitem()[1]
-        else:
-            samples = [sample for number in sorted(parts) for sample in parts[number]]
-        return samples, self._holes != holes
+        moved = _moves(table, numbers, order)
+        if all(isinstance(part, SampleColumns) for part in parts):
+            columns = SampleColumns.joined(cast(list[SampleColumns], parts))
+            if columns is not None:
+                return (columns if moved is None else columns.take(moved)), self._holes != holes
+        samples = list(chain.from_iterable(p.samples() if isinstance(p, SampleColumns) else p for p in parts))
+        return (samples if moved is None else list(map(samples.__getitem__, moved))), self._holes != holes
+
+    def _decode_read(
+        self,
+        read: Read,
+        data: bytes | memoryview,
+        index: SampleIndex,
+        bad: tuple[int, ...],
+        starts: np.ndarray,
+        stops: np.ndarray,
+    ) -> SampleColumns | list[Sample | None]:
+        """The samples of ``read``'s runs (``starts``, ``stops``) in one format call; run by
+        run, as ever, where a check block failed or that call raised (NOTE [ One call per read ])."""
+        name = self.manifest.shards[read.shard].path
+        if not bad:
+            try:
+                got = self.format.decode_runs(data, read.rng, index, starts, stops, name=name)
+            except FormatError:
+                got = None
+            if got is not None and len(got) == int((stops - starts).sum()):
+                return cast("SampleColumns | list[Sample | None]", got)
+        out: list[Sample | None] = []
+        for start, stop in zip(starts.tolist(), stops.tolist(), strict=True):
+            if bad:  # on_error="skip": the samples of failed blocks are left out (bad implies checks)
+                block = cast(ShardChecks, index.checks).block
+                out += self._read_one_by_one(data, read.rng, index, start, stop, name, (bad, block))
+            else:
+                out += self._decode(data, read.rng, index, start, stop, name)
+        return out
 
     def _storage_error(self, error: StorageError, item: tuple[str, ByteRange | None]) -> StorageError:
         path, rng = item
@@ -360,13 +426,16 @@ class WindowReader:
 
     # -- the stream of windows -----------------------------------------------------------
 
-    def stream(self, windows: Iterator[Any]) -> Iterator[tuple[Any, list[Sample | None], bool]]:
-        """``(window, samples, holes)`` for each window (see :meth:`decode`); the bytes of
-        the next ``prefetch`` windows are read in a background thread meanwhile (on object
-        storage as many as NOTE [ Read budget ] allows, in ``AHEAD_THREADS``)."""
+    def stream(
+        self, windows: Iterator[Any]
+    ) -> Iterator[tuple[Any, SampleColumns | list[Sample | None], bool]]:
+        """``(window, samples, holes)`` for each window, its samples in yield order (see
+        :meth:`decode`); the bytes of the next ``prefetch`` windows are read in a background
+        thread meanwhile (on object storage as many as NOTE [ Read budget ] allows, in
+        ``AHEAD_THREADS``)."""
         if self.prefetch < 1:
             for window in windows:
-                yield (window, *self.decode(window, self.fetch(window)))
+                yield (window, *self._in_yield_order(window, self.fetch(window)))
             return
         budget = self.budget
         ahead = self.prefetch if budget is None else max(self.prefetch, AHEAD_WINDOWS)
@@ -377,9 +446,14 @@ class WindowReader:
         )
         self._prefetcher = prefetcher
         try:
-            yield from fetched_in_order(windows, prefetcher, ahead, budget, self.decode)
+            yield from fetched_in_order(windows, prefetcher, ahead, budget, self._in_yield_order)
         finally:
             self.close()
+
+    def _in_yield_order(
+        self, window: Any, fetched: list[Fetched]
+    ) -> tuple[SampleColumns | list[Sample | None], bool]:
+        return self.decode(window, fetched, window.order)
 
     def close(self) -> None:
         if self.budget is not None:
@@ -388,6 +462,24 @@ class WindowReader:
         if prefetcher is not None:
             prefetcher.close()
         self.bytes.close()
+
+
+def _moves(table: np.ndarray, numbers: list[tuple[int, ...]], order: np.ndarray | None) -> list[int] | None:
+    """Where each sample (in ``order`` of the run concatenation, else in run order) is in
+    the concatenation of the reads' samples (the reads' runs in ``numbers``, one after
+    another), or None where that is the identity."""
+    lengths = table[:, 2] - table[:, 1]
+    read_runs = np.array(list(chain.from_iterable(numbers)), dtype=np.int64)
+    # where each run starts among the reads' samples, and in the run concatenation
+    at_read = np.zeros(len(table), dtype=np.int64)
+    at_read[read_runs] = np.cumsum(lengths[read_runs]) - lengths[read_runs]
+    at_run = np.cumsum(lengths) - lengths
+    moved = np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(at_read - at_run, lengths)
+    if order is not None:
+        moved = moved[order]
+    if bool(np.array_equal(moved, np.arange(moved.size))):
+        return None
+    return moved.tolist()
 
 
 def _check_blocks(rng: ByteRange, bad: tuple[int, ...], block: int) -> None:
