@@ -29,7 +29,6 @@ from shardstream.dataset.decode import Decoder
 from shardstream.dataset.keys import KeyFinder
 from shardstream.dataset.reader import Read, WindowReader
 from shardstream.errors import FormatError, ShardstreamError, StorageError
-from shardstream.formats.base import SampleColumns
 from shardstream.manifest import Manifest
 from shardstream.plan import Run
 from shardstream.storage import Storage
@@ -243,8 +242,7 @@ class MapDataset(Dataset):
         lock = self._open[4] if self._open is not None else threading.Lock()
         with lock:  # the read threads are the reader's, made and ended per batch
             try:
-                got, _ = reader.decode(batch, reader.fetch(batch))
-                raw = got.samples() if isinstance(got, SampleColumns) else got
+                raw, _ = reader.decode(batch, reader.fetch(batch))
             except ShardstreamError as error:
                 raise self._named(error, distinct, batch) from error
             finally:

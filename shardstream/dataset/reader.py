@@ -151,16 +151,19 @@ class WindowReader:
         read_concurrency: int = READ_THREADS,
         indexes: IndexCache | None = None,
         expected: Mapping[str, Expected] | None = None,
+        columns: bool = False,
     ) -> None:
         """``indexes``: the dataset's sidecar LRU, kept across its iterations (NOTE [ Sidecars
         across epochs ]); ``expected``: ``fetch.expectations(manifest)``, made once by the
-        dataset (both made here when not given)."""
+        dataset (both made here when not given); ``columns``: windows come as
+        ``SampleColumns`` where they can (for a decoder), else always as lists."""
         self.storage = storage
         self.manifest = manifest
         self.format = get_format(manifest.format)
         self.on_error = on_error
         self.prefetch = prefetch
         self.verify_checksums = verify_checksums
+        self.columns = columns
         self._holes = 0  # samples the format could not decode, replaced by None
         self._indexes = indexes if indexes is not None else IndexCache()
         self._prefetcher: Prefetcher[Any, tuple[list[Fetched], int]] | None = None
@@ -295,10 +298,10 @@ class WindowReader:
         """The samples of ``window``'s runs from :meth:`fetch`'s bytes, and whether any is
         ``None`` (skipped as corrupt). They come in ``order`` (positions in the
         concatenation of the runs' samples, as ``Window.order`` gives the yield order), or
-        in run order; as ``SampleColumns`` where every read decoded to columns of the same
-        fields, else as a list. Each read's runs are decoded in one format call and its
-        bytes let go as soon as they are; everything else is array work, none of it per
-        run (NOTE [ One call per read ])."""
+        in run order; as ``SampleColumns`` where the reader keeps ``columns`` and every read
+        decoded to columns of the same fields, else as a list. Each read's runs are decoded
+        in one format call and its bytes let go as soon as they are; everything else is
+        array work, none of it per run (NOTE [ One call per read ])."""
         table, holes = run_table(window.runs), self._holes
         fetched.reverse()
         parts: list[SampleColumns | list[Sample | None]] = []
@@ -306,7 +309,9 @@ class WindowReader:
         while fetched:
             read, data, index, bad = fetched.pop()
             mine = table[list(read.runs)]
-            parts.append(self._decode_read(read, data, index, bad, mine[:, 1], mine[:, 2]))
+            part = self._decode_read(read, data, index, bad, mine[:, 1], mine[:, 2])
+            # samples built while their values are in the CPU cache, unless a decoder takes columns
+            parts.append(part.samples() if isinstance(part, SampleColumns) and not self.columns else part)
             numbers.append(read.runs)
             del data
         moved = _moves(table, numbers, order)

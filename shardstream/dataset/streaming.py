@@ -297,6 +297,7 @@ class StreamingDataset(IterableDataset):
             read_concurrency=self.config.read_concurrency,
             indexes=self._indexes,
             expected=self._expectations(),
+            columns=self.config.decoder is not None,  # NOTE [ Bulk decode ]
         )
         return self._samples(reader, plan.worker_windows(rank, worker), iteration)
 
