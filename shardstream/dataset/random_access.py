@@ -18,7 +18,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from torch.utils.data import Dataset
 
@@ -242,7 +242,8 @@ class MapDataset(Dataset):
         lock = self._open[4] if self._open is not None else threading.Lock()
         with lock:  # the read threads are the reader's, made and ended per batch
             try:
-                raw, _ = reader.decode(batch, reader.fetch(batch))
+                got, _ = reader.decode(batch, reader.fetch(batch))
+                raw = cast(list[Any], got)  # a list: the reader is made without columns=True
             except ShardstreamError as error:
                 raise self._named(error, distinct, batch) from error
             finally:

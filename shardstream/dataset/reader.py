@@ -311,7 +311,11 @@ class WindowReader:
             mine = table[list(read.runs)]
             part = self._decode_read(read, data, index, bad, mine[:, 1], mine[:, 2])
             # samples built while their values are in the CPU cache, unless a decoder takes columns
-            parts.append(part.samples() if isinstance(part, SampleColumns) and not self.columns else part)
+            parts.append(
+                cast(list[Sample | None], part.samples())
+                if not self.columns and isinstance(part, SampleColumns)
+                else part
+            )
             numbers.append(read.runs)
             del data
         moved = _moves(table, numbers, order)
