@@ -187,12 +187,13 @@ class ParquetIndex(SampleIndex):
         outside = (starts < 0) | (starts > stops) | (stops > n)
         if bool(outside.any()) or not self._in_file_order():
             return super().byte_ranges(starts, stops)  # the errors, or row groups out of file order
-        empty = starts == stops
-        first = spans[:, 0]
-        lo = np.searchsorted(first, np.where(empty, 0, starts), side="right") - 1
-        hi = np.searchsorted(first, np.where(empty, 0, stops - 1), side="right") - 1
-        zero = np.zeros(starts.shape, dtype=np.int64)
-        return np.where(empty, zero, spans[lo, 2]), np.where(empty, zero, spans[hi, 3])
+        lo, hi = np.zeros(starts.shape, dtype=np.int64), np.zeros(starts.shape, dtype=np.int64)
+        some = starts < stops  # an empty run's range is (0, 0)
+        if bool(some.any()):
+            first = spans[:, 0]
+            lo[some] = spans[np.searchsorted(first, starts[some], side="right") - 1, 2]
+            hi[some] = spans[np.searchsorted(first, stops[some] - 1, side="right") - 1, 3]
+        return lo, hi
 
     def _in_file_order(self) -> bool:
         """Whether each row group's bytes start and end after the previous one's (pyarrow's
