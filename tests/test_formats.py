@@ -145,9 +145,13 @@ class FormatConformance:
             starts, stops = (np.array(side, dtype=np.int64) for side in zip(*runs, strict=True))
             lo, hi = index.byte_ranges(starts, stops)
             some = stops > starts
-            rng = ByteRange(int(lo[some].min()), int(hi[some].max())) if some.any() else ByteRange(0, len(data))
+            rng = (
+                ByteRange(int(lo[some].min()), int(hi[some].max())) if some.any() else ByteRange(0, len(data))
+            )
             for part, where in ((data, ByteRange(0, len(data))), (data[rng.start : rng.end], rng)):
-                want = [s for a, b in runs if b > a for s in self.fmt.decode(part, where, index, a, b, name="s")]
+                want = [
+                    s for a, b in runs if b > a for s in self.fmt.decode(part, where, index, a, b, name="s")
+                ]
                 nonempty = (starts[some], stops[some])
                 got = self.fmt.decode_runs(part, where, index, *nonempty, name="s")
                 listed = got.samples() if isinstance(got, SampleColumns) else got
