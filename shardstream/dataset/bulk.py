@@ -3,11 +3,14 @@
 # NOTE [ Bulk decode ]
 # Decoding sample by sample costs a dict, an extension lookup and a Python call per field
 # per sample: for ~300-byte samples that was two thirds of a decoded epoch. A window (or a
-# batch of random reads) is decoded here column by column instead: the samples are
-# grouped by their field names (one group in the usual case), each field's decoder is
-# looked up once, its column decoded in one pass, and the sample dicts rebuilt by one
-# compiled builder per field tuple (NOTE [ Fast tar decode ]). For the built-in decoders
-# a column is one C-level ``map`` (text: ``bytes.decode``; integers: ``int``, which
+# batch of random reads) is decoded here column by column instead: each field's decoder is
+# looked up once, its column decoded in one pass, and the sample dicts built by one
+# compiled builder per field tuple (NOTE [ Fast tar decode ]). A streamed window comes
+# from the reader as columns already (``SampleColumns``, NOTE [ One call per read ]), so
+# no undecoded dict is built at all; a list of samples (a batch of random reads, a window
+# with samples the format could not read, a shard of mixed fields) is grouped by field
+# names first (one group in the usual case) and taken apart into columns. For the
+# built-in decoders a column is one C-level ``map`` (text: ``bytes.decode``; integers: ``int``, which
 # parses bytes as ``int(bytes(x))`` does) or, for JSON, one C scanner call per value over
 # the column joined into one ASCII string: no ``json.loads`` frames, no encoding sniffing.
 # The scanner must end each value exactly where its bytes end; anything else (leading

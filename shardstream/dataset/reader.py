@@ -4,8 +4,9 @@ A window is a few runs of consecutive samples (``Run(shard, start, stop)``). For
 the reader asks the shard's sample index for the byte range of those samples, grown to
 whole check blocks (NOTE [ Checksummed reads ] in formats/checks.py), reads it with one
 ranged read and checks its blocks' CRCs before decoding; close runs of one shard share a
-read (``plan_reads``). The sample indexes (sidecars) are loaded when first needed and kept in a small LRU. While the
-dataset decodes and yields one window, the bytes of the next one are read in a background
+read, whose runs are decoded in one format call (NOTE [ One call per read ] in runs.py).
+The sample indexes (sidecars) are loaded when first needed and kept in a small LRU. While
+the dataset decodes and yields one window, the bytes of the next one are read in a background
 thread (see NOTE [ Getting the bytes ] in fetch.py), so a worker holds at most its current
 window and what it prefetches, whatever the dataset's size.
 """
@@ -15,9 +16,7 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from itertools import chain
-from operator import attrgetter, itemgetter
 from typing import Any, cast
 
 import numpy as np
@@ -25,6 +24,7 @@ import numpy as np
 from shardstream.dataset.budget import DEFAULT_READ_BUDGET, ReadBudget, fetch_in_turn, fetched_in_order
 from shardstream.dataset.fetch import READ_THREADS, ByteFetcher
 from shardstream.dataset.indexes import INDEX_CACHE_SIZE, IndexCache
+from shardstream.dataset.runs import COALESCE_GAP, Read, plan_reads, run_table, taken_from_reads
 from shardstream.errors import FormatError, StorageError
 from shardstream.formats import get_format
 from shardstream.formats.base import Sample, SampleColumns, SampleIndex
@@ -48,23 +48,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger("shardstream.dataset")
-# Runs of one shard closer than this share a read: a request costs more than this many
-# bytes on object storage (latency x bandwidth), and the read stays within the window.
-COALESCE_GAP = 256 * 1024
-
-# NOTE [ One call per read ]
-# A window of the local order has a few runs of thousands of samples; one of
-# ``order="global"`` has thousands of runs of G/L samples (8-32), close runs of a shard
-# sharing a read. Whatever is done per run in Python (a decode call, a byte range, a
-# list to join) then costs more than the samples themselves. So runs live in arrays: the
-# reads are planned with array arithmetic (``plan_reads``), each read's runs are decoded
-# by one ``ShardFormat.decode_runs`` call (tar: one numpy gather of member spans, the
-# values cut by one C ``map``), and the samples are put in yield order by one gather per
-# column: Python work per read, none per run. Columns (``SampleColumns``) are kept until
-# a sample is yielded, so a decoded window builds each sample's dict once. A read whose
-# check blocks failed (``on_error="skip"``), or whose one call raised, is redone run by
-# run as before, so its samples, skips and errors are exactly those of one call per run.
-
 # NOTE [ Whole shards ]
 # A read that starts at a shard's first byte and leaves at most this many of its bytes
 # (tar's end-of-archive blocks, padding to a 10 KiB record, a Parquet footer) is a plain
@@ -83,52 +66,6 @@ AHEAD_THREADS = 4
 # What a window's fetch gives per read: the read, its bytes, the shard's index, and the
 # offsets of check blocks that failed (left for decode to skip with on_error="skip").
 Fetched = tuple["Read", "bytes | memoryview", SampleIndex, tuple[int, ...]]
-
-
-@dataclass(frozen=True, slots=True)
-class Read:
-    """One ranged read of a shard, serving the runs numbered ``runs`` of a window."""
-
-    shard: int
-    rng: ByteRange
-    runs: tuple[int, ...]
-
-
-def run_table(runs: Sequence[Any]) -> np.ndarray:
-    """The runs' ``(shard, start, stop)`` as an ``(n, 3)`` int64 array."""
-    table = np.array(list(map(_run_fields, runs)), dtype=np.int64)
-    return table.reshape(len(runs), 3)
-
-
-_run_fields = attrgetter("shard", "start", "stop")
-# ``ranges(shard, starts, stops)``: the byte ranges to read for those runs of a shard, as arrays
-Ranges = Callable[[int, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
-
-
-def plan_reads(runs: Sequence[Any] | np.ndarray, ranges: Ranges, *, gap: int) -> list[Read]:
-    """The ranged reads for a window's runs (a ``run_table`` or the runs): runs of one
-    shard whose bytes overlap, touch or lie at most ``gap`` bytes apart share one read
-    (Parquet runs in one row group overlap; the rest of a resumed window has holes; the
-    runs of ``order="global"`` are a few samples each, a worker's every other chunk of a
-    lane). A read's runs are in byte order; reads come in window order (of their first run).
-    Array arithmetic throughout: Python work per shard and per read, none per run."""
-    table = runs if isinstance(runs, np.ndarray) else run_table(runs)
-    numbers = np.flatnonzero(table[:, 2] > table[:, 1])
-    shards = table[numbers, 0]
-    reads: list[tuple[int, Read]] = []
-    for shard in np.unique(shards).tolist():
-        mine = numbers[shards == shard]
-        lo, hi = ranges(shard, table[mine, 1], table[mine, 2])
-        by_start = np.argsort(lo, kind="stable")
-        mine, lo, hi = mine[by_start], lo[by_start], hi[by_start]
-        reach = np.maximum.accumulate(hi)
-        cuts = [0, *(np.flatnonzero(lo[1:] - reach[:-1] > gap) + 1).tolist(), len(mine)]
-        firsts = np.minimum.reduceat(mine, cuts[:-1]).tolist()
-        for a, b, first in zip(cuts[:-1], cuts[1:], firsts, strict=True):
-            rng = ByteRange(int(lo[a]), int(reach[b - 1]))
-            reads.append((first, Read(shard, rng, tuple(mine[a:b].tolist()))))
-    reads.sort(key=itemgetter(0))
-    return [read for _, read in reads]
 
 
 class WindowReader:
@@ -318,7 +255,7 @@ class WindowReader:
             )
             numbers.append(read.runs)
             del data
-        moved = _moves(table, numbers, order)
+        moved = taken_from_reads(table, numbers, order)
         if all(isinstance(part, SampleColumns) for part in parts):
             columns = SampleColumns.joined(cast(list[SampleColumns], parts))
             if columns is not None:
@@ -471,24 +408,6 @@ class WindowReader:
         if prefetcher is not None:
             prefetcher.close()
         self.bytes.close()
-
-
-def _moves(table: np.ndarray, numbers: list[tuple[int, ...]], order: np.ndarray | None) -> list[int] | None:
-    """Where each sample (in ``order`` of the run concatenation, else in run order) is in
-    the concatenation of the reads' samples (the reads' runs in ``numbers``, one after
-    another), or None where that is the identity."""
-    lengths = table[:, 2] - table[:, 1]
-    read_runs = np.array(list(chain.from_iterable(numbers)), dtype=np.int64)
-    # where each run starts among the reads' samples, and in the run concatenation
-    at_read = np.zeros(len(table), dtype=np.int64)
-    at_read[read_runs] = np.cumsum(lengths[read_runs]) - lengths[read_runs]
-    at_run = np.cumsum(lengths) - lengths
-    moved = np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(at_read - at_run, lengths)
-    if order is not None:
-        moved = moved[order]
-    if bool(np.array_equal(moved, np.arange(moved.size))):
-        return None
-    return moved.tolist()
 
 
 def _check_blocks(rng: ByteRange, bad: tuple[int, ...], block: int) -> None:
