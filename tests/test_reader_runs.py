@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shardstream
-from shardstream.dataset.bulk import decode_columns, decode_samples
+from shardstream.dataset.bulk import decode_columns, decode_samples, decoded_columns
 from shardstream.dataset.decode import SampleDecoder
 from shardstream.dataset.reader import Read, WindowReader, plan_reads
 from shardstream.errors import FormatError
@@ -244,3 +244,13 @@ def test_decoding_columns_is_decoding_their_samples(fields, data, allow_pickle):
     assert [s for i, s in enumerate(got) if i not in got_errors] == [
         s for i, s in enumerate(want) if i not in want_errors
     ]
+
+
+def test_columns_with_a_repeated_field_decode_as_their_samples():
+    """A Parquet file may repeat a column name; its sample keeps the last value, and only
+    that value is decoded (the first one here is not text)."""
+    columns = SampleColumns(("txt", "txt"), ["a", "b"], [[b"\xff", b"\xfe"], [b"one", b"two"]])
+    config = types.SimpleNamespace(decoder=SampleDecoder.build(), transform=None, on_error="raise")
+    dataset = types.SimpleNamespace(config=config, url="u")
+    got = list(decoded_columns(dataset, columns, iter(range(2)), None, None))
+    assert got == [{"__key__": "a", "txt": "one"}, {"__key__": "b", "txt": "two"}]
