@@ -85,7 +85,7 @@ def tar_runs(
     """The samples of runs ``[starts[i], stops[i])``, one after the other, from ``data``
     (the shard's bytes from offset ``base``): columns when every sample of the shard has
     the same fields (NOTE [ Fast tar decode ]). The caller has checked that ``data`` holds them."""
-    if base == 0:
+    if base == 0 and len(starts):  # as tar_samples checks, once per run
         check_uncompressed(bytes(data[:HEADER_BLOCK]), index.name)
     uniform = index.uniform_fields()
     if uniform is None:
