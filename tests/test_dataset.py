@@ -218,11 +218,11 @@ def test_unshuffled_reads_are_one_per_shard(tmp_path, monkeypatch):
 
 
 def test_plan_reads_coalesces_close_runs_of_a_shard():
-    def byte_range(shard, start, stop):
-        return ByteRange(1000 * start, 1000 * stop)
+    def byte_ranges(shard, starts, stops):
+        return 1000 * starts, 1000 * stops
 
     runs = [Run(0, 0, 3), Run(1, 0, 2), Run(0, 3, 5), Run(0, 8, 9), Run(0, 5000, 5001), Run(2, 4, 4)]
-    reads = plan_reads(runs, byte_range, gap=COALESCE_GAP)
+    reads = plan_reads(runs, byte_ranges, gap=COALESCE_GAP)
     assert [(r.shard, r.rng, r.runs) for r in reads] == [
         (0, ByteRange(0, 9000), (0, 2, 3)),
         (1, ByteRange(0, 2000), (1,)),

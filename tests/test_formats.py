@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import io
 import pickle
+import random
 from types import MappingProxyType
 
+import numpy as np
 import pytest
 
 from shardstream.errors import FormatError, PackError, ShardstreamError, UsageError
@@ -23,7 +25,7 @@ from shardstream.formats import (
     get_format,
     register_format,
 )
-from shardstream.formats.base import Sample
+from shardstream.formats.base import Sample, SampleColumns
 from shardstream.types import ByteRange
 
 
@@ -122,6 +124,66 @@ class FormatConformance:
         narrower = ByteRange(rng.start + 1, rng.end)
         with pytest.raises(FormatError):
             self.fmt.decode(data[narrower.start : narrower.end], narrower, index, 2, 4, name="shard-x")
+
+    def random_runs(self, n: int, seed: int) -> list[tuple[int, int]]:
+        """Runs in random order and lengths, some empty, some overlapping (resumed windows
+        have holes; a read may hold runs of any lengths)."""
+        rand = random.Random(seed)
+        runs = []
+        for _ in range(rand.randint(1, 8)):
+            start = rand.randint(0, n)
+            runs.append((start, min(n, start + rand.choice([0, 1, 2, 3, 8, n]))))
+        return runs
+
+    def test_decode_runs_is_decode_run_after_run(self):
+        """NOTE [ One call per read ]: the same samples, in the same order, as one
+        ``decode`` call per run; from the whole shard and from the runs' bytes only."""
+        samples = self.make_samples(self.runs_n)
+        data, index = write_shard(self.fmt, samples)
+        for seed in range(60):
+            runs = self.random_runs(len(samples), seed)
+            starts, stops = (np.array(side, dtype=np.int64) for side in zip(*runs, strict=True))
+            lo, hi = index.byte_ranges(starts, stops)
+            some = stops > starts
+            rng = (
+                ByteRange(int(lo[some].min()), int(hi[some].max())) if some.any() else ByteRange(0, len(data))
+            )
+            for part, where in ((data, ByteRange(0, len(data))), (data[rng.start : rng.end], rng)):
+                want = [
+                    s for a, b in runs if b > a for s in self.fmt.decode(part, where, index, a, b, name="s")
+                ]
+                nonempty = (starts[some], stops[some])
+                got = self.fmt.decode_runs(part, where, index, *nonempty, name="s")
+                listed = got.samples() if isinstance(got, SampleColumns) else got
+                assert listed == want, runs
+                assert [list(s) for s in listed] == [list(s) for s in want]  # field order too
+
+    def test_decode_runs_without_the_needed_bytes_is_a_format_error(self):
+        samples = self.make_samples(6)
+        data, index = write_shard(self.fmt, samples)
+        rng = index.byte_range(2, 4)
+        starts, stops = np.array([3, 2]), np.array([4, 3])
+        with pytest.raises(FormatError):  # one byte short of the last run
+            self.fmt.decode_runs(data[rng.start : rng.end - 1], rng, index, starts, stops, name="shard-x")
+
+    def test_byte_ranges_are_byte_range_of_each_run(self):
+        samples = self.make_samples(self.runs_n)
+        _, index = write_shard(self.fmt, samples)
+        _, empty = write_shard(self.fmt, [])
+        for shard, n in ((index, len(samples)), (empty, 0)):
+            for seed in range(40):
+                runs = self.random_runs(n, seed)
+                starts, stops = (np.array(side, dtype=np.int64) for side in zip(*runs, strict=True))
+                lo, hi = shard.byte_ranges(starts, stops)
+                assert list(zip(lo.tolist(), hi.tolist(), strict=True)) == [
+                    (r.start, r.end) for r in (shard.byte_range(a, b) for a, b in runs)
+                ]
+        for start, stop in [(-1, 2), (2, 1), (0, len(samples) + 1)]:
+            with pytest.raises(UsageError) as one:
+                index.byte_range(start, stop)
+            with pytest.raises(UsageError) as many:
+                index.byte_ranges(np.array([0, start]), np.array([1, stop]))
+            assert str(many.value) == str(one.value)
 
     def test_byte_range_outside_the_shard_is_a_usage_error(self):
         _, index = write_shard(self.fmt, self.make_samples(3))

@@ -3,11 +3,14 @@
 # NOTE [ Bulk decode ]
 # Decoding sample by sample costs a dict, an extension lookup and a Python call per field
 # per sample: for ~300-byte samples that was two thirds of a decoded epoch. A window (or a
-# batch of random reads) is decoded here column by column instead: the samples are
-# grouped by their field names (one group in the usual case), each field's decoder is
-# looked up once, its column decoded in one pass, and the sample dicts rebuilt by one
-# compiled builder per field tuple (NOTE [ Fast tar decode ]). For the built-in decoders
-# a column is one C-level ``map`` (text: ``bytes.decode``; integers: ``int``, which
+# batch of random reads) is decoded here column by column instead: each field's decoder is
+# looked up once, its column decoded in one pass, and the sample dicts built by one
+# compiled builder per field tuple (NOTE [ Fast tar decode ]). A streamed window comes
+# from the reader as columns already (``SampleColumns``, NOTE [ One call per read ]), so
+# no undecoded dict is built at all; a list of samples (a batch of random reads, a window
+# with samples the format could not read, a shard of mixed fields) is grouped by field
+# names first (one group in the usual case) and taken apart into columns. For the
+# built-in decoders a column is one C-level ``map`` (text: ``bytes.decode``; integers: ``int``, which
 # parses bytes as ``int(bytes(x))`` does) or, for JSON, one C scanner call per value over
 # the column joined into one ASCII string: no ``json.loads`` frames, no encoding sniffing.
 # The scanner must end each value exactly where its bytes end; anything else (leading
@@ -43,9 +46,9 @@ from shardstream.dataset.decode import (
     refused,
 )
 from shardstream.errors import FormatError, ShardstreamError
-from shardstream.formats.base import sample_builder
+from shardstream.formats.base import SampleColumns, sample_builder
 
-__all__ = ["CHUNK", "decode_samples", "decoded_window"]
+__all__ = ["CHUNK", "decode_columns", "decode_samples", "decoded_columns", "decoded_window"]
 
 # Samples of a window decoded at a time: enough for the columns' C-level passes, few
 # enough that a chunk's decoded objects are mostly gone before the cyclic GC's next young
@@ -124,17 +127,41 @@ def _decode_group(
     """Samples that all have ``fields`` (in this order), decoded column by column."""
     columns = [list(map(itemgetter(name), samples)) for name in fields]
     errors: Errors = {}
+    key_of = _key_of(samples)
     for number, name in enumerate(fields):
         function = decoder.lookup(name)
         if function is None:
             columns[number] = _raw(columns[number])
             continue
-        columns[number] = _column(decoder, function, name, columns[number], samples, errors, url, shard)
+        columns[number] = _column(decoder, function, name, columns[number], key_of, errors, url, shard)
     if fields and fields[0] == "__key__":
         decoded = list(map(sample_builder(fields[1:]), *columns))
     else:
         decoded = list(map(dict, map(zip, repeat(fields), zip(*columns, strict=True))))
     return decoded, errors
+
+
+def _key_of(samples: list[Any]) -> Callable[[int], object]:
+    return lambda position: samples[position].get("__key__")
+
+
+def decode_columns(
+    decoder: SampleDecoder, columns: SampleColumns, *, url: str | None = None, shard: str | None = None
+) -> tuple[list[Any], Errors]:
+    """``decode_samples(decoder, columns.samples())`` without building the undecoded
+    samples: each column decoded, then each sample's dict built once. The columns'
+    field names are distinct (``SampleColumns.samples`` keeps a repeated one's last value)."""
+    errors: Errors = {}
+    decoded = []
+    for name, values in zip(columns.fields, columns.values, strict=True):
+        function = decoder.lookup(name)
+        if function is None:
+            decoded.append(_raw(values))
+        else:
+            decoded.append(
+                _column(decoder, function, name, values, columns.keys.__getitem__, errors, url, shard)
+            )
+    return list(map(sample_builder(columns.fields), columns.keys, *decoded)), errors
 
 
 def _raw(values: list[Any]) -> list[Any]:
@@ -149,13 +176,13 @@ def _column(
     function: Decoder,
     name: str,
     values: list[Any],
-    samples: list[Any],
+    key_of: Callable[[int], object],
     errors: Errors,
     url: str | None,
     shard: str | None,
 ) -> list[Any]:
-    """One field's values (of ``samples``) decoded; the errors of failing samples go into
-    ``errors`` (a sample's first error is kept)."""
+    """One field's values decoded (``key_of(position)``: the key of the sample at that
+    position); the errors of failing samples go into ``errors`` (a sample's first error is kept)."""
     kinds = set(map(type, values))
     if kinds.isdisjoint(_BYTES) and not any(issubclass(kind, _BYTES) for kind in kinds):
         return values  # typed values (a Parquet column): nothing to decode
@@ -173,23 +200,22 @@ def _column(
             continue
         try:
             if refuse:
-                raise refused(name, samples[position].get("__key__"), url=url, shard=shard)
+                raise refused(name, key_of(position), url=url, shard=shard)
             out.append(function(value))
             continue
         except ShardstreamError as error:
             errors.setdefault(position, error)
         except Exception as error:
-            made = failed(name, samples[position].get("__key__"), error, url=url, shard=shard)
+            made = failed(name, key_of(position), error, url=url, shard=shard)
             made.__cause__ = error
             errors.setdefault(position, made)
         out.append(None)
     return out
 
 
-def decoded_window(
-    dataset: Any, ordered: Iterator[Any], order: list[int], window: Any, reader: Any
-) -> Iterator[Any]:
-    """What ``StreamingDataset._decoded`` yields for one window, decoded in bulk.
+def decoded_window(dataset: Any, ordered: Iterator[Any], window: Any, reader: Any) -> Iterator[Any]:
+    """What ``StreamingDataset._decoded`` yields for one window given as a list of samples
+    (some ``None``: skipped by the format), decoded in bulk.
 
     ``ordered`` is the window's iterator over its samples in yield order; it is advanced
     in step with what is yielded (the dataset's iteration count reads it), so the samples are
@@ -199,7 +225,40 @@ def decoded_window(
     if decoder is None:
         return dataset._decoded(ordered)
     samples = list(copy.copy(ordered))  # a list iterator (_Iteration.start_window's)
-    return _chunks(dataset, decoder, samples, ordered, order, window, reader)
+    return _chunks(dataset, decoder, samples, ordered, window, reader)
+
+
+def decoded_columns(
+    dataset: Any, columns: SampleColumns, ordered: Iterator[Any], window: Any, reader: Any
+) -> Iterator[Any]:
+    """What ``StreamingDataset._decoded`` yields for one window given as columns (in yield
+    order), decoded a ``CHUNK`` at a time; ``ordered`` is advanced in step with what is
+    yielded, as in :func:`decoded_window`."""
+    decoder = dataset.config.decoder
+    if len(set(columns.fields)) != len(columns.fields):  # a repeated name: as the samples have it
+        return _chunks(dataset, decoder, columns.samples(), ordered, window, reader)
+    return _column_chunks(dataset, decoder, columns, ordered, window, reader)
+
+
+def _column_chunks(
+    dataset: Any,
+    decoder: SampleDecoder,
+    columns: SampleColumns,
+    ordered: Iterator[Any],
+    window: Any,
+    reader: Any,
+) -> Iterator[Any]:
+    transform = dataset.config.transform
+    fields, keys, values = columns.fields, columns.keys, columns.values
+    for lo in range(0, len(keys), CHUNK):
+        part = SampleColumns(fields, keys[lo : lo + CHUNK], [column[lo : lo + CHUNK] for column in values])
+        decoded, errors = decode_columns(decoder, part, url=dataset.url)
+        taken = itertools.islice(ordered, len(decoded))
+        if not errors:  # the hot path: C code only, but the transform
+            out = map(_first, zip(decoded, taken, strict=True))
+            yield from out if transform is None else map(transform, out)
+        else:
+            yield from _with_errors(dataset, decoded, errors, taken, window, reader, lo)
 
 
 def _chunks(
@@ -207,7 +266,6 @@ def _chunks(
     decoder: SampleDecoder,
     samples: list[Any],
     ordered: Iterator[Any],
-    order: list[int],
     window: Any,
     reader: Any,
 ) -> Iterator[Any]:
@@ -221,7 +279,7 @@ def _chunks(
             out = map(_first, zip(decoded, taken, strict=True))
             yield from out if transform is None else map(transform, out)
         else:
-            yield from _with_errors(dataset, decoded, errors, taken, order, window, reader, lo)
+            yield from _with_errors(dataset, decoded, errors, taken, window, reader, lo)
 
 
 def _with_errors(
@@ -229,7 +287,6 @@ def _with_errors(
     decoded: list[Any],
     errors: Errors,
     ordered: Iterator[Any],
-    order: list[int],
     window: Any,
     reader: Any,
     base: int,
@@ -242,7 +299,7 @@ def _with_errors(
         if error is not None:
             if not isinstance(error, FormatError):
                 raise error
-            located = reader.locate(error, window, order[base + position])
+            located = reader.locate(error, window, int(window.order[base + position]))
             if not skip:
                 raise located from error
             dataset._skip(located)

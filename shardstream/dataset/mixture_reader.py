@@ -29,7 +29,7 @@ import numpy as np
 from shardstream.dataset.budget import ReadBudget, fetch_in_turn, fetched_in_order
 from shardstream.dataset.reader import AHEAD_THREADS, AHEAD_WINDOWS, Fetched, WindowReader
 from shardstream.errors import FormatError
-from shardstream.formats.base import Sample
+from shardstream.formats.base import Sample, SampleColumns
 from shardstream.plan import Run
 from shardstream.storage import Prefetcher
 
@@ -104,8 +104,11 @@ class MixtureReader:
         holes = False
         for stream, runs in parts.items():
             local = tuple(runs)
-            samples, missing = self.readers[stream].decode(_Part(local, ()), fetched[stream])
+            decoded_part, missing = self.readers[stream].decode(_Part(local, ()), fetched[stream])
             fetched[stream] = []
+            samples: list[Sample | None] = (
+                list(decoded_part.samples()) if isinstance(decoded_part, SampleColumns) else decoded_part
+            )
             _tag([sample for sample in samples if sample is not None] if missing else samples, stream)
             decoded[stream] = samples
             holes = holes or missing
@@ -132,10 +135,11 @@ class MixtureReader:
     # -- the stream of windows -----------------------------------------------------------
 
     def stream(self, windows: Iterator[Any]) -> Iterator[tuple[Any, list[Sample | None], bool]]:
-        """``(window, samples, holes)`` for each window, fetched ahead as ``WindowReader.stream`` does."""
+        """``(window, samples, holes)`` for each window, its samples in yield order, fetched
+        ahead as ``WindowReader.stream`` does."""
         if self.prefetch < 1:
             for window in windows:
-                yield (window, *self.decode(window, self.fetch(window)))
+                yield (window, *self._in_yield_order(window, self.fetch(window)))
             return
         budget = self.budget
         ahead = self.prefetch if budget is None else max(self.prefetch, AHEAD_WINDOWS)
@@ -146,9 +150,13 @@ class MixtureReader:
         )
         self._prefetcher = prefetcher
         try:
-            yield from fetched_in_order(windows, prefetcher, ahead, budget, self.decode)
+            yield from fetched_in_order(windows, prefetcher, ahead, budget, self._in_yield_order)
         finally:
             self.close()
+
+    def _in_yield_order(self, window: Any, fetched: list[list[Fetched]]) -> tuple[list[Sample | None], bool]:
+        samples, holes = self.decode(window, fetched)
+        return list(map(samples.__getitem__, window.order.tolist())), holes
 
     def close(self) -> None:
         if self.budget is not None:

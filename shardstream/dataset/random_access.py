@@ -19,7 +19,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from torch.utils.data import Dataset
 
@@ -278,7 +278,8 @@ class MapDataset(Dataset):
         reader, batch = opened.reader, self._batch(distinct)
         with opened.lock:  # the read threads are the reader's, made and ended per batch
             try:
-                raw, _ = reader.decode(batch, reader.fetch(batch))
+                got, _ = reader.decode(batch, reader.fetch(batch))
+                raw = cast(list[Any], got)  # a list: the reader is made without columns=True
             except ShardstreamError as error:
                 raise self._named(error, distinct, batch) from error
             finally:

@@ -4,8 +4,9 @@ A window is a few runs of consecutive samples (``Run(shard, start, stop)``). For
 the reader asks the shard's sample index for the byte range of those samples, grown to
 whole check blocks (NOTE [ Checksummed reads ] in formats/checks.py), reads it with one
 ranged read and checks its blocks' CRCs before decoding; close runs of one shard share a
-read (``plan_reads``). The sample indexes (sidecars) are loaded when first needed and kept in a small LRU. While the
-dataset decodes and yields one window, the bytes of the next one are read in a background
+read, whose runs are decoded in one format call (NOTE [ One call per read ] in runs.py).
+The sample indexes (sidecars) are loaded when first needed and kept in a small LRU. While
+the dataset decodes and yields one window, the bytes of the next one are read in a background
 thread (see NOTE [ Getting the bytes ] in fetch.py), so a worker holds at most its current
 window and what it prefetches, whatever the dataset's size.
 """
@@ -16,14 +17,18 @@ import collections
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, cast
+
+import numpy as np
 
 from shardstream.dataset.budget import DEFAULT_READ_BUDGET, ReadBudget, fetch_in_turn, fetched_in_order
 from shardstream.dataset.fetch import READ_THREADS, ByteFetcher
 from shardstream.dataset.indexes import INDEX_CACHE_SIZE, IndexCache
+from shardstream.dataset.runs import COALESCE_GAP, Read, plan_reads, run_table, taken_from_reads
 from shardstream.errors import FormatError, StorageError
 from shardstream.formats import get_format
-from shardstream.formats.base import Sample, SampleIndex
+from shardstream.formats.base import Sample, SampleColumns, SampleIndex
 from shardstream.formats.checks import BLOCK, ShardChecks
 from shardstream.manifest import Manifest
 from shardstream.storage import Expected, Prefetcher, Storage
@@ -41,13 +46,10 @@ __all__ = [
     "WindowReads",
     "plan_reads",
     "report_skip",
+    "run_table",
 ]
 
 _log = logging.getLogger("shardstream.dataset")
-# Runs of one shard closer than this share a read: a request costs more than this many
-# bytes on object storage (latency x bandwidth), and the read stays within the window.
-COALESCE_GAP = 256 * 1024
-
 # NOTE [ Whole shards ]
 # A read that starts at a shard's first byte and leaves at most this many of its bytes
 # (tar's end-of-archive blocks, padding to a 10 KiB record, a Parquet footer) is a plain
@@ -83,41 +85,6 @@ class WindowReads:
         return sum(read.rng.length for read in self.reads)
 
 
-@dataclass(frozen=True, slots=True)
-class Read:
-    """One ranged read of a shard, serving the runs numbered ``runs`` of a window."""
-
-    shard: int
-    rng: ByteRange
-    runs: tuple[int, ...]
-
-
-def plan_reads(
-    runs: Sequence[Any], byte_range: Callable[[int, int, int], ByteRange], *, gap: int
-) -> list[Read]:
-    """The ranged reads for a window's runs: runs of one shard whose bytes overlap, touch
-    or lie at most ``gap`` bytes apart share one read (Parquet runs in one row group
-    overlap; the rest of a resumed window has holes). Reads come in window order."""
-    by_shard: dict[int, list[tuple[ByteRange, int]]] = {}
-    for number, run in enumerate(runs):
-        if run.stop > run.start:
-            by_shard.setdefault(run.shard, []).append((byte_range(run.shard, run.start, run.stop), number))
-    reads: list[Read] = []
-    for shard, spans in by_shard.items():
-        spans.sort(key=lambda span: span[0].start)
-        lo, hi, members = spans[0][0].start, spans[0][0].end, [spans[0][1]]
-        for rng, number in spans[1:]:
-            if rng.start - hi <= gap:
-                hi = max(hi, rng.end)
-                members.append(number)
-                continue
-            reads.append(Read(shard, ByteRange(lo, hi), tuple(members)))
-            lo, hi, members = rng.start, rng.end, [number]
-        reads.append(Read(shard, ByteRange(lo, hi), tuple(members)))
-    reads.sort(key=lambda read: min(read.runs))
-    return reads
-
-
 class WindowReader:
     """Fetches the samples of plan windows from one dataset, for one worker.
 
@@ -138,16 +105,19 @@ class WindowReader:
         read_concurrency: int = READ_THREADS,
         indexes: IndexCache | None = None,
         expected: Mapping[str, Expected] | None = None,
+        columns: bool = False,
     ) -> None:
         """``indexes``: the dataset's sidecar LRU, kept across its iterations (NOTE [ Sidecars
         across epochs ]); ``expected``: ``fetch.expectations(manifest)``, made once by the
-        dataset (both made here when not given)."""
+        dataset (both made here when not given); ``columns``: windows come as
+        ``SampleColumns`` where they can (for a decoder), else always as lists."""
         self.storage = storage
         self.manifest = manifest
         self.format = get_format(manifest.format)
         self.on_error = on_error
         self.prefetch = prefetch
         self.verify_checksums = verify_checksums
+        self.columns = columns
         self._holes = 0  # samples the format could not decode, replaced by None
         self._indexes = indexes if indexes is not None else IndexCache()
         self._prefetcher: Prefetcher[Any, tuple[list[Fetched], int]] | None = None
@@ -225,7 +195,9 @@ class WindowReader:
 
     def plan_fetch(self, runs: Sequence[Any], indexes: dict[int, SampleIndex]) -> WindowReads:
         """The reads of ``runs``, whose shards' ``indexes`` are loaded (:meth:`load_indexes`)."""
-        reads = plan_reads(runs, lambda shard, a, b: self._read_range(indexes[shard], a, b), gap=COALESCE_GAP)
+        reads = plan_reads(
+            runs, lambda shard, a, b: self._read_ranges(indexes[shard], a, b), gap=COALESCE_GAP
+        )
         return WindowReads(reads, [self._item(read) for read in reads], indexes)
 
     def fetch_planned(self, planned: WindowReads) -> list[Fetched]:
@@ -242,6 +214,11 @@ class WindowReader:
 
     def _read_range(self, index: SampleIndex, start: int, stop: int) -> ByteRange:
         return index.read_range(start, stop) if self.verify_checksums else index.byte_range(start, stop)
+
+    def _read_ranges(
+        self, index: SampleIndex, starts: np.ndarray, stops: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        return index.read_ranges(starts, stops) if self.verify_checksums else index.byte_ranges(starts, stops)
 
     def _bad_blocks(self, read: Read, data: bytes | memoryview, index: SampleIndex) -> tuple[int, ...]:
         """Offsets of the read's check blocks whose CRC fails; with ``on_error="raise"``
@@ -278,31 +255,67 @@ class WindowReader:
             offset=read.rng.start,
         )
 
-    def decode(self, window: Any, fetched: list[Fetched]) -> tuple[list[Sample | None], bool]:
-        """The samples of ``window``'s runs from :meth:`fetch`'s bytes, concatenated in run
-        order (not yet shuffled), and whether any is ``None`` (skipped as corrupt). Each
-        read's bytes are let go as soon as they are decoded."""
-        runs, holes = window.runs, self._holes
+    def decode(
+        self, window: Any, fetched: list[Fetched], order: np.ndarray | None = None
+    ) -> tuple[SampleColumns | list[Sample | None], bool]:
+        """The samples of ``window``'s runs from :meth:`fetch`'s bytes, and whether any is
+        ``None`` (skipped as corrupt). They come in ``order`` (positions in the
+        concatenation of the runs' samples, as ``Window.order`` gives the yield order), or
+        in run order; as ``SampleColumns`` where the reader keeps ``columns`` and every read
+        decoded to columns of the same fields, else as a list. Each read's runs are decoded
+        in one format call and its bytes let go as soon as they are; everything else is
+        array work, none of it per run (NOTE [ One call per read ])."""
+        table, holes = run_table(window.runs), self._holes
         fetched.reverse()
-        parts: dict[int, list[Sample | None]] = {}
+        parts: list[SampleColumns | list[Sample | None]] = []
+        numbers: list[tuple[int, ...]] = []
         while fetched:
             read, data, index, bad = fetched.pop()
-            info = self.manifest.shards[read.shard]
-            for number in read.runs:
-                run = runs[number]
-                if bad:  # on_error="skip": the samples of failed blocks are left out (bad implies checks)
-                    block = cast(ShardChecks, index.checks).block
-                    parts[number] = self._read_one_by_one(
-                        data, read.rng, index, run.start, run.stop, info.path, (bad, block)
-                    )
-                    continue
-                parts[number] = self._decode(data, read.rng, index, run.start, run.stop, info.path)
+            mine = table[list(read.runs)]
+            part = self._decode_read(read, data, index, bad, mine[:, 1], mine[:, 2])
+            # samples built while their values are in the CPU cache, unless a decoder takes columns
+            parts.append(
+                cast(list[Sample | None], part.samples())
+                if not self.columns and isinstance(part, SampleColumns)
+                else part
+            )
+            numbers.append(read.runs)
             del data
-        if len(parts) == 1:  # the usual unshuffled case: one run
-            samples = parts.popitem()[1]
-        else:
-            samples = [sample for number in sorted(parts) for sample in parts[number]]
-        return samples, self._holes != holes
+        moved = taken_from_reads(table, numbers, order)
+        if all(isinstance(part, SampleColumns) for part in parts):
+            columns = SampleColumns.joined(cast(list[SampleColumns], parts))
+            if columns is not None:
+                return (columns if moved is None else columns.take(moved)), self._holes != holes
+        samples = list(chain.from_iterable(p.samples() if isinstance(p, SampleColumns) else p for p in parts))
+        return (samples if moved is None else list(map(samples.__getitem__, moved))), self._holes != holes
+
+    def _decode_read(
+        self,
+        read: Read,
+        data: bytes | memoryview,
+        index: SampleIndex,
+        bad: tuple[int, ...],
+        starts: np.ndarray,
+        stops: np.ndarray,
+    ) -> SampleColumns | list[Sample | None]:
+        """The samples of ``read``'s runs (``starts``, ``stops``) in one format call; run by
+        run, as ever, where a check block failed or that call raised (NOTE [ One call per read ])."""
+        name = self.manifest.shards[read.shard].path
+        if not bad:
+            try:
+                got = self.format.decode_runs(data, read.rng, index, starts, stops, name=name)
+            except FormatError:
+                got = None
+            if got is not None and len(got) == int((stops - starts).sum()):
+                return cast("SampleColumns | list[Sample | None]", got)
+        out: list[Sample | None] = []
+        for start, stop in zip(starts.tolist(), stops.tolist(), strict=True):
+            if bad:  # on_error="skip": the samples of failed blocks are left out (bad implies checks)
+                block = cast(ShardChecks, index.checks).block
+                out += self._read_one_by_one(data, read.rng, index, start, stop, name, (bad, block))
+            else:
+                out += self._decode(data, read.rng, index, start, stop, name)
+        return out
 
     def _storage_error(self, error: StorageError, item: tuple[str, ByteRange | None]) -> StorageError:
         path, rng = item
@@ -385,13 +398,16 @@ class WindowReader:
 
     # -- the stream of windows -----------------------------------------------------------
 
-    def stream(self, windows: Iterator[Any]) -> Iterator[tuple[Any, list[Sample | None], bool]]:
-        """``(window, samples, holes)`` for each window (see :meth:`decode`); the bytes of
-        the next ``prefetch`` windows are read in a background thread meanwhile (on object
-        storage as many as NOTE [ Read budget ] allows, in ``AHEAD_THREADS``)."""
+    def stream(
+        self, windows: Iterator[Any]
+    ) -> Iterator[tuple[Any, SampleColumns | list[Sample | None], bool]]:
+        """``(window, samples, holes)`` for each window, its samples in yield order (see
+        :meth:`decode`); the bytes of the next ``prefetch`` windows are read in a background
+        thread meanwhile (on object storage as many as NOTE [ Read budget ] allows, in
+        ``AHEAD_THREADS``)."""
         if self.prefetch < 1:
             for window in windows:
-                yield (window, *self.decode(window, self.fetch(window)))
+                yield (window, *self._in_yield_order(window, self.fetch(window)))
             return
         budget = self.budget
         ahead = self.prefetch if budget is None else max(self.prefetch, AHEAD_WINDOWS)
@@ -402,9 +418,14 @@ class WindowReader:
         )
         self._prefetcher = prefetcher
         try:
-            yield from fetched_in_order(windows, prefetcher, ahead, budget, self.decode)
+            yield from fetched_in_order(windows, prefetcher, ahead, budget, self._in_yield_order)
         finally:
             self.close()
+
+    def _in_yield_order(
+        self, window: Any, fetched: list[Fetched]
+    ) -> tuple[SampleColumns | list[Sample | None], bool]:
+        return self.decode(window, fetched, window.order)
 
     def close(self) -> None:
         if self.budget is not None:

@@ -18,13 +18,14 @@ from torch.utils.data import IterableDataset
 from shardstream.counts import check_int
 from shardstream.dataset.binding import Epoch
 from shardstream.dataset.budget import DEFAULT_READ_BUDGET
-from shardstream.dataset.bulk import decoded_window
+from shardstream.dataset.bulk import decoded_columns, decoded_window
 from shardstream.dataset.config import DatasetConfig
 from shardstream.dataset.decode import Decoder
 from shardstream.dataset.fetch import READ_THREADS, expectations
 from shardstream.dataset.indexes import IndexCache
 from shardstream.dataset.reader import WindowReader, report_skip
 from shardstream.errors import FormatError, StateError, UsageError, shown
+from shardstream.formats.base import SampleColumns
 from shardstream.manifest import Manifest, dataset_fingerprint
 from shardstream.plan import EpochPlan, PlanConfig
 from shardstream.plan.state import RESUME_VERSION, ResumeState
@@ -335,6 +336,7 @@ class StreamingDataset(IterableDataset):
             read_concurrency=self.config.read_concurrency,
             indexes=self._indexes,
             expected=self._expectations(),
+            columns=self.config.decoder is not None,  # NOTE [ Bulk decode ]
         )
 
     def _expectations(self) -> Mapping[str, Expected]:
@@ -348,15 +350,20 @@ class StreamingDataset(IterableDataset):
     ) -> Iterator[Any]:
         decoder, transform = self.config.decoder, self.config.transform
         try:
-            for window, samples, holes in reader.stream(windows):
-                order = window.order.tolist()
-                ordered = iteration.start_window(list(map(samples.__getitem__, order)))
+            for window, samples, holes in reader.stream(windows):  # in yield order
+                if decoder is not None and isinstance(samples, SampleColumns):  # NOTE [ Bulk decode ]
+                    positions = iteration.start_window(range(len(samples)))
+                    yield from decoded_columns(self, samples, positions, window, reader)
+                    continue
+                listed = samples.samples() if isinstance(samples, SampleColumns) else samples
                 del samples
+                ordered = iteration.start_window(listed)
+                del listed
                 if decoder is None and not holes:
                     # The hot path: no Python code runs per sample but the caller's.
                     yield from ordered if transform is None else map(transform, ordered)
                 else:
-                    yield from decoded_window(self, ordered, order, window, reader)  # NOTE [ Bulk decode ]
+                    yield from decoded_window(self, ordered, window, reader)  # NOTE [ Bulk decode ]
             iteration.done = True
         finally:
             reader.close()
@@ -400,7 +407,9 @@ class _Iteration:
         self._base = self._size = 0
         self._iterator: Any = None
 
-    def start_window(self, ordered: list[Any]) -> Iterator[Any]:
+    def start_window(self, ordered: Sequence[Any]) -> Iterator[Any]:
+        """An iterator over ``ordered`` (the samples of a window, or their positions), which
+        the window's samples are yielded in step with."""
         self._base += self._size
         self._size = len(ordered)
         self._iterator = iter(ordered)

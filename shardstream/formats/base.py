@@ -17,7 +17,11 @@ from __future__ import annotations
 import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import chain
 from typing import IO, Any, ClassVar, cast
+
+import numpy as np
 
 from shardstream.errors import FormatError, UsageError
 from shardstream.formats.checks import ShardChecks
@@ -26,14 +30,57 @@ from shardstream.types import ByteRange
 __all__ = [
     "FileSizer",
     "Sample",
+    "SampleColumns",
     "SampleIndex",
     "ShardEncoder",
     "ShardFormat",
     "check_covers",
+    "check_covers_all",
+    "run_positions",
     "sample_builder",
 ]
 
 Sample = dict[str, Any]
+
+
+@dataclass(slots=True)
+class SampleColumns:
+    """Samples with the same fields, a column per field: sample ``i`` is
+    ``{"__key__": keys[i], fields[0]: values[0][i], ...}``, as :meth:`samples` builds it
+    (a repeated name keeps its last value, as in a dict). A format's ``decode_runs`` gives
+    these, so that a reader reorders and decodes a column at a time and builds each
+    sample's dict once (NOTE [ Bulk decode ] in shardstream/dataset/bulk.py)."""
+
+    fields: tuple[str, ...]
+    keys: list[str]
+    values: list[list[Any]]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def samples(self) -> list[Sample]:
+        return list(map(sample_builder(self.fields), self.keys, *self.values))
+
+    def take(self, positions: list[int]) -> SampleColumns:
+        """The samples at ``positions``, in that order."""
+        return SampleColumns(
+            self.fields,
+            list(map(self.keys.__getitem__, positions)),
+            [list(map(column.__getitem__, positions)) for column in self.values],
+        )
+
+    @staticmethod
+    def joined(parts: Sequence[SampleColumns]) -> SampleColumns | None:
+        """``parts`` one after the other, or None when their fields differ."""
+        if not parts or any(part.fields != parts[0].fields for part in parts):
+            return None
+        if len(parts) == 1:
+            return parts[0]
+        keys = list(chain.from_iterable(part.keys for part in parts))
+        values = [
+            list(chain.from_iterable(part.values[f] for part in parts)) for f in range(len(parts[0].fields))
+        ]
+        return SampleColumns(parts[0].fields, keys, values)
 
 
 class SampleIndex(ABC):
@@ -60,6 +107,20 @@ class SampleIndex(ABC):
         range grown to whole check blocks (the byte range itself without checks)."""
         rng = self.byte_range(start, stop)
         return rng if self._checks is None else self._checks.widen(rng)
+
+    def byte_ranges(self, starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``byte_range`` of every run ``[starts[i], stops[i])``, as start and end arrays
+        (int64), with the same errors; a format overrides it with array arithmetic."""
+        spans = [self.byte_range(a, b) for a, b in zip(starts.tolist(), stops.tolist(), strict=True)]
+        return (
+            np.fromiter((rng.start for rng in spans), dtype=np.int64, count=len(spans)),
+            np.fromiter((rng.end for rng in spans), dtype=np.int64, count=len(spans)),
+        )
+
+    def read_ranges(self, starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``read_range`` of every run ``[starts[i], stops[i])``, as ``byte_ranges`` gives them."""
+        lo, hi = self.byte_ranges(starts, stops)
+        return (lo, hi) if self._checks is None else self._checks.widen_all(lo, hi)
 
     @property
     @abstractmethod
@@ -214,6 +275,55 @@ class ShardFormat(ABC):
         ``rng`` must contain ``index.byte_range(start, stop)``; the whole shard
         (``ByteRange(0, size)``) always does.
         """
+
+    def decode_runs(
+        self,
+        data: bytes | memoryview,
+        rng: ByteRange,
+        index: SampleIndex,
+        starts: np.ndarray,
+        stops: np.ndarray,
+        *,
+        name: str,
+    ) -> SampleColumns | list[Sample]:
+        """The samples of the runs ``[starts[i], stops[i])``, one after the other, from
+        ``data`` (the bytes of ``rng``), in one call: a reader decodes all the runs of a
+        read with it (short runs, as ``order="global"`` reads, would otherwise cost a call
+        each). The same samples as chaining :meth:`decode` over the runs, as
+        ``SampleColumns`` where the format has them; a ``FormatError`` wherever one of
+        those calls would raise one (not necessarily the same error: a reader that needs
+        the error of a run redoes the runs one by one). This default chains :meth:`decode`.
+        """
+        out: list[Sample] = []
+        for start, stop in zip(starts.tolist(), stops.tolist(), strict=True):
+            out.extend(self.decode(data, rng, index, start, stop, name=name))
+        return out
+
+
+def check_covers_all(
+    data: bytes | memoryview,
+    rng: ByteRange,
+    needs: tuple[np.ndarray, np.ndarray],
+    starts: np.ndarray,
+    stops: np.ndarray,
+    name: str,
+) -> None:
+    """``check_covers`` for every run ``[starts[i], stops[i])`` of byte range
+    ``needs[0][i], needs[1][i]``: raises the error of the first that ``data`` lacks."""
+    lo, hi = needs
+    short = (lo < rng.start) | (hi > rng.end) | (hi - rng.start > len(data))
+    if bool(short.any()):
+        i = int(np.argmax(short))
+        need = ByteRange(int(lo[i]), int(hi[i]))
+        check_covers(data, rng, need, int(starts[i]), int(stops[i]), name)
+
+
+def run_positions(starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """The sample positions of runs ``[starts[i], stops[i])`` one after the other (int64)."""
+    lengths = np.maximum(stops - starts, 0)
+    total = int(lengths.sum())
+    ends = np.cumsum(lengths)
+    return np.arange(total, dtype=np.int64) + np.repeat(starts - (ends - lengths), lengths)
 
 
 def check_covers(

@@ -113,6 +113,19 @@ class ShardChecks:
         block = self.block
         return ByteRange(rng.start - rng.start % block, min(self.size, -(-rng.end // block) * block))
 
+    def widen_all(self, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`widen` of every range ``[lo[i], hi[i])``, with its error for the first it refuses."""
+        past = hi > self.size
+        if bool(past.any()):
+            i = int(np.argmax(past))
+            self.widen(ByteRange(int(lo[i]), int(hi[i])))
+        empty = hi <= lo
+        block = self.block
+        return (
+            np.where(empty, lo, lo - lo % block),
+            np.where(empty, hi, np.minimum(self.size, -(-hi // block) * block)),
+        )
+
     def bad_blocks(self, data: bytes | memoryview, rng: ByteRange) -> list[int]:
         """Offsets of the blocks of ``rng`` whose bytes in ``data`` (those of ``rng``, from
         ``rng.start``) fail their CRC; ``rng`` must be one that :meth:`widen` gives."""

@@ -13,8 +13,18 @@ from collections.abc import Iterator
 from itertools import repeat
 from typing import IO, TYPE_CHECKING, Any
 
+import numpy as np
+
 from shardstream.errors import FormatError, UsageError
-from shardstream.formats.base import Sample, SampleIndex, ShardFormat, check_covers
+from shardstream.formats.base import (
+    Sample,
+    SampleColumns,
+    SampleIndex,
+    ShardFormat,
+    check_covers,
+    check_covers_all,
+    run_positions,
+)
 from shardstream.types import ByteRange
 
 if TYPE_CHECKING:
@@ -141,6 +151,28 @@ class ParquetFormat(ShardFormat):
         check_covers(data, rng, need, start, stop, name)
         return iter(_rows(data, rng.start, index, start, stop, name))
 
+    def decode_runs(
+        self,
+        data: bytes | memoryview,
+        rng: ByteRange,
+        index: SampleIndex,
+        starts: np.ndarray,
+        stops: np.ndarray,
+        *,
+        name: str,
+    ) -> SampleColumns | list[Sample]:
+        from shardstream.formats.parquet.index import ParquetIndex
+
+        if not isinstance(index, ParquetIndex):
+            raise UsageError(f"a Parquet shard needs a ParquetIndex, not {type(index).__name__}", shard=name)
+        lo, hi = index.byte_ranges(starts, stops)  # checks the runs
+        some = stops > starts
+        if not bool(some.any()):
+            return []
+        starts, stops = starts[some], stops[some]
+        check_covers_all(data, rng, (lo[some], hi[some]), starts, stops, name)
+        return _rows_at(data, rng.start, index, run_positions(starts, stops), name)
+
 
 def _has_key_column(metadata: pq.FileMetaData) -> bool:
     import pyarrow as pa
@@ -215,20 +247,51 @@ class _SparseFile(io.RawIOBase):
         return len(chunk)
 
 
+def _sparse(data: bytes | memoryview, base: int, index: ParquetIndex) -> _SparseFile:
+    """The shard as pyarrow reads it: ``data`` from ``base``, and the footer."""
+    from shardstream.formats.parquet.index import MAGIC
+
+    footer = index.footer
+    tail = footer + struct.pack("<I", len(footer)) + MAGIC
+    return _SparseFile(index.file_size, [(base, data), (index.file_size - len(tail), tail)])
+
+
+def _rows_at(
+    data: bytes | memoryview, base: int, index: ParquetIndex, rows: np.ndarray, name: str
+) -> SampleColumns:
+    """The rows at ``rows`` (sorted or not), as columns: their row groups are read once."""
+    import pyarrow.parquet as pq
+
+    from shardstream.formats.parquet.index import KEY_COLUMN
+    from shardstream.formats.parquet.typed import as_bytes
+
+    groups = index.row_groups_of(rows)
+    needed, at = np.unique(groups, return_inverse=True)
+    counts = index.group_rows(needed)
+    offsets = np.cumsum(counts) - counts  # where each needed group starts in the table
+    taken = offsets[at] + rows - index.first_rows(groups)
+    try:
+        parquet = pq.ParquetFile(_sparse(data, base, index), metadata=index.metadata, pre_buffer=False)
+        table = parquet.read_row_groups(needed.tolist(), use_threads=False).take(taken)
+        names = [n for n in table.column_names if n != KEY_COLUMN]  # a non-str __key__ is no sample data
+        typed = index.typed_columns  # read back as the bytes they were made from: NOTE [ Typed columns ]
+        columns = [as_bytes(table.column(n)) if n in typed else table.column(n).to_pylist() for n in names]
+    except _arrow_errors() as error:
+        raise FormatError(f"cannot decode {len(rows)} rows: {error}", shard=name) from None
+    return SampleColumns(tuple(names), index.keys_at(rows), columns)
+
+
 def _rows(
     data: bytes | memoryview, base: int, index: ParquetIndex, start: int, stop: int, name: str
 ) -> Iterator:
     import pyarrow.parquet as pq
 
-    from shardstream.formats.parquet.index import KEY_COLUMN, MAGIC
+    from shardstream.formats.parquet.index import KEY_COLUMN
     from shardstream.formats.parquet.typed import as_bytes
 
     lo, hi = index.row_groups(start, stop)
-    footer = index.footer
-    tail = footer + struct.pack("<I", len(footer)) + MAGIC
-    sparse = _SparseFile(index.file_size, [(base, data), (index.file_size - len(tail), tail)])
     try:
-        parquet = pq.ParquetFile(sparse, metadata=index.metadata, pre_buffer=False)
+        parquet = pq.ParquetFile(_sparse(data, base, index), metadata=index.metadata, pre_buffer=False)
         table = parquet.read_row_groups(list(range(lo, hi)), use_threads=False)
         table = table.slice(start - index.first_row(lo), stop - start)
         names = [n for n in table.column_names if n != KEY_COLUMN]  # a non-str __key__ is no sample data

@@ -177,6 +177,42 @@ class ParquetIndex(SampleIndex):
     def first_row(self, group: int) -> int:
         return int(self._spans[group, 0])
 
+    def row_groups_of(self, rows: np.ndarray) -> np.ndarray:
+        """The row group of each row at ``rows``."""
+        return np.searchsorted(self._spans[:, 0], rows, side="right") - 1
+
+    def first_rows(self, groups: np.ndarray) -> np.ndarray:
+        return self._spans[groups, 0]
+
+    def group_rows(self, groups: np.ndarray) -> np.ndarray:
+        """The number of rows of each row group at ``groups``."""
+        return self._spans[groups, 1]
+
+    def keys_at(self, rows: np.ndarray) -> list[str]:
+        """The keys of the samples at ``rows``, in that order."""
+        if self._keys is not None:
+            return list(map(self._keys.__getitem__, rows.tolist()))
+        return [f"{self._name}:{row}" for row in rows.tolist()]
+
+    def byte_ranges(self, starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        n, spans = self._num_samples, self._spans
+        outside = (starts < 0) | (starts > stops) | (stops > n)
+        if bool(outside.any()) or not self._in_file_order():
+            return super().byte_ranges(starts, stops)  # the errors, or row groups out of file order
+        lo, hi = np.zeros(starts.shape, dtype=np.int64), np.zeros(starts.shape, dtype=np.int64)
+        some = starts < stops  # an empty run's range is (0, 0)
+        if bool(some.any()):
+            first = spans[:, 0]
+            lo[some] = spans[np.searchsorted(first, starts[some], side="right") - 1, 2]
+            hi[some] = spans[np.searchsorted(first, stops[some] - 1, side="right") - 1, 3]
+        return lo, hi
+
+    def _in_file_order(self) -> bool:
+        """Whether each row group's bytes start and end after the previous one's (pyarrow's
+        files, and most), so a run's bytes run from its first group's start to its last's end."""
+        spans = self._spans
+        return not bool(np.any(np.diff(spans[:, 2]) < 0) or np.any(np.diff(spans[:, 3]) < 0))
+
     def byte_range(self, start: int, stop: int) -> ByteRange:
         n = self._num_samples
         if not 0 <= start <= stop <= n:

@@ -11,11 +11,21 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import IO
 
+import numpy as np
+
 from shardstream.errors import UsageError
-from shardstream.formats.base import FileSizer, Sample, SampleIndex, ShardFormat, check_covers
+from shardstream.formats.base import (
+    FileSizer,
+    Sample,
+    SampleColumns,
+    SampleIndex,
+    ShardFormat,
+    check_covers,
+    check_covers_all,
+)
 from shardstream.formats.tar.header import file_sample_sizer
 from shardstream.formats.tar.index import TarIndex
-from shardstream.formats.tar.read import tar_samples
+from shardstream.formats.tar.read import tar_runs, tar_samples
 from shardstream.formats.tar.scan import check_fields, scan_tar
 from shardstream.formats.tar.write import TarEncoder, sample_size
 from shardstream.types import ByteRange
@@ -78,3 +88,18 @@ class TarFormat(ShardFormat):
         need = index.byte_range(start, stop)
         check_covers(data, rng, need, start, stop, name)
         return tar_samples(data, rng.start, index, start, stop)
+
+    def decode_runs(
+        self,
+        data: bytes | memoryview,
+        rng: ByteRange,
+        index: SampleIndex,
+        starts: np.ndarray,
+        stops: np.ndarray,
+        *,
+        name: str,
+    ) -> SampleColumns | list[Sample]:
+        if not isinstance(index, TarIndex):
+            raise UsageError(f"a tar shard needs a TarIndex, not {type(index).__name__}", shard=name)
+        check_covers_all(data, rng, index.byte_ranges(starts, stops), starts, stops, name)
+        return tar_runs(data, rng.start, index, starts, stops)

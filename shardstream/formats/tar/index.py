@@ -171,8 +171,28 @@ class TarIndex(SampleIndex):
         end = int(self._member_offset[last]) + int(self._member_size[last])
         return ByteRange(int(self._sample_start[start]), end)
 
+    def byte_ranges(self, starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        n = len(self._keys)
+        outside = (starts < 0) | (starts > stops) | (stops > n)
+        if bool(outside.any()):
+            i = int(np.argmax(outside))
+            self.byte_range(int(starts[i]), int(stops[i]))  # raises, naming the run
+        empty = starts == stops
+        if not n:
+            ends = np.full(starts.shape, self._archive_end, dtype=np.int64)
+            return ends, ends.copy()
+        first = self._sample_start[np.minimum(starts, n - 1)]
+        last = self._member_first[stops] - 1
+        end = self._member_offset[last] + self._member_size[last]
+        at = np.where(starts < n, first, self._archive_end)
+        return np.where(empty, at, first), np.where(empty, at, end)
+
     def key_slice(self, start: int, stop: int) -> list[str]:
         return self._keys[start:stop]
+
+    def keys_at(self, positions: np.ndarray) -> list[str]:
+        """The keys of the samples at ``positions``, in that order."""
+        return list(map(self._keys.__getitem__, positions.tolist()))
 
     def members(self, start: int, stop: int) -> tuple[int, int]:
         """The flat member positions ``[m0, m1)`` of samples ``[start, stop)``."""
@@ -199,6 +219,15 @@ class TarIndex(SampleIndex):
     def member_fields(self, m0: int, m1: int) -> list[str]:
         fields = self._fields
         return [fields[i] for i in self._member_field[m0:m1].tolist()]
+
+    def member_first_at(self, positions: np.ndarray) -> np.ndarray:
+        """The flat position of the first member of each sample at ``positions``."""
+        return self._member_first[positions]
+
+    def member_spans_at(self, members: np.ndarray, base: int) -> tuple[list[int], list[int]]:
+        """Start and end of the data of the members at ``members``, relative to ``base``."""
+        starts = self._member_offset[members] - base
+        return starts.tolist(), (starts + self._member_size[members]).tolist()
 
     def member_spans(self, m0: int, m1: int, base: int) -> tuple[list[int], list[int]]:
         """Start and end of each member's data, relative to ``base``."""

@@ -17,6 +17,9 @@
 #   Field names enter the generated code only as ``repr()`` literals.
 # Values stay ``bytes``, as webdataset gives them, so each field is copied once: out of
 # the page cache for a mapped range, out of the response body for object storage.
+# ``tar_runs`` does the same for many runs of one read at once (the dataset's reader
+# decodes a read's runs in one call): the members of all the runs come from one numpy
+# gather, and uniform samples come back as columns, not dicts (``SampleColumns``).
 """
 
 from __future__ import annotations
@@ -28,12 +31,12 @@ from typing import Any
 
 import numpy as np
 
-from shardstream.formats.base import Sample, sample_builder
+from shardstream.formats.base import Sample, SampleColumns, run_positions, sample_builder
 from shardstream.formats.tar.header import BLOCK as HEADER_BLOCK
 from shardstream.formats.tar.index import TarIndex
 from shardstream.formats.tar.members import check_uncompressed
 
-__all__ = ["BLOCK", "sample_builder", "tar_samples"]
+__all__ = ["BLOCK", "sample_builder", "tar_runs", "tar_samples"]
 
 # Objects whose slices are ``bytes``; taken at import, so a test that patches
 # ``mmap.mmap`` with a recording function does not break the isinstance checks.
@@ -76,6 +79,29 @@ def tar_samples(
         return map(build, keys[i : i + BLOCK], *repeat(values, k))
 
     return chain.from_iterable(map(block, range(0, len(keys), BLOCK)))
+
+
+def tar_runs(
+    data: bytes | memoryview, base: int, index: TarIndex, starts: np.ndarray, stops: np.ndarray
+) -> SampleColumns | list[Sample]:
+    """The samples of runs ``[starts[i], stops[i])``, one after the other, from ``data``
+    (the shard's bytes from offset ``base``): columns when every sample of the shard has
+    the same fields (NOTE [ Fast tar decode ]). The caller has checked that ``data`` holds them."""
+    if base == 0 and len(starts):  # as tar_samples checks, once per run
+        check_uncompressed(bytes(data[:HEADER_BLOCK]), index.name)
+    uniform = index.uniform_fields()
+    if uniform is None:
+        pairs = zip(starts.tolist(), stops.tolist(), strict=True)
+        return [sample for a, b in pairs for sample in tar_samples(data, base, index, a, b)]
+    positions = run_positions(starts, stops)
+    keys = index.keys_at(positions)
+    k = len(uniform)
+    if not k:
+        return SampleColumns((), keys, [])
+    members = (index.member_first_at(positions)[:, None] + np.arange(k)).ravel()
+    cut = _Cutter(data)
+    values = cut(*index.member_spans_at(members, base - cut.offset))
+    return SampleColumns(uniform, keys, [values[f::k] for f in range(k)])
 
 
 class _Cutter:
