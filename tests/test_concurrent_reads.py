@@ -110,8 +110,12 @@ def _read_through(proxy, url: str, options: dict, rng, size: int, **retry: float
 
 
 @pytest.mark.s3
-def test_a_long_read_on_a_fast_connection_is_one_get(s3, moto_server):
-    # moto copies the whole object for every GET: parts cut up front multiplied its work
+def test_a_long_read_on_a_fast_connection_is_one_get(s3, moto_server, monkeypatch):
+    from shardstream.storage import parts
+
+    # moto copies the whole object for every GET: parts cut up front multiplied its work.
+    # Every connection counts as fast here (how fast loopback is depends on the machine's load).
+    monkeypatch.setattr(parts, "FAST_CONNECTION", 0)
     url, options, data = _blob(s3, 12 * MB + 5)
     with RangeRecorder(moto_server.endpoint, latency=0, bandwidth=0) as proxy:
         whole = _read_through(proxy, url, options, None, len(data))
@@ -122,7 +126,12 @@ def test_a_long_read_on_a_fast_connection_is_one_get(s3, moto_server):
 
 
 @pytest.mark.s3
-def test_a_long_read_on_a_slow_connection_is_cut_into_parts_that_tile_it(s3, moto_server):
+def test_a_long_read_on_a_slow_connection_is_cut_into_parts_that_tile_it(s3, moto_server, monkeypatch):
+    from shardstream.storage import parts
+
+    # Every rate counts as slow: bytes that waited in the socket's buffers can make even a
+    # capped connection look fast for a while, and this test must not depend on timing.
+    monkeypatch.setattr(parts, "FAST_CONNECTION", float("inf"))
     url, options, data = _blob(s3, 6 * MB + 7)
     with RangeRecorder(moto_server.endpoint, latency=0.01, bandwidth=8 * MB) as proxy:
         got = _read_through(proxy, url, options, None, len(data))
@@ -136,8 +145,21 @@ def test_a_long_read_on_a_slow_connection_is_cut_into_parts_that_tile_it(s3, mot
     assert spans[0][0] >= PROBE  # the probe's bytes are never asked for again
 
 
+def test_a_cut_that_did_not_pay_leaves_the_next_long_reads_uncut():
+    from shardstream.storage.parts import CUT_GAIN, UNCUT_READS
+
+    pool = ReadPool(4)
+    pool.cut_paid(40e6, 4 * 40e6)  # four GETs carried four times one's bytes: cut again
+    assert pool.may_cut()
+    pool.cut_paid(150e6, CUT_GAIN * 150e6 * 0.9)  # the CPU was the limit, not the connection
+    assert [pool.may_cut() for _ in range(UNCUT_READS + 1)] == [False] * UNCUT_READS + [True]
+
+
 @pytest.mark.s3
-def test_a_read_cut_short_asks_again_for_the_rest_only(s3, moto_server):
+def test_a_read_cut_short_asks_again_for_the_rest_only(s3, moto_server, monkeypatch):
+    from shardstream.storage import parts
+
+    monkeypatch.setattr(parts, "FAST_CONNECTION", 0)  # never cut into parts: one GET and its retries
     url, options, data = _blob(s3, 5 * MB + 12345)
     # every new request is cut off halfway (the same one asked again goes through)
     with FaultProxy(
@@ -256,7 +278,12 @@ def test_an_epoch_through_the_wan_proxy_is_exact_with_requests_in_flight(s3, mot
 
 
 @pytest.mark.s3
-def test_the_cache_is_filled_on_the_cold_epoch_and_read_on_the_warm_one(s3, moto_server, tmp_path):
+def test_the_cache_is_filled_on_the_cold_epoch_and_read_on_the_warm_one(
+    s3, moto_server, tmp_path, monkeypatch
+):
+    from shardstream.storage import parts
+
+    monkeypatch.setattr(parts, "FAST_CONNECTION", 0)  # a fast connection, whatever the machine's load
     base, options = s3
     payloads = _pack(base + "/ds", options, shards=3, samples=10, size=300 * 1024)
     with Recorder(moto_server.endpoint) as proxy:
@@ -274,7 +301,7 @@ def test_the_cache_is_filled_on_the_cold_epoch_and_read_on_the_warm_one(s3, moto
         dataset.storage.close()
     assert cold == warm == payloads
     assert len({name for name, _ in cold_gets}) == 3
-    assert sorted(rng for _, rng in cold_gets) == [""] * 3  # on loopback, each in one plain GET
+    assert sorted(rng for _, rng in cold_gets) == [""] * 3  # each in one plain GET
     assert proxy.shard_gets() == []  # the warm epoch asked the store for no shard bytes
     entries = [n for n in os.listdir(tmp_path / "cache") if n.startswith("sscache-") and "." not in n]
     assert len(entries) == 6  # 3 shards and their sidecars

@@ -3,18 +3,19 @@
 # NOTE [ Getting the bytes ]
 # Object storage: one GET stream is bounded by latency x window, so a worker keeps
 # ``read_concurrency`` requests in flight (``READ_THREADS`` by default): the reads of a
-# window run at once, a long one (a run of large samples, a whole shard) in parts into one
-# buffer (NOTE [ Reads in parts ] in shardstream/storage/parts.py), and the windows after
-# the current one are fetched while it is decoded, as far as NOTE [ Read budget ] (in
-# budget.py) allows. With ``cache_dir`` a shard's first read fills its cache entry the
-# same way (NOTE [ Filling the cache ] in shardstream/storage/cached.py), later ones map it.
+# window run at once, a long one (a run of large samples, a whole shard) as one GET into
+# one buffer, cut into parts in flight where its connection proves slow (NOTE [ Reads in
+# parts ] in shardstream/storage/parts.py), and the windows after the current one are
+# fetched while it is decoded, as far as NOTE [ Read budget ] (in budget.py) allows. With
+# ``cache_dir`` a shard's first read fills its cache entry the same way (NOTE [ Filling
+# the cache ] in shardstream/storage/cached.py), later ones map it.
 #
 # Local files are read with ``pread`` into one buffer per range, in the prefetch thread
 # (the GIL is released while the kernel copies), ``PIECE`` bytes at a time, each piece's
 # check blocks (NOTE [ Checksummed reads ] in formats/checks.py) checked right after its
-# read, while the piece is in the CPU's cache: checking a whole 30 MB range afterwards was
-# a second pass over memory and cost 16% of small-sample throughput. Shards in the local cache are
-# memory-mapped instead and their fields copied once, straight from the page cache
+# read, while the piece is in the CPU's cache: checking a whole 30 MB range afterwards
+# was a second pass over memory. Shards in the local cache are memory-mapped instead and
+# their fields copied once, straight from the page cache
 # (measured 20-40% faster than a read for 300-byte tar samples). Why not map local
 # files too: a mapping outlives any size check (the next window is mapped while this one
 # is decoded, and a DataLoader worker decodes most of the time), so a shard truncated in
@@ -111,8 +112,11 @@ class ByteFetcher:
         if expected is None:  # what ``expectations(manifest)`` gives; a dataset passes its own
             expected = expectations(manifest) if manifest is not None else {}
         self._expected: Mapping[str, Expected] = expected
-        self._pool = ReadPool(threads) if threads > 1 and not storage.local_files else None
-        # a cached dataset's entries are filled in parts too (NOTE [ Filling the cache ])
+        # A cached dataset's reads run at once too (each fills its entry on first use, as a
+        # remote read would fetch it), and its fills cut into parts in another pool (NOTE
+        # [ Filling the cache ]): a pool's thread never waits for its own pool.
+        remote = storage.cached or not storage.local_files
+        self._pool = ReadPool(threads) if threads > 1 and remote else None
         self._fill_pool = ReadPool(threads) if threads > 1 and storage.cached else None
 
     @property
@@ -165,7 +169,8 @@ class ByteFetcher:
         if rng is None:
             expect = self._expected.get(path)
             rng = ByteRange(0, expect.size) if expect is not None and expect.size is not None else None
-        return rng is not None and self._pool is not None and len(split(rng)) > 1
+        cut = rng is not None and not self.storage.cached and len(split(rng)) > 1
+        return cut and self._pool is not None
 
     def read(self, path: str, rng: ByteRange | None) -> bytes | memoryview:
         expect = self._expected.get(path)

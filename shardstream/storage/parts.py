@@ -10,15 +10,22 @@
 # starts as ONE GET (a plain one for a whole object) whose body is read in order, and is
 # cut only when that response shows the connection is the limit:
 # - The probe: its first ``PROBE`` bytes. The time to the response's headers is the
-#   request's latency; the rate is that of its second MiB (the first one also carries
-#   the server's start: up to 10 ms on loopback moto, where later MiBs take 0.2-1 ms).
-# - A connection that carries ``FAST_CONNECTION`` or more is not what limits a worker
-#   (its CPU is, and more GETs only add work): the GET reads on to the end.
-# - A slower one (40 MB/s through 30 ms of latency; S3 gives tens of MB/s per connection)
-#   has the rest cut into parts that last about ``PART_LATENCIES`` latencies each at its
-#   rate (so a part's latency is a small share of its time), ``PART_MIN`` to ``PART_MAX``
-#   bytes, at most the pool's threads: the first GET reads on to the end of the first
-#   part and stops there, the others are ranged GETs in the pool's threads.
+#   request's latency; the rate is the GET's since its first MiB (which also carries the
+#   server's start: up to 10 ms on loopback moto, where later MiBs take 0.2-1 ms), looked
+#   at again after each MiB: bytes that waited in the socket's buffers while this thread
+#   was busy arrive at once and look fast, and weigh less with every MiB that follows.
+# - While the connection carries ``FAST_CONNECTION`` or more it is not what limits a
+#   worker (its CPU is, and more GETs only add work): the GET reads on.
+# - Once it carries less (40 MB/s through 30 ms of latency; S3 gives tens of MB/s per
+#   connection), the rest is cut into parts that last about ``PART_LATENCIES`` latencies
+#   each at its rate (so a part's latency is a small share of its time), ``PART_MIN`` to
+#   ``PART_MAX`` bytes, at most ``PARTS`` of them (a server that copies the object for
+#   each GET does it at most ``PARTS`` times more; the worker's other reads keep more
+#   GETs in flight): the first GET reads on to the end of the first part and stops there,
+#   the others are ranged GETs in the pool's threads.
+# - A cut that does not pay (the parts together under ``CUT_GAIN`` times the one GET's
+#   rate: the CPU, here or at the server, is the limit, as on a loaded loopback where a
+#   GET runs at 100-200 MB/s) leaves the pool's next ``UNCUT_READS`` long reads uncut.
 # Each part, and the first GET, is retried alone (NOTE [ One retry layer ] in retry.py): a
 # try that fails after some of its bytes arrived asks again for the rest only. The bytes
 # go to a ``Sink`` as they arrive, in order within each part: one buffer allocated up
@@ -61,11 +68,13 @@ __all__ = [
 
 PART_MIN = 1 * 2**20
 PART_MAX = 8 * 2**20
-PARTS = 4  # where nothing was measured: a read is cut into this many parts
+PARTS = 4  # a read is cut into at most this many parts (this many where nothing was measured)
 CHUNK = PART_MIN  # the first GET's body is read in pieces of this many bytes
 PROBE = 2 * CHUNK  # its bytes before it may be cut (NOTE [ Reads in parts ])
 FAST_CONNECTION = 256 * 2**20  # bytes/s: a GET this fast is never cut
 PART_LATENCIES = 2  # a part lasts about this many latencies at the measured rate
+CUT_GAIN = 1.5  # a cut read must be this much faster than one GET, or reads stop being cut
+UNCUT_READS = 8  # for this many long reads, then a cut is tried again
 
 T = TypeVar("T")
 
@@ -90,6 +99,7 @@ class ReadPool:
         if threads < 1:
             raise UsageError(f"a read pool needs at least 1 thread, not {threads}")
         self.threads = threads
+        self._skip_cuts = 0  # long reads left that are not cut (see ``cut_paid``)
         self._pool: ThreadPoolExecutor | None = None
         self._pid = -1
         self._lock = threading.Lock()
@@ -110,6 +120,20 @@ class ReadPool:
                 self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="shardstream-read")
                 self._pid = pid
             return self._pool
+
+    def may_cut(self) -> bool:
+        """Whether the next long read may be cut into parts (see ``cut_paid``)."""
+        if self._skip_cuts:
+            self._skip_cuts -= 1
+            return False
+        return True
+
+    def cut_paid(self, before: float, after: float) -> None:
+        """A cut read went at ``after`` bytes/s against ``before`` on one GET: where that
+        is not ``CUT_GAIN`` times faster, the connection was not the limit (the CPU was,
+        here or at the server), and the next ``UNCUT_READS`` long reads are not cut."""
+        if after < CUT_GAIN * before:
+            self._skip_cuts = UNCUT_READS
 
     def close(self) -> None:
         pool, self._pool = self._pool, None
@@ -181,35 +205,40 @@ def read_long(
     stream = _Stream(storage, path, rng, size, whole_object)
     try:
         stream.read_to(min(rng.end, rng.start + PROBE), sink)
+        if pool is None or not pool.may_cut():
+            stream.read_to(rng.end, sink)
+            return
         parts = _cut(ByteRange(stream.pos, rng.end), stream, pool)
-        later = [
-            cast(ReadPool, pool).submit(_read_part, storage, path, part, size, sink) for part in parts[1:]
-        ]
+        while len(parts) == 1:  # fast so far: a chunk more, and look again
+            stream.read_to(min(rng.end, stream.pos + CHUNK), sink)
+            parts = _cut(ByteRange(stream.pos, rng.end), stream, pool)
+        if not parts:
+            return
+        before, started = cast(float, stream.rate()), time.monotonic()
+        later = [pool.submit(_read_part, storage, path, part, size, sink) for part in parts[1:]]
         try:
-            if parts:
-                stream.read_to(parts[0].end, sink)
+            stream.read_to(parts[0].end, sink)
         except BaseException:
             for future in later:
                 future.cancel()
             wait(later)  # no thread still writes to the sink
             raise
         wait_all(later)
+        pool.cut_paid(before, (rng.end - parts[0].start) / max(time.monotonic() - started, 1e-6))
     finally:
         stream.close()
 
 
 def _cut(rest: ByteRange, stream: _Stream, pool: ReadPool | None) -> list[ByteRange]:
-    """The parts of ``rest`` after the probe: the first is the probing GET's."""
+    """The parts of ``rest``: one (the probing GET reads on) while its connection is fast
+    or not yet measured, else the first for the probing GET and the others for the pool."""
+    rate = stream.rate()
     if not rest.length:
         return []
-    if pool is None or stream.latency is None:
+    if pool is None or stream.latency is None or rate is None or rate >= FAST_CONNECTION:
         return [rest]
-    if stream.rate is None:  # the probe was retried: nothing measured, cut as before
-        return split(rest, min(PARTS, pool.threads))
-    if stream.rate >= FAST_CONNECTION:
-        return [rest]
-    part = max(1.0, stream.rate * PART_LATENCIES * stream.latency)
-    return split(rest, min(pool.threads, -(-rest.length // int(part))))
+    part = max(1.0, rate * PART_LATENCIES * stream.latency)
+    return split(rest, min(PARTS, pool.threads, -(-rest.length // int(part))))
 
 
 def _read_part(storage: Storage, path: str, part: ByteRange, size: int | None, sink: Sink) -> None:
@@ -222,8 +251,8 @@ def _read_part(storage: Storage, path: str, part: ByteRange, size: int | None, s
 class _Stream:
     """The first GET of a long read: its body read in order into a sink, up to a stop
     that the caller moves; a failed try asks again for the bytes not yet read (a ranged
-    GET), in ``Storage``'s retries. It measures the latency (time to the headers) and the
-    rate (of the second ``CHUNK``) of its first try (NOTE [ Reads in parts ])."""
+    GET), in ``Storage``'s retries. It measures the latency (time to the headers of the
+    first GET that answers) and the rate of the GET being read (NOTE [ Reads in parts ])."""
 
     def __init__(self, storage: Storage, path: str, rng: ByteRange, size: int | None, whole: bool) -> None:
         self.storage, self.path, self.rng, self.size, self.whole = storage, path, rng, size, whole
@@ -231,9 +260,8 @@ class _Stream:
         self.pos = rng.start
         self.body: Any = None
         self.latency: float | None = None
-        self.rate: float | None = None
-        self._tries = 0
-        self._mark = 0.0  # when the first CHUNK was in
+        self._mark: tuple[int, float] | None = None  # (pos, time) once a GET's first CHUNK is in
+        self._opened_at = rng.start  # where the GET being read began
 
     def read_to(self, stop: int, sink: Sink) -> None:
         self.storage._retry(lambda: self._try(stop, sink), "read", self.path, ByteRange(self.pos, stop))
@@ -256,24 +284,27 @@ class _Stream:
             raise
 
     def _open(self) -> None:
-        self._tries += 1
         rng = None if self.whole and self.pos == 0 else ByteRange(self.pos, self.rng.end)
         started = time.monotonic()
         try:
             self.body = self.storage._backend.stream(self.fspath, rng, self.size)
         except SizeChanged as changed:
             raise self.storage._changed(self.path, rng, changed.actual, self.size) from None
-        if self._tries == 1:
+        if self.latency is None:  # the first GET that answered
             self.latency = time.monotonic() - started
+        self._opened_at, self._mark = self.pos, None
 
     def _measure(self) -> None:
-        if self._tries != 1 or self.rate is not None:
-            return
-        done, now = self.pos - self.rng.start, time.monotonic()
-        if done == CHUNK:
-            self._mark = now
-        elif done == 2 * CHUNK:
-            self.rate = CHUNK / max(now - self._mark, 1e-6)
+        if self._mark is None and self.pos - self._opened_at >= CHUNK:
+            self._mark = (self.pos, time.monotonic())
+
+    def rate(self) -> float | None:
+        """Bytes/s of the GET being read, since its first CHUNK (None before a second one
+        is in): a burst of bytes that waited in the socket's buffers while this thread
+        was busy weighs less and less as the GET goes on."""
+        if self._mark is None or self.pos - self._mark[0] < CHUNK:
+            return None
+        return (self.pos - self._mark[0]) / max(time.monotonic() - self._mark[1], 1e-6)
 
     def close(self) -> None:
         body, self.body = self.body, None
