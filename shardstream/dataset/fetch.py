@@ -140,11 +140,10 @@ class ByteFetcher:
         def one(item: Item, check: Check | None = None) -> bytes | memoryview:
             path, rng = item
             try:
-                if check is not None and rng is not None and rng.length and self.checks_as_read:
-                    piece = max(1, PIECE // check.block) * check.block
-                    return self.storage.read_pieces(
-                        path, rng, piece, check.see, expect=self._expected.get(path)
-                    )
+                if rng is not None and rng.length and self.checks_as_read:  # copied, checked or not
+                    piece = max(1, PIECE // check.block) * check.block if check is not None else rng.length
+                    see = check.see if check is not None else _unchecked
+                    return self.storage.read_pieces(path, rng, piece, see, expect=self._expected.get(path))
                 return self.read(path, rng)
             except StorageError as error:
                 raise on_error(error, item) from error
@@ -187,3 +186,7 @@ class ByteFetcher:
         for pool in (self._pool, self._fill_pool):
             if pool is not None:
                 pool.close()
+
+
+def _unchecked(rng: ByteRange, data: memoryview) -> None:
+    """The check of a read that has none."""

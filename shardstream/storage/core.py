@@ -27,7 +27,7 @@ from shardstream.storage import local
 from shardstream.storage.backend import Backend, backend_for
 from shardstream.storage.cache import ShardCache
 from shardstream.storage.expect import Expected, SizeChanged, short_read, short_whole_read, size_changed_error
-from shardstream.storage.parts import ReadPool, read_parts
+from shardstream.storage.parts import ReadPool, buffer, read_parts
 from shardstream.storage.retry import RetryPolicy, call_with_retry, is_not_found, permanent_error
 from shardstream.storage.s3read import S3Reader
 from shardstream.storage.streams import RangeReader
@@ -210,7 +210,7 @@ class Storage:
         while it is in the CPU's cache: a check then costs no second pass over memory).
         A try that fails is made again whole, so ``each`` may see a piece twice. Not
         through the cache (its entries are mapped)."""
-        out = memoryview(bytearray(rng.length))
+        out = buffer(rng.length)
         fspath = self._fspath(path)
         size = expect.size if expect is not None else None
 
