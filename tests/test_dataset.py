@@ -184,9 +184,9 @@ class RecordingReads:
         self.reads: list[tuple[str, ByteRange | None]] = []
         original = ByteFetcher.read
 
-        def read(fetcher, path, rng=None):
+        def read(fetcher, path, rng=None, *check):
             self.reads.append((path, rng))
-            return original(fetcher, path, rng)
+            return original(fetcher, path, rng, *check)
 
         monkeypatch.setattr(ByteFetcher, "read", read)
 

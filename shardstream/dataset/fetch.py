@@ -112,12 +112,13 @@ class ByteFetcher:
         if expected is None:  # what ``expectations(manifest)`` gives; a dataset passes its own
             expected = expectations(manifest) if manifest is not None else {}
         self._expected: Mapping[str, Expected] = expected
-        # A cached dataset's reads run at once too (each fills its entry on first use, as a
-        # remote read would fetch it), and its fills cut into parts in another pool (NOTE
-        # [ Filling the cache ]): a pool's thread never waits for its own pool.
+        # The reads of a window run at once in one pool, long ones too (a cached dataset's
+        # fill their entries on first use), and the parts a long read is cut into in
+        # another (NOTE [ Reads in parts ], [ Filling the cache ]): a pool's thread never
+        # waits for its own pool.
         remote = storage.cached or not storage.local_files
         self._pool = ReadPool(threads) if threads > 1 and remote else None
-        self._fill_pool = ReadPool(threads) if threads > 1 and storage.cached else None
+        self._part_pool = ReadPool(threads) if threads > 1 and remote else None
 
     @property
     def checks_as_read(self) -> bool:
@@ -132,58 +133,52 @@ class ByteFetcher:
         checks: Sequence[Check | None] | None = None,
     ) -> list[bytes | memoryview]:
         """The bytes of every item, in order; a ``StorageError`` is passed through
-        ``on_error`` (which names the shard and samples) and raised. Short reads run in
-        the pool's threads at once; a long one is cut into parts that do. Where
+        ``on_error`` (which names the shard and samples) and raised. The reads run in
+        the pool's threads at once; a long one may be cut into parts that do too. Where
         ``checks_as_read``, each item's check (``checks``, by position) runs on its
         bytes as they are read."""
 
         def one(item: Item, check: Check | None = None) -> bytes | memoryview:
-            path, rng = item
             try:
-                if rng is not None and rng.length and self.checks_as_read:  # copied, checked or not
-                    piece = max(1, PIECE // check.block) * check.block if check is not None else rng.length
-                    see = check.see if check is not None else _unchecked
-                    return self.storage.read_pieces(path, rng, piece, see, expect=self._expected.get(path))
-                return self.read(path, rng)
+                return self.read(*item, check)
             except StorageError as error:
                 raise on_error(error, item) from error
 
         pool = self._pool
         if pool is None or not items:
             return [one(item, checks[i] if checks else None) for i, item in enumerate(items)]
-        long = [self._is_long(*item) for item in items]
-        futures = {i: pool.submit(one, item) for i, item in enumerate(items) if not long[i]}
-        results: list[bytes | memoryview] = []
+        futures = [pool.submit(one, item) for item in items]
         try:
-            for i, item in enumerate(items):
-                results.append(one(item) if long[i] else futures[i].result())
+            return [future.result() for future in futures]
         finally:
-            for future in futures.values():
+            for future in futures:
                 future.cancel()
-        return results
 
     def _is_long(self, path: str, rng: ByteRange | None) -> bool:
-        """Whether a read is cut into parts (the caller's thread waits for them: a thread
-        of the pool waiting for its own pool could wait forever)."""
+        """Whether a read may be cut into parts (NOTE [ Reads in parts ])."""
         if rng is None:
             expect = self._expected.get(path)
             rng = ByteRange(0, expect.size) if expect is not None and expect.size is not None else None
-        cut = rng is not None and not self.storage.cached and len(split(rng)) > 1
-        return cut and self._pool is not None
+        return rng is not None and not self.storage.cached and len(split(rng)) > 1
 
-    def read(self, path: str, rng: ByteRange | None) -> bytes | memoryview:
+    def read(self, path: str, rng: ByteRange | None, check: Check | None = None) -> bytes | memoryview:
+        """The bytes of one item; ``check`` as for ``read_all``."""
         expect = self._expected.get(path)
+        if rng is not None and rng.length and self.checks_as_read:  # copied, checked or not
+            piece = max(1, PIECE // check.block) * check.block if check is not None else rng.length
+            see = check.see if check is not None else _unchecked
+            return self.storage.read_pieces(path, rng, piece, see, expect=expect)
         if rng is not None and rng.length and self.storage.cached:
             # the cache entry, checked against expect
-            return self.storage.map(path, rng, expect=expect, pool=self._fill_pool)
+            return self.storage.map(path, rng, expect=expect, pool=self._part_pool)
         if rng is not None and rng.length and self.mapped:  # a local folder's, checked against expect
             return self.storage.map(path, rng, expect=expect)
-        if self._pool is not None and self._is_long(path, rng):
-            return self.storage.read_parts(path, rng, expect=expect, pool=self._pool)
+        if self._part_pool is not None and self._is_long(path, rng):
+            return self.storage.read_parts(path, rng, expect=expect, pool=self._part_pool)
         return self.storage.read(path, rng, expect=expect)
 
     def close(self) -> None:
-        for pool in (self._pool, self._fill_pool):
+        for pool in (self._pool, self._part_pool):
             if pool is not None:
                 pool.close()
 

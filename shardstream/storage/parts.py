@@ -23,9 +23,6 @@
 #   each GET does it at most ``PARTS`` times more; the worker's other reads keep more
 #   GETs in flight): the first GET reads on to the end of the first part and stops there,
 #   the others are ranged GETs in the pool's threads.
-# - A cut that does not pay (the parts together under ``CUT_GAIN`` times the one GET's
-#   rate: the CPU, here or at the server, is the limit, as on a loaded loopback where a
-#   GET runs at 100-200 MB/s) leaves the pool's next ``UNCUT_READS`` long reads uncut.
 # Each part, and the first GET, is retried alone (NOTE [ One retry layer ] in retry.py): a
 # try that fails after some of its bytes arrived asks again for the rest only. The bytes
 # go to a ``Sink`` as they arrive, in order within each part: one buffer allocated up
@@ -44,7 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -76,8 +73,6 @@ CHUNK = PART_MIN  # the first GET's body is read in pieces of this many bytes
 PROBE = 2 * CHUNK  # its bytes before it may be cut (NOTE [ Reads in parts ])
 FAST_CONNECTION = 256 * 2**20  # bytes/s: a GET this fast is never cut
 PART_LATENCIES = 2  # a part lasts about this many latencies at the measured rate
-CUT_GAIN = 1.5  # a cut read must be this much faster than one GET, or reads stop being cut
-UNCUT_READS = 8  # for this many long reads, then a cut is tried again
 
 T = TypeVar("T")
 
@@ -102,7 +97,6 @@ class ReadPool:
         if threads < 1:
             raise UsageError(f"a read pool needs at least 1 thread, not {threads}")
         self.threads = threads
-        self._skip_cuts = 0  # long reads left that are not cut (see ``cut_paid``)
         self._pool: ThreadPoolExecutor | None = None
         self._pid = -1
         self._lock = threading.Lock()
@@ -123,20 +117,6 @@ class ReadPool:
                 self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="shardstream-read")
                 self._pid = pid
             return self._pool
-
-    def may_cut(self) -> bool:
-        """Whether the next long read may be cut into parts (see ``cut_paid``)."""
-        if self._skip_cuts:
-            self._skip_cuts -= 1
-            return False
-        return True
-
-    def cut_paid(self, before: float, after: float) -> None:
-        """A cut read went at ``after`` bytes/s against ``before`` on one GET: where that
-        is not ``CUT_GAIN`` times faster, the connection was not the limit (the CPU was,
-        here or at the server), and the next ``UNCUT_READS`` long reads are not cut."""
-        if after < CUT_GAIN * before:
-            self._skip_cuts = UNCUT_READS
 
     def close(self) -> None:
         pool, self._pool = self._pool, None
@@ -214,7 +194,7 @@ def read_long(
     stream = _Stream(storage, path, rng, size, whole_object)
     try:
         stream.read_to(min(rng.end, rng.start + PROBE), sink)
-        if pool is None or not pool.may_cut():
+        if pool is None:
             stream.read_to(rng.end, sink)
             return
         parts = _cut(ByteRange(stream.pos, rng.end), stream, pool)
@@ -223,7 +203,6 @@ def read_long(
             parts = _cut(ByteRange(stream.pos, rng.end), stream, pool)
         if not parts:
             return
-        before, started = cast(float, stream.rate()), time.monotonic()
         later = [pool.submit(_read_part, storage, path, part, size, sink) for part in parts[1:]]
         try:
             stream.read_to(parts[0].end, sink)
@@ -233,7 +212,6 @@ def read_long(
             wait(later)  # no thread still writes to the sink
             raise
         wait_all(later)
-        pool.cut_paid(before, (rng.end - parts[0].start) / max(time.monotonic() - started, 1e-6))
     finally:
         stream.close()
 
