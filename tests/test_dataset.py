@@ -184,9 +184,9 @@ class RecordingReads:
         self.reads: list[tuple[str, ByteRange | None]] = []
         original = ByteFetcher.read
 
-        def read(fetcher, path, rng=None, *check):
+        def read(fetcher, path, rng=None):
             self.reads.append((path, rng))
-            return original(fetcher, path, rng, *check)
+            return original(fetcher, path, rng)
 
         monkeypatch.setattr(ByteFetcher, "read", read)
 

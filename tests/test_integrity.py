@@ -150,42 +150,6 @@ def test_on_error_skip_leaves_out_the_samples_of_a_failed_block_only(tmp_path):
     assert all(s == sample(int(s["__key__"][1:])) for s in got)
 
 
-@pytest.mark.parametrize("on_error", ["raise", "skip"])
-def test_local_copies_are_checked_piece_by_piece_as_they_are_read(tmp_path, monkeypatch, on_error):
-    from shardstream.formats.checks import ShardChecks
-
-    piece = 2**20  # shardstream.dataset.fetch.PIECE
-    url = str(tmp_path / "ds")
-    with ShardWriter(url, format="tar", samples_per_shard=1000) as w:  # one shard of ~4.5 MB
-        for i in range(1000):
-            w.write({"__key__": f"k{i:05d}", "bin": os.urandom(4000)})
-    expected = {s["__key__"]: s["bin"] for s in stream(url, local_reads="copy")}
-    offset = data_offset(url, "tar", row=900)  # in the shard's last MiB
-    flip(os.path.join(url, manifest(url)["shards"][0]["path"]), offset)
-    seen: list[int] = []
-    real = ShardChecks.bad_blocks
-
-    def spy(self, data, rng):  # type: ignore[no-untyped-def]
-        seen.append(rng.length)
-        return real(self, data, rng)
-
-    monkeypatch.setattr(ShardChecks, "bad_blocks", spy)
-    if on_error == "raise":
-        with pytest.raises(FormatError, match="checksum mismatch") as caught:
-            stream(url, local_reads="copy")
-        assert caught.value.offset == offset - offset % BLOCK
-    else:
-        dataset = shardstream.StreamingDataset(
-            url, decode=False, shuffle=False, local_reads="copy", on_error="skip"
-        )
-        got = {s["__key__"]: s["bin"] for s in dataset}
-        assert 0 < dataset.num_skipped < 1000
-        assert got.items() <= expected.items()
-        assert len(got) + dataset.num_skipped == 1000
-    assert len(seen) > 1  # each piece checked as it was read, not the whole read afterwards
-    assert max(seen) <= piece
-
-
 def test_reads_on_s3_are_widened_to_check_blocks_and_checked(s3, tmp_path):
     base, options = s3
     url = base + "/ds"

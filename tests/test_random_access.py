@@ -101,13 +101,6 @@ def count_reads(monkeypatch) -> list:
         return original(self, path, rng, **kwargs)
 
     monkeypatch.setattr(Storage, "read", counting)
-    pieces = Storage.read_pieces  # local copies are read in checked pieces (NOTE [ Getting the bytes ])
-
-    def counting_pieces(self, path, rng, *args, **kwargs):
-        reads.append((path, rng))
-        return pieces(self, path, rng, *args, **kwargs)
-
-    monkeypatch.setattr(Storage, "read_pieces", counting_pieces)
     return reads
 
 

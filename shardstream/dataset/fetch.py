@@ -11,11 +11,8 @@
 # the cache ] in shardstream/storage/cached.py), later ones map it.
 #
 # Local files are read with ``pread`` into one buffer per range, in the prefetch thread
-# (the GIL is released while the kernel copies), ``PIECE`` bytes at a time, each piece's
-# check blocks (NOTE [ Checksummed reads ] in formats/checks.py) checked right after its
-# read, while the piece is in the CPU's cache: checking a whole 30 MB range afterwards
-# was a second pass over memory. Shards in the local cache are memory-mapped instead and
-# their fields copied once, straight from the page cache
+# (the GIL is released while the kernel copies). Shards in the local cache are
+# memory-mapped instead and their fields copied once, straight from the page cache
 # (measured 20-40% faster than a read for 300-byte tar samples). Why not map local
 # files too: a mapping outlives any size check (the next window is mapped while this one
 # is decoded, and a DataLoader worker decodes most of the time), so a shard truncated in
@@ -39,7 +36,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from types import MappingProxyType
 
 from shardstream.errors import StorageError
@@ -48,21 +44,9 @@ from shardstream.storage import Expected, ReadPool, Storage
 from shardstream.storage.parts import split
 from shardstream.types import ByteRange
 
-__all__ = ["PIECE", "READ_THREADS", "ByteFetcher", "Check", "expectations"]
+__all__ = ["READ_THREADS", "ByteFetcher", "expectations"]
 
 READ_THREADS = 16  # requests in flight per DataLoader worker, on object storage
-PIECE = 1 * 2**20  # a local file is read this many bytes at a time (about), see the NOTE
-
-
-@dataclass(frozen=True, slots=True)
-class Check:
-    """What ``ByteFetcher.read_all`` runs on a read's bytes as they are read: ``see(range,
-    bytes)`` on pieces of a multiple of ``block`` bytes from the read's start (the last
-    one shorter), in order."""
-
-    block: int
-    see: Callable[[ByteRange, memoryview], object]
-
 
 Item = tuple[str, "ByteRange | None"]  # (path, byte range or None for the whole file)
 
@@ -120,33 +104,22 @@ class ByteFetcher:
         self._pool = ReadPool(threads) if threads > 1 and remote else None
         self._part_pool = ReadPool(threads) if threads > 1 and remote else None
 
-    @property
-    def checks_as_read(self) -> bool:
-        """Whether ``read_all`` runs the checks it is given (local files it copies; see the
-        NOTE): the caller checks the other reads' bytes itself."""
-        return self.local and not self.mapped
-
     def read_all(
-        self,
-        items: Sequence[Item],
-        on_error: Callable[[StorageError, Item], Exception],
-        checks: Sequence[Check | None] | None = None,
+        self, items: Sequence[Item], on_error: Callable[[StorageError, Item], Exception]
     ) -> list[bytes | memoryview]:
         """The bytes of every item, in order; a ``StorageError`` is passed through
         ``on_error`` (which names the shard and samples) and raised. The reads run in
-        the pool's threads at once; a long one may be cut into parts that do too. Where
-        ``checks_as_read``, each item's check (``checks``, by position) runs on its
-        bytes as they are read."""
+        the pool's threads at once; a long one may be cut into parts that do too."""
 
-        def one(item: Item, check: Check | None = None) -> bytes | memoryview:
+        def one(item: Item) -> bytes | memoryview:
             try:
-                return self.read(*item, check)
+                return self.read(*item)
             except StorageError as error:
                 raise on_error(error, item) from error
 
         pool = self._pool
         if pool is None or not items:
-            return [one(item, checks[i] if checks else None) for i, item in enumerate(items)]
+            return [one(item) for item in items]
         futures = [pool.submit(one, item) for item in items]
         try:
             return [future.result() for future in futures]
@@ -161,13 +134,8 @@ class ByteFetcher:
             rng = ByteRange(0, expect.size) if expect is not None and expect.size is not None else None
         return rng is not None and not self.storage.cached and len(split(rng)) > 1
 
-    def read(self, path: str, rng: ByteRange | None, check: Check | None = None) -> bytes | memoryview:
-        """The bytes of one item; ``check`` as for ``read_all``."""
+    def read(self, path: str, rng: ByteRange | None) -> bytes | memoryview:
         expect = self._expected.get(path)
-        if rng is not None and rng.length and self.checks_as_read:  # copied, checked or not
-            piece = max(1, PIECE // check.block) * check.block if check is not None else rng.length
-            see = check.see if check is not None else _unchecked
-            return self.storage.read_pieces(path, rng, piece, see, expect=expect)
         if rng is not None and rng.length and self.storage.cached:
             # the cache entry, checked against expect
             return self.storage.map(path, rng, expect=expect, pool=self._part_pool)
@@ -181,7 +149,3 @@ class ByteFetcher:
         for pool in (self._pool, self._part_pool):
             if pool is not None:
                 pool.close()
-
-
-def _unchecked(rng: ByteRange, data: memoryview) -> None:
-    """The check of a read that has none."""

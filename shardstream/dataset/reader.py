@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from shardstream.dataset.budget import DEFAULT_READ_BUDGET, ReadBudget, fetch_in_turn, fetched_in_order
-from shardstream.dataset.fetch import READ_THREADS, ByteFetcher, Check
+from shardstream.dataset.fetch import READ_THREADS, ByteFetcher
 from shardstream.dataset.indexes import INDEX_CACHE_SIZE, IndexCache
 from shardstream.errors import FormatError, StorageError
 from shardstream.formats import get_format
@@ -206,37 +206,17 @@ class WindowReader:
         items = [self._item(read) for read in reads]
         if take is not None:  # a whole-shard read holds its trailer too: at most WHOLE_SHARD_SLACK more
             take(sum(read.rng.length for read in reads))
-        bad: list[list[int]] = [[] for _ in reads]  # failed check blocks, per read
-        checks = None  # local copies are checked piece by piece as they are read (NOTE [ Getting the bytes ])
-        if self.bytes.checks_as_read:
-            checks = [self._check(read, indexes[read.shard], bad[n]) for n, read in enumerate(reads)]
-        fetched = self.bytes.read_all(items, self._storage_error, checks)
+        fetched = self.bytes.read_all(items, self._storage_error)
         for read, item, data in zip(reads, items, fetched, strict=True):
             if item[1] is None and len(data) < read.rng.end:
                 self._too_short(read, len(data))
         return [
-            (
-                read,
-                data,
-                indexes[read.shard],
-                tuple(dict.fromkeys(bad[n])) if checks else self._bad_blocks(read, data, indexes[read.shard]),
-            )
-            for n, (read, data) in enumerate(zip(reads, fetched, strict=True))
+            (read, data, indexes[read.shard], self._bad_blocks(read, data, indexes[read.shard]))
+            for read, data in zip(reads, fetched, strict=True)
         ]
 
     def _read_range(self, index: SampleIndex, start: int, stop: int) -> ByteRange:
         return index.read_range(start, stop) if self.verify_checksums else index.byte_range(start, stop)
-
-    def _check(self, read: Read, index: SampleIndex, bad: list[int]) -> Check | None:
-        """The check of ``read``'s blocks for ``ByteFetcher.read_all``: the offsets of those
-        that fail go to ``bad`` (or raise, as ``_bad_blocks``)."""
-        checks = index.checks
-        if checks is None or not self.verify_checksums or not read.rng.length:
-            return None
-        return Check(
-            checks.block,
-            lambda rng, data: bad.extend(self._failed(read, checks, checks.bad_blocks(data, rng))),
-        )
 
     def _bad_blocks(self, read: Read, data: bytes | memoryview, index: SampleIndex) -> tuple[int, ...]:
         """Offsets of the read's check blocks whose CRC fails; with ``on_error="raise"``
@@ -244,10 +224,7 @@ class WindowReader:
         checks = index.checks
         if checks is None or not self.verify_checksums or not read.rng.length:
             return ()
-        return tuple(self._failed(read, checks, checks.bad_blocks(data, read.rng)))
-
-    def _failed(self, read: Read, checks: ShardChecks, bad: list[int]) -> list[int]:
-        """``bad`` (offsets of failed blocks of ``read``), kept for ``on_error="skip"``."""
+        bad = checks.bad_blocks(data, read.rng)
         if bad and self.on_error != "skip":
             path = self.manifest.shards[read.shard].path
             raise FormatError(
@@ -257,7 +234,7 @@ class WindowReader:
                 shard=path,
                 offset=bad[0],
             )
-        return bad
+        return tuple(bad)
 
     def _item(self, read: Read) -> tuple[str, ByteRange | None]:
         """What to read for ``read``: the whole object where the read covers all of a shard

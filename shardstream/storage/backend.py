@@ -95,23 +95,6 @@ class Backend:
         out[: len(data)] = data
         return len(data)
 
-    def read_pieces(
-        self,
-        fspath: str,
-        rng: ByteRange,
-        out: memoryview,
-        size: int | None,
-        piece: int,
-        each: Callable[[ByteRange, memoryview], object],
-    ) -> int:
-        """``read_into``, then ``each(range, bytes)`` of every ``piece`` bytes of what was
-        read, in order (local files: right after each piece's read, see ``local.read_pieces``)."""
-        got = self.read_into(fspath, rng, out, size)
-        for start in range(0, got, piece):
-            end = min(got, start + piece)
-            each(ByteRange(rng.start + start, rng.start + end), out[start:end])
-        return got
-
     def stream(self, fspath: str, rng: ByteRange | None, size: int | None) -> Body:
         """One GET of ``rng`` (None: a plain GET of the whole object) whose body is read in
         order with ``readinto`` and then closed; only where ``streams`` is True."""
@@ -191,17 +174,6 @@ class LocalBackend(Backend):
 
     def read(self, fspath: str, rng: ByteRange | None, size: int | None) -> bytes:
         return local.read(fspath, rng, size=size)
-
-    def read_pieces(
-        self,
-        fspath: str,
-        rng: ByteRange,
-        out: memoryview,
-        size: int | None,
-        piece: int,
-        each: Callable[[ByteRange, memoryview], object],
-    ) -> int:
-        return local.read_pieces(fspath, rng, out, piece, each, size=size)
 
     def size(self, fspath: str) -> int:
         return os.stat(fspath).st_size

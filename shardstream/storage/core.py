@@ -27,7 +27,7 @@ from shardstream.storage import local
 from shardstream.storage.backend import Backend, backend_for
 from shardstream.storage.cache import ShardCache
 from shardstream.storage.expect import Expected, SizeChanged, short_read, short_whole_read, size_changed_error
-from shardstream.storage.parts import ReadPool, buffer, read_parts
+from shardstream.storage.parts import ReadPool, read_parts
 from shardstream.storage.retry import RetryPolicy, call_with_retry, is_not_found, permanent_error
 from shardstream.storage.s3read import S3Reader
 from shardstream.storage.streams import RangeReader
@@ -195,35 +195,6 @@ class Storage:
         """``read``, a long read (a whole object too, where ``expect`` gives its size) in
         parts read by ``pool``'s threads into one buffer (NOTE [ Reads in parts ])."""
         return read_parts(self, path, rng, expect, pool)
-
-    def read_pieces(
-        self,
-        path: str,
-        rng: ByteRange,
-        piece: int,
-        each: Callable[[ByteRange, memoryview], object],
-        *,
-        expect: Expected | None = None,
-    ) -> memoryview:
-        """``read`` of ``rng`` into one buffer, ``piece`` bytes at a time, with ``each(range,
-        bytes)`` called on every piece in order as soon as it is read (from a local file,
-        while it is in the CPU's cache: a check then costs no second pass over memory).
-        A try that fails is made again whole, so ``each`` may see a piece twice. Not
-        through the cache (its entries are mapped)."""
-        out = buffer(rng.length)
-        fspath = self._fspath(path)
-        size = expect.size if expect is not None else None
-
-        def once() -> None:
-            try:
-                got = self._backend.read_pieces(fspath, rng, out, size, piece, each)
-            except SizeChanged as changed:
-                raise self._changed(path, rng, changed.actual, size) from None
-            if got != rng.length:
-                self._short_read(path, rng, got, size)
-
-        self._retry(once, "read", path, rng)
-        return out
 
     def _read_direct(self, path: str, rng: ByteRange | None, expect: Expected | None = None) -> bytes:
         fspath = self._fspath(path)

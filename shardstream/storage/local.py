@@ -133,38 +133,6 @@ def read_range(path: str, start: int, length: int, *, size: int | None = None) -
         os.close(fd)
 
 
-def read_pieces(
-    path: str,
-    rng: ByteRange,
-    out: memoryview,
-    piece: int,
-    each: Callable[[ByteRange, memoryview], object],
-    *,
-    size: int | None = None,
-) -> int:
-    """``rng`` of ``path`` into ``out`` (its length) ``piece`` bytes at a time, calling
-    ``each(piece's range, its bytes)`` right after each piece is read, while its bytes
-    are still in the CPU's cache. The bytes read (fewer only at the end of the file);
-    ``size`` as for ``read_range``."""
-    fd = open_regular(path)
-    try:
-        _check_size(fd, size)
-        got = 0
-        while got < rng.length:
-            view = out[got : min(rng.length, got + piece)]
-            n = os.preadv(fd, [view], rng.start + got)
-            while 0 < n < len(view) and (more := os.preadv(fd, [view[n:]], rng.start + got + n)):
-                n += more
-            if n:
-                each(ByteRange(rng.start + got, rng.start + got + n), view[:n])
-            got += n
-            if n < len(view):
-                break
-        return got
-    finally:
-        os.close(fd)
-
-
 def read_all(path: str, *, size: int | None = None) -> bytes:
     """The whole file; unbuffered, so the result is sized by fstat and filled in place.
 
