@@ -15,9 +15,9 @@ import pytest
 import shardstream
 from shardstream.dataset.budget import BudgetClosed, ReadBudget
 from shardstream.dataset.reader import WindowReader
-from shardstream.errors import UsageError
+from shardstream.errors import StorageError, UsageError
 from shardstream.storage import Expected, ReadPool, RetryPolicy, Storage
-from shardstream.storage.parts import PART_MIN, split
+from shardstream.storage.parts import PART_MIN, PROBE, split
 from shardstream.testing import WanProxy
 from shardstream.types import ByteRange
 from tests.faultproxy import FaultProxy
@@ -78,30 +78,111 @@ def test_read_pool_refuses_no_threads_and_pickles_as_its_size():
     pool.close()
 
 
-@pytest.mark.s3
-def test_parts_are_byte_identical_and_a_failed_part_is_retried_alone(s3, moto_server):
+class RangeRecorder(WanProxy):
+    """A WAN proxy that records the Range of each GET of ``blob``, in order."""
+
+    def __init__(self, upstream: str, **shape: float) -> None:
+        super().__init__(upstream, **shape)
+        self.ranges: list[str] = []
+
+    def respond(self, handler, body: bytes) -> int:  # type: ignore[no-untyped-def]
+        if handler.command == "GET" and handler.path.split("?")[0].endswith("/blob"):
+            with self._lock:
+                self.ranges.append(handler.headers.get("Range", ""))
+        return super().respond(handler, body)
+
+
+def _blob(s3, size: int) -> tuple[str, dict, bytes]:  # type: ignore[no-untyped-def]
     base, options = s3
-    data = os.urandom(5 * MB + 12345)
+    data = os.urandom(size)
     Storage(base + "/o", options).write("blob", data)
-    with FaultProxy(moto_server.endpoint, seed=3, error_rate=0.3, reset_rate=0.1, truncate_rate=0.1) as proxy:
-        # Half of all requests fail and which part meets a fault depends on the threads'
-        # timing: 20 tries make a part that fails every one (0.5**20) too rare to flake.
-        retry = RetryPolicy(attempts=20, base_delay=0.001, max_delay=0.01)
-        storage = Storage(base + "/o", dict(options, endpoint_url=proxy.endpoint), retry=retry)
-        pool = ReadPool(4)
-        try:
-            whole = storage.read_parts("blob", None, expect=Expected(len(data)), pool=pool)
-            ranged = storage.read_parts("blob", ByteRange(1000, 4 * MB + 1), expect=None, pool=pool)
-        finally:
-            pool.close()
-            storage.close()
-    assert bytes(whole) == data
-    assert bytes(ranged) == data[1000 : 4 * MB + 1]
+    return base + "/o", options, data
+
+
+def _read_through(proxy, url: str, options: dict, rng, size: int, **retry: float):  # type: ignore[no-untyped-def]
+    storage = Storage(url, dict(options, endpoint_url=proxy.endpoint), retry=RetryPolicy(**retry))
+    pool = ReadPool(8)
+    try:
+        return bytes(storage.read_parts("blob", rng, expect=Expected(size), pool=pool))
+    finally:
+        pool.close()
+        storage.close()
+
+
+@pytest.mark.s3
+def test_a_long_read_on_a_fast_connection_is_one_get(s3, moto_server, monkeypatch):
+    from shardstream.storage import parts
+
+    # moto copies the whole object for every GET: parts cut up front multiplied its work.
+    # Every connection counts as fast here (how fast loopback is depends on the machine's load).
+    monkeypatch.setattr(parts, "FAST_CONNECTION", 0)
+    url, options, data = _blob(s3, 12 * MB + 5)
+    with RangeRecorder(moto_server.endpoint, latency=0, bandwidth=0) as proxy:
+        whole = _read_through(proxy, url, options, None, len(data))
+        ranged = _read_through(proxy, url, options, ByteRange(1000, 9 * MB), len(data))
+    assert whole == data
+    assert ranged == data[1000 : 9 * MB]
+    assert proxy.ranges == ["", f"bytes=1000-{9 * MB - 1}"]  # a plain GET of the whole object
+
+
+@pytest.mark.s3
+def test_a_long_read_on_a_slow_connection_is_cut_into_parts_that_tile_it(s3, moto_server, monkeypatch):
+    from shardstream.storage import parts
+
+    # Every rate counts as slow: bytes that waited in the socket's buffers can make even a
+    # capped connection look fast for a while, and this test must not depend on timing.
+    monkeypatch.setattr(parts, "FAST_CONNECTION", float("inf"))
+    monkeypatch.setattr(parts, "PART_LATENCIES", 0)  # parts of PART_MIN, however long the latency
+    url, options, data = _blob(s3, 6 * MB + 7)
+    with RangeRecorder(moto_server.endpoint, latency=0.01, bandwidth=8 * MB) as proxy:
+        got = _read_through(proxy, url, options, None, len(data))
+    assert got == data
+    first, *parts = proxy.ranges
+    assert first == ""
+    assert parts
+    spans = sorted(tuple(map(int, r.removeprefix("bytes=").split("-"))) for r in parts)
+    assert spans[-1][1] == len(data) - 1
+    assert all(a[1] + 1 == b[0] for a, b in itertools.pairwise(spans))
+    assert spans[0][0] >= PROBE  # the probe's bytes are never asked for again
+
+
+@pytest.mark.s3
+def test_a_read_cut_short_asks_again_for_the_rest_only(s3, moto_server, monkeypatch):
+    from shardstream.storage import parts
+
+    monkeypatch.setattr(parts, "FAST_CONNECTION", 0)  # never cut into parts: one GET and its retries
+    url, options, data = _blob(s3, 5 * MB + 12345)
+    # every new request is cut off halfway (the same one asked again goes through)
+    with FaultProxy(
+        moto_server.endpoint, seed=3, error_rate=0, reset_rate=0, truncate_rate=1, max_faults_in_a_row=1
+    ) as proxy:
+        got = _read_through(proxy, url, options, None, len(data), attempts=20, base_delay=0.001)
+    assert got == data
+    asked = [rng for (_, path, rng), n in proxy._seen.items() for _ in range(n) if path.endswith("/blob")]
+    assert asked[0] == ""
+    assert len(asked) > 2
+    starts = [int(r.removeprefix("bytes=").split("-")[0]) for r in asked[1:]]
+    assert starts == sorted(starts)
+    assert starts[0] > 0
+    assert all(r.endswith(f"-{len(data) - 1}") for r in asked[1:])
+
+
+@pytest.mark.s3
+def test_parts_are_byte_identical_when_requests_fail(s3, moto_server, monkeypatch):
+    from shardstream.storage import parts
+
+    monkeypatch.setattr(parts, "FAST_CONNECTION", float("inf"))  # every long read is cut,
+    monkeypatch.setattr(parts, "PART_LATENCIES", 0)  # into parts of PART_MIN
+    url, options, data = _blob(s3, 5 * MB + 12345)
+    # 9 in 10 new requests fail (a request meets at most 4 faults): 20 tries are plenty
+    with FaultProxy(moto_server.endpoint, seed=3, error_rate=0.5, reset_rate=0.2, truncate_rate=0.2) as proxy:
+        retry = {"attempts": 20, "base_delay": 0.001, "max_delay": 0.01}
+        whole = _read_through(proxy, url, options, None, len(data), **retry)
+        ranged = _read_through(proxy, url, options, ByteRange(1000, 5 * MB), len(data), **retry)
+    assert whole == data
+    assert ranged == data[1000 : 5 * MB]
     assert proxy.faults() > 0
-    parts = {f"bytes={p.start}-{p.end - 1}" for p in split(ByteRange(0, len(data)))}
-    parts |= {f"bytes={p.start}-{p.end - 1}" for p in split(ByteRange(1000, 4 * MB + 1))}
-    asked = {rng for (_, path, rng) in proxy._seen if path.split("?")[0].endswith("/blob")}
-    assert asked == parts  # every retry asked for its own part again, never the whole
+    assert len(proxy._seen) >= 2 + 2 * 2  # two probes and their parts (and retries of the rest)
 
 
 # -- the budget ---------------------------------------------------------------------------
@@ -188,7 +269,12 @@ def test_an_epoch_through_the_wan_proxy_is_exact_with_requests_in_flight(s3, mot
 
 
 @pytest.mark.s3
-def test_the_cache_is_filled_on_the_cold_epoch_and_read_on_the_warm_one(s3, moto_server, tmp_path):
+def test_the_cache_is_filled_on_the_cold_epoch_and_read_on_the_warm_one(
+    s3, moto_server, tmp_path, monkeypatch
+):
+    from shardstream.storage import parts
+
+    monkeypatch.setattr(parts, "FAST_CONNECTION", 0)  # a fast connection, whatever the machine's load
     base, options = s3
     payloads = _pack(base + "/ds", options, shards=3, samples=10, size=300 * 1024)
     with Recorder(moto_server.endpoint) as proxy:
@@ -206,11 +292,57 @@ def test_the_cache_is_filled_on_the_cold_epoch_and_read_on_the_warm_one(s3, moto
         dataset.storage.close()
     assert cold == warm == payloads
     assert len({name for name, _ in cold_gets}) == 3
-    assert all(rng for _, rng in cold_gets)  # each shard came in ranged parts
+    assert sorted(rng for _, rng in cold_gets) == [""] * 3  # each in one plain GET
     assert proxy.shard_gets() == []  # the warm epoch asked the store for no shard bytes
     entries = [n for n in os.listdir(tmp_path / "cache") if n.startswith("sscache-") and "." not in n]
     assert len(entries) == 6  # 3 shards and their sidecars
     assert not [n for n in os.listdir(tmp_path / "cache") if n.startswith(".sscache-tmp")]
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("cut", [False, True])
+def test_a_cache_fill_hashes_the_bytes_as_they_pass_and_reads_nothing_back(s3, tmp_path, monkeypatch, cut):
+    import builtins
+
+    from shardstream.storage import parts
+
+    if cut:  # parts that may complete out of order, each hashed in its turn
+        monkeypatch.setattr(parts, "FAST_CONNECTION", float("inf"))
+        monkeypatch.setattr(parts, "PART_LATENCIES", 0)
+    url, options, data = _blob(s3, 6 * MB + 3)
+    read_back: list[str] = []
+    real_open, real_os_open = builtins.open, os.open
+
+    def spy_open(file, mode="r", *args, **kwargs):  # type: ignore[no-untyped-def]
+        if ".sscache-tmp-" in str(file) and ("r" in mode or "+" in mode):
+            read_back.append(str(file))
+        return real_open(file, mode, *args, **kwargs)
+
+    def spy_os_open(path, flags, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if ".sscache-tmp-" in str(path) and flags & os.O_ACCMODE != os.O_WRONLY:
+            read_back.append(str(path))
+        return real_os_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", spy_open)
+    monkeypatch.setattr(os, "open", spy_os_open)
+    pool = ReadPool(4)
+    good = Storage(url, options, cache_dir=str(tmp_path / "good"))
+    bad = Storage(url, options, cache_dir=str(tmp_path / "bad"))
+    try:
+        expect = Expected(len(data), hashlib.sha256(data).hexdigest())
+        assert bytes(good.map("blob", ByteRange(0, len(data)), expect=expect, pool=pool)) == data
+        with pytest.raises(StorageError, match="its sha256 is"):  # a wrong hash is still caught
+            bad.map("blob", ByteRange(0, 10), expect=Expected(len(data), "0" * 64), pool=pool)
+    finally:
+        pool.close()
+        good.close()
+        bad.close()
+    assert read_back == []  # the sha256 was taken on the way, not from the file afterwards
+    assert not [
+        n
+        for n in os.listdir(tmp_path / "bad")
+        if n.startswith(("sscache-", ".sscache-tmp")) and "." not in n[1:]
+    ]
 
 
 def _epoch_keys(url: str, options: dict, cache_dir: str, queue) -> None:  # type: ignore[no-untyped-def]

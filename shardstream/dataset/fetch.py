@@ -3,11 +3,12 @@
 # NOTE [ Getting the bytes ]
 # Object storage: one GET stream is bounded by latency x window, so a worker keeps
 # ``read_concurrency`` requests in flight (``READ_THREADS`` by default): the reads of a
-# window run at once, a long one (a run of large samples, a whole shard) in parts into one
-# buffer (NOTE [ Reads in parts ] in shardstream/storage/parts.py), and the windows after
-# the current one are fetched while it is decoded, as far as NOTE [ Read budget ] (in
-# budget.py) allows. With ``cache_dir`` a shard's first read fills its cache entry the
-# same way (NOTE [ Filling the cache ] in shardstream/storage/cached.py), later ones map it.
+# window run at once, a long one (a run of large samples, a whole shard) as one GET into
+# one buffer, cut into parts in flight where its connection proves slow (NOTE [ Reads in
+# parts ] in shardstream/storage/parts.py), and the windows after the current one are
+# fetched while it is decoded, as far as NOTE [ Read budget ] (in budget.py) allows. With
+# ``cache_dir`` a shard's first read fills its cache entry the same way (NOTE [ Filling
+# the cache ] in shardstream/storage/cached.py), later ones map it.
 #
 # Local files are read with ``pread`` into one buffer per range, in the prefetch thread
 # (the GIL is released while the kernel copies). Shards in the local cache are
@@ -95,16 +96,20 @@ class ByteFetcher:
         if expected is None:  # what ``expectations(manifest)`` gives; a dataset passes its own
             expected = expectations(manifest) if manifest is not None else {}
         self._expected: Mapping[str, Expected] = expected
-        self._pool = ReadPool(threads) if threads > 1 and not storage.local_files else None
-        # a cached dataset's entries are filled in parts too (NOTE [ Filling the cache ])
-        self._fill_pool = ReadPool(threads) if threads > 1 and storage.cached else None
+        # The reads of a window run at once in one pool, long ones too (a cached dataset's
+        # fill their entries on first use), and the parts a long read is cut into in
+        # another (NOTE [ Reads in parts ], [ Filling the cache ]): a pool's thread never
+        # waits for its own pool.
+        remote = storage.cached or not storage.local_files
+        self._pool = ReadPool(threads) if threads > 1 and remote else None
+        self._part_pool = ReadPool(threads) if threads > 1 and remote else None
 
     def read_all(
         self, items: Sequence[Item], on_error: Callable[[StorageError, Item], Exception]
     ) -> list[bytes | memoryview]:
         """The bytes of every item, in order; a ``StorageError`` is passed through
-        ``on_error`` (which names the shard and samples) and raised. Short reads run in
-        the pool's threads at once; a long one is cut into parts that do."""
+        ``on_error`` (which names the shard and samples) and raised. The reads run in
+        the pool's threads at once; a long one may be cut into parts that do too."""
 
         def one(item: Item) -> bytes | memoryview:
             try:
@@ -115,37 +120,32 @@ class ByteFetcher:
         pool = self._pool
         if pool is None or not items:
             return [one(item) for item in items]
-        long = [self._is_long(*item) for item in items]
-        futures = {i: pool.submit(one, item) for i, item in enumerate(items) if not long[i]}
-        results: list[bytes | memoryview] = []
+        futures = [pool.submit(one, item) for item in items]
         try:
-            for i, item in enumerate(items):
-                results.append(one(item) if long[i] else futures[i].result())
+            return [future.result() for future in futures]
         finally:
-            for future in futures.values():
+            for future in futures:
                 future.cancel()
-        return results
 
     def _is_long(self, path: str, rng: ByteRange | None) -> bool:
-        """Whether a read is cut into parts (the caller's thread waits for them: a thread
-        of the pool waiting for its own pool could wait forever)."""
+        """Whether a read may be cut into parts (NOTE [ Reads in parts ])."""
         if rng is None:
             expect = self._expected.get(path)
             rng = ByteRange(0, expect.size) if expect is not None and expect.size is not None else None
-        return rng is not None and self._pool is not None and len(split(rng)) > 1
+        return rng is not None and not self.storage.cached and len(split(rng)) > 1
 
     def read(self, path: str, rng: ByteRange | None) -> bytes | memoryview:
         expect = self._expected.get(path)
         if rng is not None and rng.length and self.storage.cached:
             # the cache entry, checked against expect
-            return self.storage.map(path, rng, expect=expect, pool=self._fill_pool)
+            return self.storage.map(path, rng, expect=expect, pool=self._part_pool)
         if rng is not None and rng.length and self.mapped:  # a local folder's, checked against expect
             return self.storage.map(path, rng, expect=expect)
-        if self._pool is not None and self._is_long(path, rng):
-            return self.storage.read_parts(path, rng, expect=expect, pool=self._pool)
+        if self._part_pool is not None and self._is_long(path, rng):
+            return self.storage.read_parts(path, rng, expect=expect, pool=self._part_pool)
         return self.storage.read(path, rng, expect=expect)
 
     def close(self) -> None:
-        for pool in (self._pool, self._fill_pool):
+        for pool in (self._pool, self._part_pool):
             if pool is not None:
                 pool.close()

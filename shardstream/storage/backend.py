@@ -23,13 +23,13 @@ import os
 import stat
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
-from typing import IO, Any, ClassVar
+from typing import IO, Any, ClassVar, cast
 
 from shardstream.errors import UsageError
 from shardstream.storage import local
 from shardstream.storage.expect import SizeChanged
 from shardstream.storage.s3read import S3Reader, s3_options, timeouts_of
-from shardstream.storage.streams import spooled_writer
+from shardstream.storage.streams import Body, spooled_writer
 from shardstream.types import ByteRange
 
 __all__ = ["Backend", "FsspecBackend", "LocalBackend", "Retried", "S3Backend", "backend_for"]
@@ -52,6 +52,8 @@ class Backend:
     is_local: ClassVar[bool] = False
     # Whether a written file needs ``sync`` to survive a crash (object stores: no).
     needs_sync: ClassVar[bool] = False
+    # Whether ``stream`` gives a GET's body to read as it arrives (NOTE [ Reads in parts ]).
+    streams: bool = False
 
     def timeouts(self) -> str:
         """Each try's own bounds, in words, for an error after a timeout."""
@@ -92,6 +94,11 @@ class Backend:
         data = self.read(fspath, rng, size)
         out[: len(data)] = data
         return len(data)
+
+    def stream(self, fspath: str, rng: ByteRange | None, size: int | None) -> Body:
+        """One GET of ``rng`` (None: a plain GET of the whole object) whose body is read in
+        order with ``readinto`` and then closed; only where ``streams`` is True."""
+        raise NotImplementedError
 
     def size(self, fspath: str) -> int:
         raise NotImplementedError
@@ -287,6 +294,7 @@ class S3Backend(FsspecBackend):
         super().__init__(protocol, options)
         # See NOTE [ S3 reads without s3fs ]: None where only s3fs honours the options.
         self.reader = S3Reader.create(self._options)
+        self.streams = self.reader is not None
 
     def timeouts(self) -> str:
         return timeouts_of(self._options)
@@ -312,6 +320,10 @@ class S3Backend(FsspecBackend):
             return super().read_into(fspath, rng, out, size)
         bucket, _, key = fspath.partition("/")
         return self.reader.read_into(bucket, key, rng, out, size=size)
+
+    def stream(self, fspath: str, rng: ByteRange | None, size: int | None) -> Body:
+        bucket, _, key = fspath.partition("/")
+        return cast(S3Reader, self.reader).stream(bucket, key, rng, size=size)
 
     def close(self) -> None:
         if self.reader is not None:

@@ -2,34 +2,36 @@
 
 # NOTE [ Filling the cache ]
 # An entry is filled the first time any byte of its shard is read: the whole object is
-# fetched and written to the entry's temp file as its bytes arrive, then checked (size,
-# and the manifest's sha256) and renamed into place. With a ``ReadPool`` the object comes
-# in parts, several GETs in flight (NOTE [ Reads in parts ] in parts.py), each written
-# at its offset with ``pwrite`` (nothing is held in memory but the parts in flight), so a
-# cold epoch with ``cache_dir`` moves the bytes at the speed of a streamed one and the
-# warm epoch maps the local files. Without a pool (``Storage.open``, a plain
-# ``Storage.read``) the parts are read one after the other.
+# fetched as a long read (NOTE [ Reads in parts ] in parts.py: one GET, cut into parts in
+# flight where the connection is slow) and written to the entry's temp file as its bytes
+# arrive, each piece at its offset with ``pwrite``; the same bytes go into the sha256 in
+# order on their way (a part that completes before those ahead of it waits in memory for
+# them), so the file is never read back to hash it. Then the entry is checked (size, and
+# the manifest's sha256) and renamed into place. Nothing is held in memory but parts in
+# flight or waiting, so a cold epoch with ``cache_dir`` moves the bytes at the speed of a
+# streamed one and the warm epoch maps the local files. Without a pool (``Storage.open``,
+# a plain ``Storage.read``) the GET is never cut.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
-from shardstream.errors import UsageError
+from shardstream.errors import StorageError, UsageError
 from shardstream.storage import local
 from shardstream.storage.cache import ShardCache
 from shardstream.storage.expect import Expected, changed_error
-from shardstream.storage.parts import ReadPool, split, wait_all
+from shardstream.storage.parts import ReadPool, Sink, read_long
 from shardstream.types import ByteRange
 
 if TYPE_CHECKING:
     from shardstream.storage.core import Storage
 
 __all__ = ["cache_key", "cached_path", "read_cached"]
-
-_DOWNLOAD_CHUNK = 32 * 2**20  # without a pool: ranged reads of this size, each retried
 
 
 def read_cached(
@@ -73,51 +75,60 @@ def cached_path(
 def _fill(
     storage: Storage, path: str, tmp: str, size: int, expect: Expected | None, pool: ReadPool | None
 ) -> None:
-    """Write the object's ``size`` bytes to ``tmp`` (NOTE [ Filling the cache ]), then
-    check its sha256 against the manifest's."""
-    whole = ByteRange(0, size)
-    parts = split(whole) if pool is not None else None
-    if parts is None or len(parts) == 1:
-        parts = [ByteRange(s, min(size, s + _DOWNLOAD_CHUNK)) for s in range(0, size, _DOWNLOAD_CHUNK)]
+    """Write the object's ``size`` bytes to ``tmp`` as they arrive, hashed on the way
+    (NOTE [ Filling the cache ]), and check the sha256 against the manifest's."""
+    cache = cast(ShardCache, storage._cache)
+    url = storage.full_url(path)
     try:  # reads raise ShardstreamErrors only: an OSError is the cache's disk
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
-        try:
-            _write_parts(storage, path, fd, parts, expect, pool)
-        finally:
-            os.close(fd)
-        got = _sha256(tmp) if expect is not None and expect.sha256 else None
     except OSError as error:
-        raise cast(ShardCache, storage._cache).disk_error(error, storage.full_url(path)) from error
+        raise cache.disk_error(error, url) from error
+    sink = _FileSink(
+        fd, hashing=expect is not None and bool(expect.sha256), disk_error=cache.disk_error, url=url
+    )
+    try:
+        read_long(storage, path, ByteRange(0, size), size, pool, sink, whole_object=True)
+    finally:
+        os.close(fd)
+    got = sink.hexdigest()
     if got is not None and expect is not None and got != expect.sha256.lower():
         what = f"its sha256 is {got}, the manifest says {expect.sha256}"
-        raise changed_error(storage.full_url(path), path, what)
+        raise changed_error(url, path, what)
 
 
-def _write_parts(
-    storage: Storage,
-    path: str,
-    fd: int,
-    parts: list[ByteRange],
-    expect: Expected | None,
-    pool: ReadPool | None,
-) -> None:
-    def one(part: ByteRange) -> None:
-        data = storage._read_direct(path, part, expect)  # retried alone
-        view, offset = memoryview(data), part.start
-        while view:  # pwrite may write less than asked
-            written = os.pwrite(fd, view, offset)
-            view, offset = view[written:], offset + written
+class _FileSink(Sink):
+    """Into the entry's temp file, each part ``pwrite`` at its offset as it completes, and
+    into a sha256 in order: a part that completes before those ahead of it waits (in
+    memory) for them, so the file is never read back to hash it."""
 
-    if pool is None or len(parts) == 1:
-        for part in parts:
-            one(part)
-        return
-    wait_all([pool.submit(one, part) for part in parts])
+    def __init__(
+        self, fd: int, *, hashing: bool, disk_error: Callable[[OSError, str], StorageError], url: str
+    ) -> None:
+        self.fd = fd
+        self._digest = hashlib.sha256() if hashing else None
+        self._disk_error, self._url = disk_error, url
+        self._next = 0  # bytes hashed so far
+        self._waiting: dict[int, memoryview] = {}  # parts complete but not yet hashed, by offset
+        self._lock = threading.Lock()
 
+    def view(self, rng: ByteRange) -> memoryview:
+        return memoryview(bytearray(rng.length))
 
-def _sha256(file: str) -> str:
-    digest = hashlib.sha256()
-    with open(file, "rb") as f:
-        while chunk := f.read(4 * 2**20):
-            digest.update(chunk)
-    return digest.hexdigest()
+    def done(self, rng: ByteRange, view: memoryview) -> None:
+        data, offset = view, rng.start
+        try:
+            while data:  # pwrite may write less than asked
+                written = os.pwrite(self.fd, data, offset)
+                data, offset = data[written:], offset + written
+        except OSError as error:  # a full disk: not the store's fault, never retried
+            raise self._disk_error(error, self._url) from error
+        if self._digest is None:
+            return
+        with self._lock:
+            self._waiting[rng.start] = view
+            while (ready := self._waiting.pop(self._next, None)) is not None:
+                self._digest.update(ready)
+                self._next += len(ready)
+
+    def hexdigest(self) -> str | None:
+        return self._digest.hexdigest() if self._digest is not None else None

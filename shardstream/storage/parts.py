@@ -1,43 +1,75 @@
-"""Ranged reads in parts: one long read as several GETs in flight, into one buffer.
+"""Long reads: one GET that is cut into parts in flight where one connection is slow.
 
 # NOTE [ Reads in parts ]
 # On object storage one response is bounded by the wire's latency and by what one
 # connection carries (tens of MB/s), so a long read (a run of large samples, a whole
-# shard) is cut into parts read by several threads at once, each part a ranged read that
-# ``Storage`` retries alone (NOTE [ One retry layer ] in retry.py) and reads into its
-# slice of one buffer allocated up front (on the botocore path the response body is read
-# straight into it; elsewhere one copy): no join of the parts afterwards. A part is at
-# least ``PART_MIN`` bytes (through 30 ms of latency and 40 MB/s, 1 MiB spends 30 ms
-# waiting and 25 ms arriving: smaller parts pay mostly latency) and at most ``PART_MAX``;
-# in between, a read is cut into ``PARTS`` parts, so even a 2 MiB read keeps two GETs in
-# flight, and the worker's other requests are the reads of other shards and windows.
-# Why not as many parts as threads: some servers copy the whole object for each ranged
-# GET (moto: see NOTE [ Whole shards ] in shardstream/dataset/reader.py), and 16 parts
-# of a 30 MB shard made loopback reads 0.39x of one plain GET each. The threads are a ``ReadPool``: made on first use by the
-# process that uses it, never reused by a fork child (its threads did not fork), so a
-# Storage or a dataset made before ``fork`` works after it.
+# shard) may be cut into parts read by several threads at once. But some servers copy
+# the whole object for each GET, ranged or not (moto: see NOTE [ Whole shards ] in
+# shardstream/dataset/reader.py), and there every part multiplies the server's work:
+# parts cut up front made loopback reads 0.48x of one plain GET per shard. So a long read
+# starts as ONE GET (a plain one for a whole object) whose body is read in order, and is
+# cut only when that response shows the connection is the limit:
+# - The probe: its first ``PROBE`` bytes. The time to the response's headers is the
+#   request's latency; the rate is the GET's since its first MiB (which also carries the
+#   server's start: up to 10 ms on loopback moto, where later MiBs take 0.2-1 ms), looked
+#   at again after each MiB: bytes that waited in the socket's buffers while this thread
+#   was busy arrive at once and look fast, and weigh less with every MiB that follows.
+# - While the connection carries ``FAST_CONNECTION`` or more it is not what limits a
+#   worker (its CPU is, and more GETs only add work): the GET reads on.
+# - Once it carries less (40 MB/s through 30 ms of latency; S3 gives tens of MB/s per
+#   connection), the rest is cut into parts that last about ``PART_LATENCIES`` latencies
+#   each at its rate (so a part's latency is a small share of its time), ``PART_MIN`` to
+#   ``PART_MAX`` bytes, at most ``PARTS`` of them (a server that copies the object for
+#   each GET does it at most ``PARTS`` times more; the worker's other reads keep more
+#   GETs in flight): the first GET reads on to the end of the first part and stops there,
+#   the others are ranged GETs in the pool's threads.
+# Each part, and the first GET, is retried alone (NOTE [ One retry layer ] in retry.py): a
+# try that fails after some of its bytes arrived asks again for the rest only. The bytes
+# go to a ``Sink`` as they arrive, in order within each part: one buffer allocated up
+# front (on the botocore path the body is read straight into it; elsewhere one copy), or
+# the cache's temp file, hashed in order as the parts complete (NOTE [ Filling the
+# cache ] in cached.py). Where the backend cannot stream a body (the fsspec path), the
+# read is cut up front into ``PARTS`` parts, as before. The threads are a ``ReadPool``:
+# made on first use by the process that uses it, never reused by a fork child (its
+# threads did not fork), so a Storage or a dataset made before ``fork`` works after it.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from shardstream.errors import UsageError
+from shardstream.storage.expect import Expected, SizeChanged
 from shardstream.types import ByteRange
 
 if TYPE_CHECKING:
     from shardstream.storage.core import Storage
-    from shardstream.storage.expect import Expected
 
-__all__ = ["PARTS", "PART_MAX", "PART_MIN", "ReadPool", "read_in_parts", "read_parts", "split"]
+__all__ = [
+    "FAST_CONNECTION",
+    "PARTS",
+    "PART_MAX",
+    "PART_MIN",
+    "MemorySink",
+    "ReadPool",
+    "Sink",
+    "read_long",
+    "read_parts",
+    "split",
+]
 
 PART_MIN = 1 * 2**20
 PART_MAX = 8 * 2**20
-PARTS = 4  # a read is cut into this many parts, within PART_MIN and PART_MAX
+PARTS = 4  # a read is cut into at most this many parts (this many where nothing was measured)
+CHUNK = PART_MIN  # the first GET's body is read in pieces of this many bytes
+PROBE = 2 * CHUNK  # its bytes before it may be cut (NOTE [ Reads in parts ])
+FAST_CONNECTION = 256 * 2**20  # bytes/s: a GET this fast is never cut
+PART_LATENCIES = 2  # a part lasts about this many latencies at the measured rate
 
 T = TypeVar("T")
 
@@ -92,38 +124,178 @@ class ReadPool:
         return (ReadPool, (self.threads,))
 
 
-def read_in_parts(
-    read_into: Callable[[ByteRange, memoryview], None], rng: ByteRange, pool: ReadPool
-) -> memoryview:
-    """The bytes of ``rng``, its parts (``split``) read in ``pool``'s threads, each by
-    ``read_into(part, its slice of one buffer)`` (which raises unless it fills it)."""
-    view = memoryview(bytearray(rng.length))
-    parts = split(rng)
-    if len(parts) == 1:
-        read_into(rng, view)
-        return view
-    futures = [
-        pool.submit(read_into, part, view[part.start - rng.start : part.end - rng.start]) for part in parts
-    ]
-    wait_all(futures)
-    return view
+class Sink:
+    """Where a long read's bytes go: ``view(rng)`` is the buffer for the bytes of ``rng``
+    and ``done(rng, view)`` takes it once they are in. Parts come in any order and from
+    any thread; within one part, in order."""
+
+    def view(self, rng: ByteRange) -> memoryview:
+        raise NotImplementedError
+
+    def done(self, rng: ByteRange, view: memoryview) -> None:
+        """Nothing to do for a buffer that ``view`` sliced."""
+
+
+class MemorySink(Sink):
+    """Into one buffer for the bytes of ``rng``, allocated up front (``buffer``)."""
+
+    def __init__(self, rng: ByteRange) -> None:
+        self.start = rng.start
+        self.buffer = memoryview(bytearray(rng.length))
+
+    def view(self, rng: ByteRange) -> memoryview:
+        return self.buffer[rng.start - self.start : rng.end - self.start]
 
 
 def read_parts(
     storage: Storage, path: str, rng: ByteRange | None, expect: Expected | None, pool: ReadPool
 ) -> bytes | memoryview:
     """``Storage.read_parts``: ``storage.read`` where the read is short, cached or of
-    unknown size, else ``read_in_parts`` with each part one retried read into its slice."""
+    unknown size, else ``read_long`` into one buffer."""
     size = expect.size if expect is not None else None
     whole = ByteRange(0, size) if rng is None and size is not None else rng
     if storage.cached or whole is None or not whole.length:
         return storage.read(path, rng, expect=expect)
+    sink = MemorySink(whole)
+    read_long(storage, path, whole, size, pool, sink, whole_object=rng is None)
+    return sink.buffer
+
+
+def read_long(
+    storage: Storage,
+    path: str,
+    rng: ByteRange,
+    size: int | None,
+    pool: ReadPool | None,
+    sink: Sink,
+    *,
+    whole_object: bool = False,
+) -> None:
+    """The bytes of ``rng`` into ``sink``: one GET, cut into parts in ``pool``'s threads
+    where it shows a slow connection (NOTE [ Reads in parts ]). ``size``: the object's
+    expected size; ``whole_object``: ``rng`` is all of it (a plain GET)."""
+    if not storage._backend.streams:  # no body to read as it comes: cut up front
+        parts = split(rng) if pool is not None else split(rng, -(-rng.length // PART_MAX))
+        if pool is None or len(parts) == 1:
+            for part in parts:
+                _read_part(storage, path, part, size, sink)
+        else:
+            wait_all([pool.submit(_read_part, storage, path, part, size, sink) for part in parts])
+        return
+    stream = _Stream(storage, path, rng, size, whole_object)
+    try:
+        stream.read_to(min(rng.end, rng.start + PROBE), sink)
+        if pool is None:
+            stream.read_to(rng.end, sink)
+            return
+        parts = _cut(ByteRange(stream.pos, rng.end), stream, pool)
+        while len(parts) == 1:  # fast so far: a chunk more, and look again
+            stream.read_to(min(rng.end, stream.pos + CHUNK), sink)
+            parts = _cut(ByteRange(stream.pos, rng.end), stream, pool)
+        if not parts:
+            return
+        later = [pool.submit(_read_part, storage, path, part, size, sink) for part in parts[1:]]
+        try:
+            stream.read_to(parts[0].end, sink)
+        except BaseException:
+            for future in later:
+                future.cancel()
+            wait(later)  # no thread still writes to the sink
+            raise
+        wait_all(later)
+    finally:
+        stream.close()
+
+
+def _cut(rest: ByteRange, stream: _Stream, pool: ReadPool | None) -> list[ByteRange]:
+    """The parts of ``rest``: one (the probing GET reads on) while its connection is fast
+    or not yet measured, else the first for the probing GET and the others for the pool."""
+    rate = stream.rate()
+    if not rest.length:
+        return []
+    if pool is None or stream.latency is None or rate is None or rate >= FAST_CONNECTION:
+        return [rest]
+    part = max(1.0, rate * PART_LATENCIES * stream.latency)
+    return split(rest, min(PARTS, pool.threads, -(-rest.length // int(part))))
+
+
+def _read_part(storage: Storage, path: str, part: ByteRange, size: int | None, sink: Sink) -> None:
     fspath = storage._fspath(path)
+    view = sink.view(part)
+    storage._retry(lambda: storage._read_once(path, fspath, part, size, view), "read", path, part)
+    sink.done(part, view)
 
-    def into(part: ByteRange, out: memoryview) -> None:  # each part retried alone
-        storage._retry(lambda: storage._read_once(path, fspath, part, size, out), "read", path, part)
 
-    return read_in_parts(into, whole, pool)
+class _Stream:
+    """The first GET of a long read: its body read in order into a sink, up to a stop
+    that the caller moves; a failed try asks again for the bytes not yet read (a ranged
+    GET), in ``Storage``'s retries. It measures the latency (time to the headers of the
+    first GET that answers) and the rate of the GET being read (NOTE [ Reads in parts ])."""
+
+    def __init__(self, storage: Storage, path: str, rng: ByteRange, size: int | None, whole: bool) -> None:
+        self.storage, self.path, self.rng, self.size, self.whole = storage, path, rng, size, whole
+        self.fspath = storage._fspath(path)
+        self.pos = rng.start
+        self.body: Any = None
+        self.latency: float | None = None
+        self._mark: tuple[int, float] | None = None  # (pos, time) once a GET's first CHUNK is in
+        self._opened_at = rng.start  # where the GET being read began
+
+    def read_to(self, stop: int, sink: Sink) -> None:
+        self.storage._retry(lambda: self._try(stop, sink), "read", self.path, ByteRange(self.pos, stop))
+
+    def _try(self, stop: int, sink: Sink) -> None:
+        try:
+            if self.body is None:
+                self._open()
+            while self.pos < stop:
+                chunk = ByteRange(self.pos, min(stop, self.pos + CHUNK))
+                view = sink.view(chunk)
+                got = _read_into(self.body, view)
+                if got != chunk.length:
+                    self.storage._short_read(self.path, chunk, got, self.size)
+                sink.done(chunk, view)
+                self.pos = chunk.end
+                self._measure()
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self) -> None:
+        rng = None if self.whole and self.pos == 0 else ByteRange(self.pos, self.rng.end)
+        started = time.monotonic()
+        try:
+            self.body = self.storage._backend.stream(self.fspath, rng, self.size)
+        except SizeChanged as changed:
+            raise self.storage._changed(self.path, rng, changed.actual, self.size) from None
+        if self.latency is None:  # the first GET that answered
+            self.latency = time.monotonic() - started
+        self._opened_at, self._mark = self.pos, None
+
+    def _measure(self) -> None:
+        if self._mark is None and self.pos - self._opened_at >= CHUNK:
+            self._mark = (self.pos, time.monotonic())
+
+    def rate(self) -> float | None:
+        """Bytes/s of the GET being read, since its first CHUNK (None before a second one
+        is in): a burst of bytes that waited in the socket's buffers while this thread
+        was busy weighs less and less as the GET goes on."""
+        if self._mark is None or self.pos - self._mark[0] < CHUNK:
+            return None
+        return (self.pos - self._mark[0]) / max(time.monotonic() - self._mark[1], 1e-6)
+
+    def close(self) -> None:
+        body, self.body = self.body, None
+        if body is not None:
+            body.close()
+
+
+def _read_into(body: Any, view: memoryview) -> int:
+    """Bytes of ``body`` into ``view`` until it is full or the body ends; how many."""
+    got = 0
+    while got < len(view) and (n := body.readinto(view[got:])):
+        got += n
+    return got
 
 
 def wait_all(futures: Sequence[Future[Any]]) -> None:

@@ -34,13 +34,15 @@ from __future__ import annotations
 import errno
 import functools
 import inspect
+import io
 import os
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from shardstream.errors import TransientStorageError
 from shardstream.storage.expect import SizeChanged
+from shardstream.storage.streams import Body
 from shardstream.types import ByteRange
 
 __all__ = ["S3Reader", "s3_options", "timeouts_of"]
@@ -241,26 +243,30 @@ class S3Reader:
         """``read`` of ``rng`` straight into ``out`` (its length): the body is read into
         it, not into a new bytes object copied there (NOTE [ Reads in parts ]). The
         bytes written."""
-        response = self._get(bucket, key, rng, size)
-        if response is None:
-            return 0
-        body = response["Body"]
-        raw = getattr(body, "_raw_stream", None)
-        plain = response["ResponseMetadata"].get("HTTPStatusCode") == 206 and not response.get(
-            "ContentEncoding"
-        )
-        if raw is None or not plain or not hasattr(raw, "readinto"):  # as ``read`` reads it
-            data = _body(response, rng)
-            out[: len(data)] = data
-            return len(data)
+        body = self.stream(bucket, key, rng, size=size)
         try:
             got = 0
-            while got < len(out) and (n := raw.readinto(out[got:])):
+            while got < len(out) and (n := body.readinto(out[got:])):
                 got += n
         finally:
             body.close()
-        _check_length(response, got)
         return got
+
+    def stream(self, bucket: str, key: str, rng: ByteRange | None, *, size: int | None) -> Body:
+        """The body of a GetObject of ``rng`` (None: the whole object, no Range) to read
+        in order with ``readinto``, then close: the HTTP stream itself where the body is
+        the bytes asked for as they are (a 206, or a 200 of a whole GET, not encoded),
+        else the bytes ``read`` gives. A body that ends early raises (urllib3 checks its
+        Content-Length)."""
+        response = self._get(bucket, key, rng, size)
+        if response is None:
+            return io.BytesIO()
+        raw = getattr(response["Body"], "_raw_stream", None)
+        status = response["ResponseMetadata"].get("HTTPStatusCode")
+        plain = status == (200 if rng is None else 206) and not response.get("ContentEncoding")
+        if raw is None or not plain or not hasattr(raw, "readinto"):
+            return io.BytesIO(_body(response, rng))
+        return cast(Body, raw)
 
     def _get(self, bucket: str, key: str, rng: ByteRange | None, size: int | None) -> Any:
         """The GetObject response (its body unread), or None for a range past the end."""

@@ -1,4 +1,4 @@
-"""File-like helpers for remote objects: a ranged sequential reader and a spooled writer."""
+"""File-like helpers for remote objects: a GET's body, a ranged sequential reader and a spooled writer."""
 
 from __future__ import annotations
 
@@ -7,9 +7,17 @@ import io
 import os
 import tempfile
 from collections.abc import Callable, Iterator
-from typing import IO
+from typing import IO, Protocol
 
-__all__ = ["RangeReader", "spooled_writer"]
+__all__ = ["Body", "RangeReader", "spooled_writer"]
+
+
+class Body(Protocol):
+    """A GET's body, read in order (NOTE [ Reads in parts ] in parts.py)."""
+
+    def readinto(self, buffer: memoryview, /) -> int | None: ...
+
+    def close(self) -> None: ...
 
 
 class RangeReader(io.RawIOBase):
