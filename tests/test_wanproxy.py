@@ -158,18 +158,19 @@ def test_an_epoch_through_the_proxy_is_exact(s3, moto_server, tmp_path, cache):
 
 @pytest.mark.s3
 def test_requests_overlap_within_one_worker(s3, moto_server):
-    """One process, no DataLoader workers, one 2 MB shard read start to end: the reader
-    splits the run into ranged GETs in flight together (NOTE [ Reads in parts ])."""
+    """One process, no DataLoader workers, one 5 MB shard read start to end over a slow
+    connection: after its first 2 MiB the reader cuts the rest into ranged GETs in flight
+    together (NOTE [ Reads in parts ])."""
     from shardstream.pack import ShardWriter
 
     base, options = s3
-    with ShardWriter(base + "/ds", format="tar", samples_per_shard=400, storage_options=options) as writer:
-        for i in range(400):
+    with ShardWriter(base + "/ds", format="tar", samples_per_shard=1000, storage_options=options) as writer:
+        for i in range(1000):
             writer.write({"__key__": f"{i:06d}", "bin": os.urandom(5000)})
-    with WanProxy(moto_server.endpoint, latency=0.05, bandwidth=4 * MB) as proxy:
+    with WanProxy(moto_server.endpoint, latency=0.05, bandwidth=8 * MB) as proxy:
         dataset = shardstream.StreamingDataset(
             base + "/ds", storage_options=dict(options, endpoint_url=proxy.endpoint), shuffle=False
         )
         proxy.reset_stats()  # opening the dataset (manifest) is not the epoch
-        assert sum(1 for _ in dataset) == 400
+        assert sum(1 for _ in dataset) == 1000
     assert proxy.stats.peak_in_flight >= 2
