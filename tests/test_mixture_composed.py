@@ -279,3 +279,15 @@ def test_refusals_say_why():
         plan_of(stratified, config, 1, 1, state={**state, "global_batches": 7})
     with pytest.raises(PlanError, match="not 'random'"):
         ComposedPlan(Mixture(specs), config, epoch=0, world_size=1, batch_size=6)
+
+
+def test_parts_share_one_bound_on_their_cached_chunk_orders():
+    from shardstream.plan.global_order import _CACHED_BLOCKS
+    from shardstream.plan.mixture import Mixture, MixturePlan, StreamSpec
+
+    specs = [StreamSpec(f"s{i}", [50] * 4, f"f{i}", repeat=1 + i / 10) for i in range(10)]
+    config = PlanConfig(seed=1, order="global", global_batch_size=40)
+    for mix in ("stratified", "per_stream"):
+        plan = MixturePlan(Mixture(specs, mix=mix), config, epoch=0, world_size=1, batch_size=40)
+        parts = plan._inner.sequence.parts
+        assert sum(part.sequence.cached_blocks for part in parts) <= max(_CACHED_BLOCKS, 4 * len(parts))

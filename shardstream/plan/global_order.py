@@ -115,7 +115,7 @@ __all__ = ["BLOCK_WORDS", "GlobalPlan", "GlobalSequence", "lanes_of"]
 # Chunk permutations of a lane are drawn this many words per keyed stream (a block of
 # windows); a block's permutations are cached per lane while a worker reads them.
 BLOCK_WORDS = 8192
-_CACHED_BLOCKS = 128
+_CACHED_BLOCKS = 128  # 8 MiB at most (BLOCK_WORDS int64 each)
 # A worker's first Window holds about this many samples, then each one twice the last.
 _FIRST_WINDOW = 1024
 
@@ -150,6 +150,7 @@ class GlobalSequence:
         self.per_window = max(1, window // self.size)
         self.block = max(1, BLOCK_WORDS // self.per_window)  # windows per keyed stream
         self._blocks: dict[tuple[int, int], np.ndarray] = {}
+        self.cached_blocks = _CACHED_BLOCKS  # a mixture's parts share this bound (parts.py)
 
     def run_length(self) -> float:
         """Samples per read of one lane's chunk (G / L)."""
@@ -196,7 +197,7 @@ class GlobalSequence:
         if moving < per:
             rows[-1, :moving] = permutation(moving, (self.seed, self.epoch, TAG_GLOBAL, lane, number, moving))
             rows[-1, moving:last] = np.arange(moving, last)
-        if len(self._blocks) >= _CACHED_BLOCKS:
+        if len(self._blocks) >= self.cached_blocks:
             self._blocks.pop(next(iter(self._blocks)))
         self._blocks[key] = rows
         return rows

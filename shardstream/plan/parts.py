@@ -12,7 +12,7 @@ import numpy as np
 
 from shardstream.errors import PlanError
 from shardstream.plan.config import PlanConfig, Run
-from shardstream.plan.global_order import GlobalSequence, lanes_of
+from shardstream.plan.global_order import _CACHED_BLOCKS, GlobalSequence, lanes_of
 from shardstream.plan.intervals import from_points
 from shardstream.plan.keys import TAG_COMPOSED, random_words
 from shardstream.plan.mixture import Mixture, Segments, apportion
@@ -106,6 +106,12 @@ class ComposedSequence(abc.ABC):
         self.parts: list[BatchPart] = []
         self.quotas: tuple[int, ...] = ()  # what each stream gives this epoch: q_s'
 
+    def _share_caches(self) -> None:
+        """The parts' chunk-permutation caches share one sequence's bound (8 MiB), whatever
+        the number of streams."""
+        for part in self.parts:
+            part.sequence.cached_blocks = max(4, _CACHED_BLOCKS // max(1, len(self.parts)))
+
     def _segments(self, mixture: Mixture, config: PlanConfig, epoch: int, stream: int) -> Segments:
         quota = self.quotas[stream]
         return mixture.segments(stream, epoch, seed=config.seed, shuffle=config.shuffle, quota=quota)
@@ -182,6 +188,7 @@ class StratifiedSequence(ComposedSequence):
                 extras.append(_part(config, epoch, per, stream, 1, tail, (1, self.base, self.size)))
         self.mains = len(self.parts)
         self.parts += extras
+        self._share_caches()
 
     def _extras(self, index: int) -> tuple[int, int]:
         """``(gamma, e)`` of an extras part: batch ``k`` holds it when ``(alpha k + gamma) % B < e``."""
@@ -230,6 +237,7 @@ class PerStreamSequence(ComposedSequence):
                 self.parts.append(_part(config, epoch, self.per_window, stream, 0, segments, place))
                 self.counts.append(count)
                 self.offsets.append(int(self._spread[stream] % np.uint64(_GRID)))
+        self._share_caches()
 
     def _below(self, key: int) -> list[int]:
         """How many points of each part have a key below ``key`` (exact, in Python ints)."""
