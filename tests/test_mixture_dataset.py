@@ -371,3 +371,33 @@ def test_stratified_resumes_through_the_loader_on_other_workers_and_ranks(stream
         again.load_state_dict(state)
         rest.append(run(again)[0])
     assert head + [a + b for a, b in zip(*rest, strict=True)] == full
+
+
+def twice(data: bytes) -> int:
+    return 2 * int(data)
+
+
+@pytest.mark.parametrize("mixture_decodes", [True, False])
+def test_each_stream_may_decode_its_own_way(streamed, mixture_decodes):
+    root, _keys = streamed
+    cls_twice = {"cls": twice}
+    listed = [
+        Stream(str(root / "a"), decode=not mixture_decodes),  # the other way round from the mixture
+        Stream(str(root / "b"), repeat=2.5, decoders=cls_twice),  # decoded, with its own decoder
+        Stream(str(root / "c"), choose=20),  # the mixture's way
+    ]
+    dataset = shardstream.StreamingDataset(listed, seed=5, decode=mixture_decodes)
+    samples = list(dataset)
+    assert collections.Counter(s["__stream__"] for s in samples) == dict(enumerate(QUOTAS))
+    for sample in samples:
+        stream, key = sample["__stream__"], sample["__key__"]
+        if stream == 0:
+            expected = f"sample {key}" if not mixture_decodes else f"sample {key}".encode()
+            assert sample["txt"] == expected
+        elif stream == 1:
+            assert isinstance(sample["cls"], int)
+            assert sample["cls"] % 2 == 0
+            assert sample["txt"] == f"sample {key}"
+        else:  # Parquet of Python values: the same either way
+            assert sample["text"] == f"t{int(key[3:])}"
+    assert {s["__stream__"] for s in pickle.loads(pickle.dumps(dataset))} == {0, 1, 2}

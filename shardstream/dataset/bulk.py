@@ -30,6 +30,7 @@ import copy
 import itertools
 import json
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from itertools import accumulate, repeat
 from operator import itemgetter
 from typing import Any
@@ -45,6 +46,7 @@ from shardstream.dataset.decode import (
     failed,
     refused,
 )
+from shardstream.dataset.mixture_reader import STREAM_KEY
 from shardstream.errors import FormatError, ShardstreamError
 from shardstream.formats.base import SampleColumns, sample_builder
 
@@ -84,12 +86,26 @@ _COLUMNS: dict[Decoder, Callable[[list[bytes]], list[Any]]] = {
 }
 
 
+@dataclass(frozen=True)
+class StreamDecoders:
+    """A mixture whose streams decode apart: stream ``i``'s samples (``__stream__`` = i)
+    go through ``decoders[i]``, or stay raw bytes where it is ``None``."""
+
+    decoders: tuple[SampleDecoder | None, ...]
+
+
 def decode_samples(
-    decoder: SampleDecoder, samples: list[Any], *, url: str | None = None, shard: str | None = None
+    decoder: SampleDecoder | StreamDecoders,
+    samples: list[Any],
+    *,
+    url: str | None = None,
+    shard: str | None = None,
 ) -> tuple[list[Any], Errors]:
     """``[decoder(s) for s in samples]`` in bulk (NOTE [ Bulk decode ]): the decoded
     samples (``None`` stays ``None``; a sample that failed is ``None`` too) and the error
     of each failed sample by position, as ``decoder(s, url=url, shard=shard)`` raises it."""
+    if isinstance(decoder, StreamDecoders):
+        return _by_stream(decoder, samples, url, shard)
     out: list[Any] = [None] * len(samples)
     errors: Errors = {}
     for fields, positions in _groups(samples).items():
@@ -103,6 +119,27 @@ def decode_samples(
         for number, error in failures.items():
             out[positions[number]] = None
             errors[positions[number]] = error
+    return out, errors
+
+
+def _by_stream(
+    decoders: StreamDecoders, samples: list[Any], url: str | None, shard: str | None
+) -> tuple[list[Any], Errors]:
+    """:func:`decode_samples` of a mixture's samples, each stream's with its own decoder."""
+    out: list[Any] = list(samples)
+    errors: Errors = {}
+    streams: dict[int, list[int]] = {}
+    for position, sample in enumerate(samples):
+        if sample is not None:
+            streams.setdefault(sample[STREAM_KEY], []).append(position)
+    for stream, positions in streams.items():
+        decoder = decoders.decoders[stream]
+        if decoder is None:
+            continue
+        decoded, failures = decode_samples(decoder, [samples[p] for p in positions], url=url, shard=shard)
+        for position, sample in zip(positions, decoded, strict=True):
+            out[position] = sample
+        errors.update((positions[number], error) for number, error in failures.items())
     return out, errors
 
 
@@ -221,7 +258,7 @@ def decoded_window(dataset: Any, ordered: Iterator[Any], window: Any, reader: An
     in step with what is yielded (the dataset's iteration count reads it), so the samples are
     taken from a copy of it.
     """
-    decoder = dataset.config.decoder
+    decoder = dataset.window_decoder()
     if decoder is None:
         return dataset._decoded(ordered)
     samples = list(copy.copy(ordered))  # a list iterator (_Iteration.start_window's)
@@ -263,7 +300,7 @@ def _column_chunks(
 
 def _chunks(
     dataset: Any,
-    decoder: SampleDecoder,
+    decoder: SampleDecoder | StreamDecoders,
     samples: list[Any],
     ordered: Iterator[Any],
     window: Any,

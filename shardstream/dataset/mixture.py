@@ -9,12 +9,14 @@ list of them (a :class:`MixedDataset`) streams their mixture.
 # mixture's. Each stream keeps its own Storage, manifest and reader (one
 # ``StreamingDataset`` per stream, in ``MixedDataset.datasets``; the sidecar LRU is the
 # mixture's, one for all), and may be tar or Parquet.
+# How its samples become values may be its own too: ``decode``, ``decoders`` and
+# ``allow_pickle`` (a stream of raw bytes beside decoded ones, or with its own decoder
+# for an extension); left out, the mixture's. A window is then decoded in bulk stream by
+# stream (``bulk.StreamDecoders``, picked by ``__stream__``).
 # Everything else is the mixture's, given to ``StreamingDataset`` once: the plan's knobs
 # (``shuffle``, ``seed``, ``drop_last``, ``shuffle_window``, ``order`` and its options),
-# because one plan orders all streams; how samples become values (``decode``,
-# ``decoders``, ``allow_pickle``, ``transform``), because decoders go by field extension,
-# so one set serves tar and Parquet alike, and a transform that must tell streams apart
-# reads ``__stream__``; and the worker's reading (``on_error``, ``verify_checksums``,
+# because one plan orders all streams; the ``transform``, which reads ``__stream__`` if it
+# must tell streams apart; and the worker's reading (``on_error``, ``verify_checksums``,
 # ``read_budget``, ``read_concurrency``), because one worker reads all streams with one
 # read budget (NOTE [ Mixture reads ] in mixture_reader.py).
 """
@@ -30,7 +32,9 @@ from typing import Any
 
 import numpy as np
 
+from shardstream.dataset.bulk import StreamDecoders
 from shardstream.dataset.config import DatasetConfig
+from shardstream.dataset.decode import Decoder, SampleDecoder
 from shardstream.dataset.indexes import IndexCache
 from shardstream.dataset.mixture_reader import STREAM_KEY, MixtureReader
 from shardstream.dataset.streaming import StreamingDataset
@@ -48,8 +52,8 @@ class Stream:
     at most one of ``weight`` (a share of the epoch; then every stream has one), ``repeat``
     (a multiple of its size: 0.5 half of it, 2.5 two and a half times) or ``choose``
     (samples per epoch); none takes all of it once. ``storage_options``, ``cache_dir``,
-    ``cache_limit`` and ``local_reads`` are the mixture's unless given (NOTE [ Mixture
-    options ])."""
+    ``cache_limit``, ``local_reads``, ``decode``, ``decoders`` and ``allow_pickle`` are
+    the mixture's unless given (NOTE [ Mixture options ])."""
 
     url: str
     _: KW_ONLY
@@ -60,6 +64,9 @@ class Stream:
     cache_dir: str | None = None
     cache_limit: int | None = None
     local_reads: str | None = None
+    decode: bool | None = None
+    decoders: Mapping[str, Decoder] | None = None
+    allow_pickle: bool | None = None
 
     def __post_init__(self) -> None:
         url = os.fspath(self.url)
@@ -94,6 +101,23 @@ class Stream:
             cache_dir=mixture.cache_dir if self.cache_dir is None else self.cache_dir,
             cache_limit=mixture.cache_limit if self.cache_limit is None else self.cache_limit,
             local_reads=mixture.local_reads if self.local_reads is None else self.local_reads,
+            decoder=self._decoder(mixture),
+        )
+
+    def _decoder(self, mixture: DatasetConfig) -> SampleDecoder | None:
+        """The mixture's decoder, unless this stream gives its own ``decode``, ``decoders``
+        or ``allow_pickle``: then one built from them (the mixture's for what it leaves out;
+        ``decoders`` alone decode the stream even when the mixture does not)."""
+        if self.decode is None and self.decoders is None and self.allow_pickle is None:
+            return mixture.decoder
+        decode = (
+            mixture.decoder is not None or self.decoders is not None if self.decode is None else self.decode
+        )
+        if not decode:  # its own decoders decode it, unless it says decode=False
+            return None
+        allow = mixture.decoder.allow_pickle if mixture.decoder is not None else False
+        return SampleDecoder.build(
+            self.decoders, allow_pickle=allow if self.allow_pickle is None else self.allow_pickle
         )
 
 
@@ -130,7 +154,18 @@ class MixedDataset(StreamingDataset):
         self.epoch_size = epoch_size
         self.streams = tuple(listed)
         self.datasets = tuple(_stream_dataset(stream.config(self.config)) for stream in self.streams)
+        decoders = tuple(dataset.config.decoder for dataset in self.datasets)
+        self._decoders = None if all(d is self.config.decoder for d in decoders) else StreamDecoders(decoders)
+        if self._decoders is not None and all(d is None for d in decoders):
+            self._decoders = None
+            self.config = dataclasses.replace(self.config, decoder=None)
+        elif self._decoders is not None and self.config.decoder is None:  # decoded streams: the bulk path
+            self.config = dataclasses.replace(self.config, decoder=next(d for d in decoders if d is not None))
         self._mixture: Mixture | None = None
+
+    def window_decoder(self) -> Any:
+        """Each stream's own decoder where streams decode apart (``Stream(decode=...)``)."""
+        return self.config.decoder if self._decoders is None else self._decoders
 
     # -- what the dataset is -------------------------------------------------------------
 

@@ -368,6 +368,11 @@ class StreamingDataset(IterableDataset):
         finally:
             reader.close()
 
+    def window_decoder(self) -> Any:
+        """What decodes a window's samples in bulk (``bulk.decoded_window``): the config's
+        decoder; a mixture whose streams decode apart gives its ``StreamDecoders``."""
+        return self.config.decoder
+
     def _decoded(self, ordered: Iterator[Any]) -> Iterator[Any]:
         """The samples of one undecoded window (``decode=False``; decoded windows go through
         ``bulk.decoded_window``), those the format could not read with ``on_error="skip"``
