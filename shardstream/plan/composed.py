@@ -51,23 +51,22 @@ so the yield order is one scatter, no sort.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from shardstream.errors import PlanError, StateError
 from shardstream.plan.config import PlanConfig, Window, check_count
-from shardstream.plan.epoch import EpochPlan
-from shardstream.plan.global_order import _FIRST_WINDOW, lanes_of
+from shardstream.plan.global_order import GlobalPlan, lanes_of
 from shardstream.plan.mixture import Mixture
 from shardstream.plan.parts import ComposedSequence, PerStreamSequence, StratifiedSequence
-from shardstream.plan.state import make_global_state, read_global_state
+from shardstream.plan.state import read_global_state
 
 __all__ = ["ComposedPlan"]
 
 
-class ComposedPlan(EpochPlan):
+class ComposedPlan(GlobalPlan):
     """The plan of a mix="stratified" or "per_stream" epoch (NOTE [ Composed batches ]) for
     every rank and worker, as a ``GlobalPlan``'s: ``batch_size`` is ``global_batch_size //
     world_size`` and ``state_dict(steps)`` counts global batches. Its runs are of mixture
@@ -118,97 +117,32 @@ class ComposedPlan(EpochPlan):
         self._mixture, self._config, self._epoch, self._taken, self._first = mixture, config, epoch, taken, 0
         self._sizes = mixture.sizes
         self._window = config.window_for(mixture.sizes)
-        self._sequence = _SEQUENCES[mixture.mix](mixture, config, epoch=epoch, window=self._window)
-
-    def _topology(
-        self, world_size: int, num_workers: int, batch_size: int, *, error: type[Exception]
-    ) -> None:
-        world = check_count(world_size, "world_size", minimum=1)
-        self._workers = max(1, check_count(num_workers, "num_workers"))
-        batch = check_count(batch_size, "batch_size", minimum=1)
-        size = self._sequence.size
-        if size % world or batch != size // world:
-            raise error(
-                f"mix={self._mixture.mix!r} with global_batch_size={size} runs on a world size that divides "
-                f"it, with batch_size=global_batch_size // world_size, not on {world} ranks with "
-                f"batch_size={batch}"
-            )
-        self._world, self._batch = world, batch
-
-    # -- what the plan is ------------------------------------------------------------------
+        self._sequence = _SEQUENCES[mixture.mix](  # type: ignore[assignment]  # composed, not one GlobalSequence
+            mixture, config, epoch=epoch, window=self._window
+        )
 
     @property
-    def world_size(self) -> int:
-        return self._world
-
-    @property
-    def num_workers(self) -> int:
-        return self._workers
-
-    @property
-    def batch_size(self) -> int:
-        return self._batch
-
-    @property
-    def sequence(self) -> ComposedSequence:
-        return self._sequence
-
-    @property
-    def global_batches_taken(self) -> int:
-        return self._taken
-
-    def _left(self, worker: int) -> int:
-        left = self._sequence.batches - self._taken
-        return (left // self._workers + (worker < left % self._workers)) * self._batch
-
-    def samples_per_rank(self) -> int:
-        return (self._sequence.batches - self._taken) * self._batch
-
-    def batches_per_rank(self) -> int:
-        return self._sequence.batches - self._taken
+    def sequence(self) -> ComposedSequence:  # type: ignore[override]  # the parts' composition
+        return self._sequence  # type: ignore[return-value]
 
     def __repr__(self) -> str:
         return (
             f"ComposedPlan(mix={self._mixture.mix!r}, epoch={self.epoch}, world_size={self.world_size}, "
             f"num_workers={self.num_workers}, global_batch_size={self._sequence.size}, "
-            f"quotas={self._sequence.quotas}, global_batches_taken={self._taken} of {self._sequence.batches})"
+            f"quotas={self.sequence.quotas}, global_batches_taken={self._taken} of {self._sequence.batches})"
         )
 
-    # -- what a worker reads ---------------------------------------------------------------
+    # -- what a worker reads: GlobalPlan's windows, cut from the composed batches ---------
 
-    def _windows(self, rank: int, worker: int) -> Iterator[Window]:
-        # As GlobalPlan's: the worker's batches of whole windows of the sequence per Window.
-        sequence, step, per = self._sequence, self._workers, self._sequence.per_window
-        first_entry, last_entry = rank * self._batch, (rank + 1) * self._batch
-        share = max(1, per * self._batch // step)
-        most = max(1, self._window // share)
-        count = max(1, min(most, _FIRST_WINDOW // share))
-        first = self._taken + worker
-        while first < sequence.batches:
-            stop = min((first // per + count) * per, sequence.batches)
-            batches = np.arange(first, stop, step, dtype=np.int64)
-            build = functools.partial(sequence.window_parts, batches, first_entry, last_entry)
-            yield Window.lazy(sequence.window_shards(first, stop, first_entry, last_entry), build)
-            first, count = int(batches[-1]) + step, min(most, 2 * count)
+    def _window_maker(self, rank: int) -> Callable[[int, int, np.ndarray], Window]:
+        sequence = self.sequence
+        lo, hi = rank * self._batch, (rank + 1) * self._batch
 
-    # -- resume ----------------------------------------------------------------------------
+        def window_of(first: int, stop: int, batches: np.ndarray) -> Window:
+            build = functools.partial(sequence.window_parts, batches, lo, hi)
+            return Window.lazy(sequence.window_shards(first, stop, lo, hi), build)
 
-    def state_dict(self, steps: int) -> dict[str, Any]:
-        """The state after every rank took ``steps`` batches (global batches) of this plan;
-        ``MixturePlan`` adds the mix and the streams."""
-        steps = check_count(steps, "steps")
-        if steps > self.batches_per_rank():
-            raise PlanError(
-                f"steps={steps} is more than the {self.batches_per_rank()} batches this plan has per rank"
-            )
-        return make_global_state(
-            self._sizes,
-            self._config,
-            epoch=self._epoch,
-            window=self._window,
-            lanes=self._sequence.lanes,
-            taken=self._taken + steps,
-        )
+        return window_of
 
 
 _SEQUENCES: dict[str, type[ComposedSequence]] = {

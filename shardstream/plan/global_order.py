@@ -88,7 +88,7 @@ sequence is then a function of the sources, the weights, ``G`` and the lanes onl
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -407,7 +407,7 @@ class GlobalPlan(EpochPlan):
 
     def _windows(self, rank: int, worker: int) -> Iterator[Window]:
         sequence, step, per = self._sequence, self._workers, self._sequence.per_window
-        pieces = sequence.pieces(rank * self._batch, (rank + 1) * self._batch)
+        window_of = self._window_maker(rank)
         # whole windows of the sequence per Window: see NOTE [ Global order ]
         share = max(1, per * self._batch // step)  # this worker's samples of one window
         most = max(1, self._window // share)
@@ -416,9 +416,20 @@ class GlobalPlan(EpochPlan):
         while first < sequence.batches:
             stop = min((first // per + count) * per, sequence.batches)
             batches = np.arange(first, stop, step, dtype=np.int64)  # never empty: first < stop
-            build = functools.partial(_window_parts, sequence, batches, pieces)
-            yield Window.lazy(sequence.window_shards(first, stop, pieces), build)
+            yield window_of(first, stop, batches)
             first, count = int(batches[-1]) + step, min(most, 2 * count)
+
+    def _window_maker(self, rank: int) -> Callable[[int, int, np.ndarray], Window]:
+        """``(first, stop, batches) -> Window``: rank ``rank``'s part of ``batches`` (of the
+        sequence's batches ``[first, stop)``), laid out lazily."""
+        sequence = self._sequence
+        pieces = sequence.pieces(rank * self._batch, (rank + 1) * self._batch)
+
+        def window_of(first: int, stop: int, batches: np.ndarray) -> Window:
+            build = functools.partial(_window_parts, sequence, batches, pieces)
+            return Window.lazy(sequence.window_shards(first, stop, pieces), build)
+
+        return window_of
 
     # -- resume ----------------------------------------------------------------------------
 
