@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from shardstream.dataset.budget import ReadBudget, fetch_in_turn, fetched_in_order
-from shardstream.dataset.reader import AHEAD_THREADS, AHEAD_WINDOWS, Fetched, WindowReader
+from shardstream.dataset.budget import ReadBudget
+from shardstream.dataset.reader import Fetched, WindowReader, prefetched
 from shardstream.errors import FormatError
 from shardstream.formats.base import Sample, SampleColumns
 from shardstream.plan import Run
@@ -137,22 +137,7 @@ class MixtureReader:
     def stream(self, windows: Iterator[Any]) -> Iterator[tuple[Any, list[Sample | None], bool]]:
         """``(window, samples, holes)`` for each window, its samples in yield order, fetched
         ahead as ``WindowReader.stream`` does."""
-        if self.prefetch < 1:
-            for window in windows:
-                yield (window, *self._in_yield_order(window, self.fetch(window)))
-            return
-        budget = self.budget
-        ahead = self.prefetch if budget is None else max(self.prefetch, AHEAD_WINDOWS)
-        prefetcher: Prefetcher[Any, tuple[list[list[Fetched]], int]] = Prefetcher(
-            lambda job: fetch_in_turn(self.fetch, budget, *job),
-            threads=1 if budget is None else AHEAD_THREADS,
-            max_pending=ahead,
-        )
-        self._prefetcher = prefetcher
-        try:
-            yield from fetched_in_order(windows, prefetcher, ahead, budget, self._in_yield_order)
-        finally:
-            self.close()
+        return prefetched(self, windows)
 
     def _in_yield_order(self, window: Any, fetched: list[list[Fetched]]) -> tuple[list[Sample | None], bool]:
         samples, holes = self.decode(window, fetched)

@@ -405,22 +405,7 @@ class WindowReader:
         :meth:`decode`); the bytes of the next ``prefetch`` windows are read in a background
         thread meanwhile (on object storage as many as NOTE [ Read budget ] allows, in
         ``AHEAD_THREADS``)."""
-        if self.prefetch < 1:
-            for window in windows:
-                yield (window, *self._in_yield_order(window, self.fetch(window)))
-            return
-        budget = self.budget
-        ahead = self.prefetch if budget is None else max(self.prefetch, AHEAD_WINDOWS)
-        prefetcher: Prefetcher[Any, tuple[list[Fetched], int]] = Prefetcher(
-            lambda job: fetch_in_turn(self.fetch, budget, *job),
-            threads=1 if budget is None else AHEAD_THREADS,
-            max_pending=ahead,
-        )
-        self._prefetcher = prefetcher
-        try:
-            yield from fetched_in_order(windows, prefetcher, ahead, budget, self._in_yield_order)
-        finally:
-            self.close()
+        return prefetched(self, windows)
 
     def _in_yield_order(
         self, window: Any, fetched: list[Fetched]
@@ -434,6 +419,28 @@ class WindowReader:
         if prefetcher is not None:
             prefetcher.close()
         self.bytes.close()
+
+
+def prefetched(reader: Any, windows: Iterator[Any]) -> Iterator[Any]:
+    """``reader.stream(windows)`` for a ``WindowReader`` or a ``MixtureReader``: each window
+    fetched (``reader.fetch``) ahead in background threads within ``reader.budget``, then
+    put in yield order (``reader._in_yield_order``); the reader is closed at the end."""
+    if reader.prefetch < 1:
+        for window in windows:
+            yield (window, *reader._in_yield_order(window, reader.fetch(window)))
+        return
+    budget = reader.budget
+    ahead = reader.prefetch if budget is None else max(reader.prefetch, AHEAD_WINDOWS)
+    prefetcher: Prefetcher[Any, tuple[Any, int]] = Prefetcher(
+        lambda job: fetch_in_turn(reader.fetch, budget, *job),
+        threads=1 if budget is None else AHEAD_THREADS,
+        max_pending=ahead,
+    )
+    reader._prefetcher = prefetcher
+    try:
+        yield from fetched_in_order(windows, prefetcher, ahead, budget, reader._in_yield_order)
+    finally:
+        reader.close()
 
 
 def _check_blocks(rng: ByteRange, bad: tuple[int, ...], block: int) -> None:
