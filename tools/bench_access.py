@@ -110,9 +110,15 @@ def bench_local(work: str, count: int, reads: int, repeat: int) -> None:
     write_tar(url, map(small_sample, range(count)), 10_000)
     indices = [random.Random(0).randrange(count) for _ in range(reads)]
     checked, unchecked = shardstream.MapDataset(url), shardstream.MapDataset(url, verify_checksums=False)
+
+    def fresh() -> int:  # first reads: a new dataset loads its sidecars and checks whole blocks
+        with shardstream.MapDataset(url) as dataset:
+            return lookups(dataset.__getitem__, indices)()
+
     contenders: dict[str, Callable[[], int]] = {
         "shardstream": lookups(checked.__getitem__, indices),
         "shardstream unchecked": lookups(unchecked.__getitem__, indices),
+        "shardstream, a new dataset": fresh,
     }
     streaming = import_mosaic()
     if streaming is not None:
@@ -124,24 +130,54 @@ def bench_local(work: str, count: int, reads: int, repeat: int) -> None:
             want[k] for k in ("__key__", "txt", "cls", "json")
         ):
             raise SystemExit("MosaicML and shardstream disagree on a sample")
+        # its fastest documented path: get_item skips __getitem__'s dispatch on the index type
         contenders["mosaicml"] = lookups(mosaic.__getitem__, indices)
+        contenders["mosaicml get_item"] = lookups(mosaic.get_item, indices)
     rates = measure(contenders, repeat)
     report(
         f"random access: dataset[i] for {reads:,} random i of {count:,} x ~300 B, decoded, local, one process",
         rates,
     )
     if "mosaicml" in rates.names:
-        ratios = rates.ratios(["mosaicml"])
+        # against the faster of MosaicML's two paths in each round
+        ratios = rates.ratios(["mosaicml", "mosaicml get_item"])
         met = "met" if sorted(ratios)[len(ratios) // 2] >= 2 else "MISSED"
-        print(f"  shardstream / mosaicml = {rates.ratio(['mosaicml'])}; target >= 2x: {met}")
+        print(
+            f"  shardstream / fastest mosaicml = {rates.ratio(['mosaicml', 'mosaicml get_item'])}; "
+            f"target >= 2x: {met}"
+        )
     checked.close()
     unchecked.close()
 
 
-def bench_s3(count: int, repeat: int) -> None:
+class SeaweedProcess:
+    """SeaweedFS (``weed mini``, a real S3 server in Go) on 127.0.0.1, as the tests start it."""
+
+    def __init__(self, bucket: str) -> None:
+        from shardstream.testing import SeaweedFS
+
+        self.server = SeaweedFS()
+        self.server.start()
+        try:
+            self.server.create_bucket(bucket)
+        except BaseException:
+            self.server.stop()
+            raise
+
+    def options(self) -> dict:
+        return self.server.storage_options()
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+SERVERS = {"moto": MotoProcess, "seaweedfs": SeaweedProcess}
+
+
+def bench_s3(name: str, count: int, repeat: int) -> None:
     import boto3
 
-    server = MotoProcess("bench")
+    server = SERVERS[name]("bench")
     try:
         options, url = server.options(), "s3://bench/small"
         write_tar(url, map(small_sample, range(count)), 1_000, options)
@@ -198,7 +234,7 @@ def bench_s3(count: int, repeat: int) -> None:
         }
         rates = measure({**contenders, "boto3 one read": boto}, repeat)
         report(
-            f"S3 (moto, loopback): a batch of {BATCH} random indices of {count:,} x ~300 B vs one read of "
+            f"S3 ({name}, loopback): a batch of {BATCH} random indices of {count:,} x ~300 B vs one read of "
             f"their {sample_bytes:,} bytes",
             rates,
             unit="batches/s",
@@ -256,7 +292,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run: small sizes, one repeat")
-    parser.add_argument("--only", default="local,s3", help="sections: local, s3")
+    parser.add_argument("--only", default="local,s3", help="sections: local, s3 (moto), seaweedfs")
     parser.add_argument("--repeat", type=int, default=5, help="timed rounds after the warm-up")
     args = parser.parse_args()
     only = set(args.only.split(","))
@@ -267,7 +303,9 @@ def main() -> int:
         if "local" in only:
             bench_local(work, count, reads, repeat)
         if "s3" in only:
-            bench_s3(s3_count, repeat)
+            bench_s3("moto", s3_count, repeat)
+        if "seaweedfs" in only:
+            bench_s3("seaweedfs", s3_count, repeat)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -167,7 +167,9 @@ class MapDataset(Dataset):
                 read_concurrency=self.read_threads,
             )
             finder = KeyFinder(reader, self._offsets())
-            opened = _Opened(os.getpid(), storage, reader, finder, SampleReads(reader), threading.Lock())
+            opened = _Opened(
+                os.getpid(), storage, reader, finder, SampleReads(reader, cfg.decoder), threading.Lock()
+            )
             self._open = opened
             return opened
 
@@ -230,25 +232,19 @@ class MapDataset(Dataset):
     # -- reading -------------------------------------------------------------------------
 
     def __getitem__(self, index: int) -> Any:
-        """Sample ``index``: one ranged read, checked, decoded (the lean path of NOTE [ Batch fetches ])."""
+        """Sample ``index``: one ranged read, checked, decoded (NOTE [ Checked single reads ])."""
         i = self._normalise(index)
-        ends, starts = self._shard_ends(), self._offsets()
+        ends = self._ends if self._ends is not None else self._shard_ends()
         shard = bisect.bisect_right(ends, i)
         opened = self._open
         singles = (
             opened.singles if opened is not None and opened.pid == os.getpid() else self._opened().singles
         )
         try:
-            sample = singles.sample(shard, i - starts[shard])
+            sample = singles.sample(shard, i - ends[shard - 1] if shard else i)
         except ShardstreamError as error:
             raise _with_index(error, i) from error
-        decoder, transform = self.config.decoder, self.config.transform
-        if decoder is not None:
-            try:
-                sample = decoder(sample, url=self.url)
-            except FormatError as error:
-                run = _Batch((Run(shard, i - starts[shard], i - starts[shard] + 1),), (shard,))
-                raise _with_index(singles.reader.locate(error, run, 0), i) from error
+        transform = self.config.transform
         return sample if transform is None else transform(sample)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
