@@ -422,3 +422,37 @@ def test_single_read_errors_are_the_decoders(tmp_path):
         assert info.value.offset is not None
     with pytest.raises(PickleRefusedError, match="dataset index 0"):
         shardstream.MapDataset(url)[0]
+
+
+def write_spread(url: str, options: dict | None = None) -> None:
+    """One tar shard of 12 samples of ~100 KB: samples 0, 6 and 11 lie > 256 KiB apart."""
+    with ShardWriter(url, format="tar", samples_per_shard=12, storage_options=options) as writer:
+        for i in range(12):
+            writer.write({"__key__": f"k{i:02d}", "bin": bytes([i]) * 100_000})
+
+
+@pytest.mark.s3
+def test_s3_batch_reads_each_shard_once_across_holes(s3, monkeypatch):
+    # NOTE [ Batch fetches ]: on object storage a request costs more than its bytes
+    base, options = s3
+    write_spread(f"{base}/spread", options)
+    with shardstream.MapDataset(f"{base}/spread", storage_options=options) as dataset:
+        dataset.get_many([1])  # the sidecar
+        reads = count_reads(monkeypatch)
+        got = dataset.get_many([11, 0, 6])
+        assert [sample["bin"][:1] for sample in got] == [b"\x0b", b"\x00", b"\x06"]
+        assert len(reads) == 1
+
+
+def test_a_batch_checks_only_the_blocks_of_its_samples(tmp_path):
+    # runs.Read.spans: the holes between a read's runs are read, not checked nor decoded
+    url = tmp_path / "holes"
+    write_spread(str(url))
+    shard = url / "shard-000000.tar"
+    data = bytearray(shard.read_bytes())
+    data[data.index(bytes([3]) * 100)] ^= 0xFF  # sample 3's first block, in a block of neither 0 nor 4
+    shard.write_bytes(bytes(data))
+    dataset = shardstream.MapDataset(str(url))
+    assert [sample["bin"][:1] for sample in dataset.get_many([4, 0])] == [b"\x04", b"\x00"]  # one read
+    with pytest.raises(FormatError, match="checksum mismatch"):
+        dataset.get_many([0, 3, 4])
