@@ -268,21 +268,24 @@ def _sample_bytes(dataset: shardstream.MapDataset, indices: list[int]) -> int:
 
 
 def _requests(dataset: shardstream.MapDataset, indices: list[int], sample_bytes: int) -> None:
-    reads: list[int] = []
-    original = Storage.read
+    """Print the GETs a batch makes (each one, whatever path made it: parts of a long read too)."""
+    from shardstream.storage.s3read import S3Reader
 
-    def counting(self: Storage, path: str, rng: ByteRange | None = None, **kwargs: object) -> bytes:
-        data = original(self, path, rng, **kwargs)  # type: ignore[arg-type]
-        reads.append(len(data))
-        return data
+    gets: list[int] = []
+    original = S3Reader._get
 
-    Storage.read = counting  # type: ignore[method-assign]
+    def counting(self: S3Reader, bucket: str, key: str, rng: ByteRange | None, size: int | None) -> object:
+        response = original(self, bucket, key, rng, size)
+        gets.append(int(response["ContentLength"]) if response is not None else 0)
+        return response
+
+    S3Reader._get = counting  # type: ignore[method-assign]
     try:
         dataset.get_many(indices)
     finally:
-        Storage.read = original  # type: ignore[method-assign]
+        S3Reader._get = original  # type: ignore[method-assign]
     print(
-        f"  a batch reads {len(reads)} ranges, {sum(reads):,} bytes, for {len(set(indices))} samples of "
+        f"  a batch makes {len(gets)} GETs of {sum(gets):,} bytes, for {len(set(indices))} samples of "
         f"{sample_bytes:,} bytes"
     )
 
