@@ -112,7 +112,7 @@ class SampleReads:
         if recorded == -1:
             data, base = self._first_read(kept, shard, position, ByteRange(start, end))
         else:
-            data, base = self._read(shard, ByteRange(start, end)), start
+            data, base = self._read(shard, start, end), start
             if recorded >= 0 and crc32(data) != recorded:
                 raise self._mismatch(kept, ByteRange(start, end))
         values = singles.values(data if type(data) is bytes else bytes(data), base, position)
@@ -128,9 +128,9 @@ class SampleReads:
         reader, index = self.reader, kept.index
         rng = index.byte_range(position, position + 1)
         if not kept.checked:
-            data = self._read(shard, rng)
+            data = self._read(shard, rng.start, rng.end)
         elif kept.crc[position] >= 0:
-            data = self._read(shard, rng)
+            data = self._read(shard, rng.start, rng.end)
             if crc32(data) != kept.crc[position]:
                 raise self._mismatch(kept, rng)
         else:
@@ -145,7 +145,7 @@ class SampleReads:
         """The sample's check blocks, checked, with the CRCs of the samples they hold recorded."""
         checks = cast(ShardChecks, kept.index.checks)
         wide = checks.widen(rng)
-        data = self._read(shard, wide)
+        data = self._read(shard, wide.start, wide.end)
         self.reader._bad_blocks(Read(shard, wide, (0,)), data, kept.index)  # raises: on_error is "raise"
         self._record(kept, wide, data, position, checks.block)
         return data, wide.start
@@ -174,34 +174,38 @@ class SampleReads:
 
     # -- bytes ---------------------------------------------------------------------------
 
-    def _read(self, shard: int, rng: ByteRange) -> bytes | memoryview:
-        reader = self.reader
+    def _read(self, shard: int, start: int, end: int) -> bytes | memoryview:
+        """Bytes ``[start, end)`` of ``shard``: one ``pread`` of a file kept open, else a read."""
         if not self._keep_open:
-            read = Read(shard, rng, (0,))
-            item = reader._item(read)
-            try:
-                data = reader.bytes.read(*item)
-            except StorageError as error:
-                raise reader._storage_error(error, item) from error
-            if item[1] is None and len(data) < rng.end:
-                reader._too_short(read, len(data))
-            return data if item[1] is not None else memoryview(data)[rng.start : rng.end]
+            return self._read_item(shard, ByteRange(start, end))
         entry = self._acquire(shard)
         try:
-            data = os.pread(entry[0].fileno(), rng.length, rng.start)
+            data = os.pread(entry[0].fileno(), end - start, start)
         except OSError as error:
-            path = reader.manifest.shards[shard].path
+            path = self.reader.manifest.shards[shard].path
             raise StorageError(
-                f"cannot read bytes [{rng.start}, {rng.end}): {error}",
-                url=reader.storage.full_url(path),
+                f"cannot read bytes [{start}, {end}): {error}",
+                url=self.reader.storage.full_url(path),
                 shard=path,
-                offset=rng.start,
+                offset=start,
             ) from error
         finally:
             self._release(entry)
-        if len(data) != rng.length:
-            reader._too_short(Read(shard, rng, (0,)), rng.start + len(data))
+        if len(data) != end - start:
+            self.reader._too_short(Read(shard, ByteRange(start, end), (0,)), start + len(data))
         return data
+
+    def _read_item(self, shard: int, rng: ByteRange) -> bytes | memoryview:
+        reader = self.reader
+        read = Read(shard, rng, (0,))
+        item = reader._item(read)
+        try:
+            data = reader.bytes.read(*item)
+        except StorageError as error:
+            raise reader._storage_error(error, item) from error
+        if item[1] is None and len(data) < rng.end:
+            reader._too_short(read, len(data))
+        return data if item[1] is not None else memoryview(data)[rng.start : rng.end]
 
     def _acquire(self, shard: int) -> list[Any]:
         """``[file, users, evicted]`` of ``shard``, open, with this read counted as a user:
