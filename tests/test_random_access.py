@@ -456,3 +456,16 @@ def test_a_batch_checks_only_the_blocks_of_its_samples(tmp_path):
     assert [sample["bin"][:1] for sample in dataset.get_many([4, 0])] == [b"\x04", b"\x00"]  # one read
     with pytest.raises(FormatError, match="checksum mismatch"):
         dataset.get_many([0, 3, 4])
+
+
+def test_single_reads_of_a_shard_of_mixed_fields(tmp_path):
+    # no SampleIndex.singles for it: each sample is decoded as a run of one
+    url = str(tmp_path / "mixed")
+    with ShardWriter(url, format="tar", samples_per_shard=5) as writer:
+        for i in range(10):
+            writer.write({"__key__": f"k{i}", "txt": b"t%d" % i, **({"cls": b"%d" % i} if i % 2 else {})})
+    epoch = list(shardstream.StreamingDataset(url, shuffle=False))
+    dataset = shardstream.MapDataset(url)
+    assert dataset._parts()[1].index(0).singles() is None
+    assert [dataset[i] for i in (3, 0, 9, 4, 3)] == [epoch[i] for i in (3, 0, 9, 4, 3)]
+    dataset.close()

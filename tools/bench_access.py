@@ -1,18 +1,25 @@
 """Random access: ``shardstream.MapDataset`` against the alternatives, measured in the same run.
 
-    python tools/bench_access.py [--quick] [--only local,s3] [--repeat 5]
+    python tools/bench_access.py [--quick] [--only local,s3,seaweedfs] [--repeat 5]
 
 - local: ``dataset[i]`` for random ``i`` (the same indices for everyone), one process, on
   the small-sample corpus of tools/bench_stream.py (~300 B, three fields, decoded:
   text, integer, JSON): shardstream (checked reads, the default; and with
-  ``verify_checksums=False``) vs MosaicML Streaming's ``StreamingDataset[i]`` on the same
-  samples written with ``streaming.MDSWriter`` (columns str, int, json), local only.
-- s3: ``MapDataset.get_many`` of 256 random indices from moto's S3 server (another
-  process, loopback) vs one sequential read of as many bytes as those samples hold
+  ``verify_checksums=False``) vs MosaicML Streaming on the same samples written with
+  ``streaming.MDSWriter`` (columns str, int, json: the same decode level), local only,
+  through both of its documented paths (``dataset[i]`` and ``dataset.get_item(i)``); the
+  target is >= 2x the faster of the two in each round. The indices repeat from round to
+  round, so these are steady-state figures (files open, CRCs of the samples recorded,
+  page cache warm) for both; "a new dataset" is shardstream's first reads: a dataset
+  made in the round, which loads its sidecars and checks whole blocks.
+- s3 (moto, in another process) and seaweedfs (SeaweedFS, a real S3 server in Go, ``weed
+  mini`` as shardstream.testing starts it; one at a time on a machine): ``get_many`` of
+  256 random indices vs one sequential read of as many bytes as those samples hold
   (``Storage.read`` of one ranged GET, and boto3 ``get_object``): the target is a batch
-  in at most 2x the time of that read. Also the requests and bytes a batch reads, and
-  the floor any batch has on this server: one small GET for each shard it touches, in
-  parallel, against the one read.
+  in at most 2x the time of that read. Batches rotate through 8 index sets, sidecars
+  loaded (the warm-up's). Also the GETs and bytes a batch makes, and the floor any batch
+  has on that server: one small GET for each shard it touches, all at once, against the
+  one read.
 
 Rates, rounds and ratios are measured as in tools/bench_stream.py (warm-up, rotating
 rounds, paired median ratios); the machine is shared, so take the ratios, not the rates.
