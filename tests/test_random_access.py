@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import shardstream
+from shardstream.dataset.decode import PickleRefusedError
 from shardstream.errors import FormatError, StorageError
 from shardstream.pack import ShardWriter
 from shardstream.storage import Storage
@@ -358,3 +359,113 @@ def test_plain_dataloader_without_workers_uses_batch_fetch(local, monkeypatch):
     loader = torch.utils.data.DataLoader(dataset, batch_size=20, collate_fn=list)
     assert [s for batch in loader for s in batch] == epoch
     assert len(calls) == 3  # one batch fetch per batch, not one read per sample
+
+
+ODD_VALUES = [  # (json, cls, txt) bytes that the built-ins' fast forms must read as the built-ins do
+    (b' {"a": 1}', b"3", b"plain"),
+    (b'{"a": 1} ', b" 4 ", "é".encode()),
+    (b'"\xc3\xa9"', b"+5", b""),
+    (b"NaN", b"-6", b"x\0y"),
+    (b"[1, 2]", b"7", b"multi\nline"),
+]
+
+
+def test_single_reads_decode_every_value_as_the_epoch_does(tmp_path, monkeypatch):
+    # NOTE [ Single-sample decode ]: values, field order and errors are those of the
+    # streamed epoch; a user decoder is called once per value; ASCII JSON needs no json.loads
+    url = str(tmp_path / "odd")
+    with ShardWriter(url, format="tar", samples_per_shard=3) as writer:
+        for i, (doc, cls, txt) in enumerate(ODD_VALUES):
+            writer.write({"__key__": f"k{i}", "json": doc, "cls": cls, "txt": txt, "up": b"u%d" % i})
+    calls = []
+
+    def upper(data):
+        calls.append(bytes(data))
+        return bytes(data).upper()
+
+    epoch = list(shardstream.StreamingDataset(url, shuffle=False, decoders={"up": upper}))
+    calls.clear()
+    dataset = shardstream.MapDataset(url, decoders={"up": upper})
+    got = [dataset[i] for i in (4, 0, 1, 2, 3, 4)]
+    assert got == [epoch[4], *epoch]
+    assert list(got[1]) == list(epoch[0])
+    assert calls == [b"u4", b"u0", b"u1", b"u2", b"u3", b"u4"]
+    loads = []
+    original = json.loads
+    monkeypatch.setattr(json, "loads", lambda *a, **k: loads.append(a) or original(*a, **k))
+    assert dataset[4]["json"] == [1, 2]
+    assert loads == []
+    assert dataset[0]["json"] == {"a": 1}  # leading whitespace: json.loads's own reading
+    assert len(loads) == 1
+
+
+def test_single_read_errors_are_the_decoders(tmp_path):
+    url = str(tmp_path / "errors")
+    with ShardWriter(url, format="tar", samples_per_shard=4) as writer:
+        for i in range(4):
+            cls = b"x" if i == 1 else b"1"
+            writer.write({"__key__": f"k{i}", "boom": b"b", "cls": cls, "pkl": pickle.dumps(i)})
+
+    def boom(data):
+        raise ValueError("no")
+
+    for decoders, field in (({}, "'cls'"), ({"boom": boom}, "'boom'")):
+        dataset = shardstream.MapDataset(url, decoders=decoders, allow_pickle=True)
+        with pytest.raises(FormatError) as info:
+            dataset[1]
+        with pytest.raises(FormatError) as want:  # what decoding the sample alone raises
+            dataset.config.decoder(shardstream.MapDataset(url, decode=False)[1])
+        assert field in str(info.value)
+        assert "'k1'" in str(info.value)
+        assert str(info.value).startswith(str(want.value).split(" (url=")[0] + " [dataset index 1]")
+        assert info.value.shard == "shard-000000.tar"
+        assert info.value.offset is not None
+    with pytest.raises(PickleRefusedError, match="dataset index 0"):
+        shardstream.MapDataset(url)[0]
+
+
+def write_spread(url: str, options: dict | None = None) -> None:
+    """One tar shard of 12 samples of ~100 KB: samples 0, 6 and 11 lie > 256 KiB apart."""
+    with ShardWriter(url, format="tar", samples_per_shard=12, storage_options=options) as writer:
+        for i in range(12):
+            writer.write({"__key__": f"k{i:02d}", "bin": bytes([i]) * 100_000})
+
+
+@pytest.mark.s3
+def test_s3_batch_reads_each_shard_once_across_holes(s3, monkeypatch):
+    # NOTE [ Batch fetches ]: on object storage a request costs more than its bytes
+    base, options = s3
+    write_spread(f"{base}/spread", options)
+    with shardstream.MapDataset(f"{base}/spread", storage_options=options) as dataset:
+        dataset.get_many([1])  # the sidecar
+        reads = count_reads(monkeypatch)
+        got = dataset.get_many([11, 0, 6])
+        assert [sample["bin"][:1] for sample in got] == [b"\x0b", b"\x00", b"\x06"]
+        assert len(reads) == 1
+
+
+def test_a_batch_checks_only_the_blocks_of_its_samples(tmp_path):
+    # runs.Read.spans: the holes between a read's runs are read, not checked nor decoded
+    url = tmp_path / "holes"
+    write_spread(str(url))
+    shard = url / "shard-000000.tar"
+    data = bytearray(shard.read_bytes())
+    data[data.index(bytes([3]) * 100)] ^= 0xFF  # sample 3's first block, in a block of neither 0 nor 4
+    shard.write_bytes(bytes(data))
+    dataset = shardstream.MapDataset(str(url))
+    assert [sample["bin"][:1] for sample in dataset.get_many([4, 0])] == [b"\x04", b"\x00"]  # one read
+    with pytest.raises(FormatError, match="checksum mismatch"):
+        dataset.get_many([0, 3, 4])
+
+
+def test_single_reads_of_a_shard_of_mixed_fields(tmp_path):
+    # no SampleIndex.singles for it: each sample is decoded as a run of one
+    url = str(tmp_path / "mixed")
+    with ShardWriter(url, format="tar", samples_per_shard=5) as writer:
+        for i in range(10):
+            writer.write({"__key__": f"k{i}", "txt": b"t%d" % i, **({"cls": b"%d" % i} if i % 2 else {})})
+    epoch = list(shardstream.StreamingDataset(url, shuffle=False))
+    dataset = shardstream.MapDataset(url)
+    assert dataset._parts()[1].index(0).singles() is None
+    assert [dataset[i] for i in (3, 0, 9, 4, 3)] == [epoch[i] for i in (3, 0, 9, 4, 3)]
+    dataset.close()

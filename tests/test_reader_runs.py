@@ -34,16 +34,24 @@ def per_run_reads(runs, byte_range, *, gap):
     for shard, spans in by_shard.items():
         spans.sort(key=lambda span: span[0].start)
         lo, hi, members = spans[0][0].start, spans[0][0].end, [spans[0][1]]
+        covered = [[lo, hi]]  # the bytes the runs take, where they leave holes
         for rng, number in spans[1:]:
             if rng.start - hi <= gap:
+                if rng.start > hi:
+                    covered.append([rng.start, rng.end])
+                covered[-1][1] = max(covered[-1][1], rng.end)
                 hi = max(hi, rng.end)
                 members.append(number)
                 continue
-            reads.append(Read(shard, ByteRange(lo, hi), tuple(members)))
-            lo, hi, members = rng.start, rng.end, [number]
-        reads.append(Read(shard, ByteRange(lo, hi), tuple(members)))
+            reads.append(Read(shard, ByteRange(lo, hi), tuple(members), _holes(covered)))
+            lo, hi, members, covered = rng.start, rng.end, [number], [[rng.start, rng.end]]
+        reads.append(Read(shard, ByteRange(lo, hi), tuple(members), _holes(covered)))
     reads.sort(key=lambda read: min(read.runs))
     return reads
+
+
+def _holes(covered):
+    return tuple(map(tuple, covered)) if len(covered) > 1 else ()
 
 
 @st.composite

@@ -28,27 +28,35 @@ from shardstream.dataset.bulk import decode_samples
 from shardstream.dataset.config import DatasetConfig
 from shardstream.dataset.decode import Decoder
 from shardstream.dataset.keys import KeyFinder
-from shardstream.dataset.reader import WindowReader
+from shardstream.dataset.reader import COALESCE_GAP, WindowReader
 from shardstream.dataset.sample_reads import SampleReads
 from shardstream.errors import FormatError, ShardstreamError
 from shardstream.manifest import Manifest
 from shardstream.plan import Run
 from shardstream.storage import Storage
 
-__all__ = ["BATCH_READ_THREADS", "MapDataset"]
+__all__ = ["BATCH_GAP", "BATCH_READ_THREADS", "MapDataset"]
 
 # NOTE [ Batch fetches ]
 # ``get_many(indices)`` (what torch's DataLoader calls, as ``__getitems__``, with a
 # batch's indices) reads each distinct sample once: the indices are sorted, consecutive
-# samples of a shard become one run, runs of a shard whose bytes lie within
-# ``COALESCE_GAP`` (reader.py) of each other share one ranged read, and the reads run in
-# up to ``BATCH_READ_THREADS`` threads at once on object storage (a loopback GET costs
-# ~1 ms of latency whatever its size, so a batch of scattered samples is bounded by
-# requests, not bytes). The threads live for the call only: a dataset held by a
-# DataLoader worker, or a test, keeps none between batches. The samples are decoded
+# samples of a shard become one run, and runs of a shard share one ranged read where
+# their bytes lie within a gap of each other: ``BATCH_GAP`` on object storage,
+# ``COALESCE_GAP`` (runs.py) on local files and the cache. A batch of random indices is
+# a few samples per shard, scattered, and on object storage a request costs more than
+# megabytes of its bytes, so the batch reads each shard it touches once, holes and all
+# (a shard up to ~4 MiB whole), instead of once per 256 KiB stretch of samples: 20 reads
+# for the 20 shards of tools/bench_access.py's batch, not 63. Measured on loopback: moto
+# copies the whole object for any ranged GET (its GETs cost the same at 3 KB and 3 MB);
+# SeaweedFS's cost ~20% more at 3 MB than at 3 KB; S3 itself gives a connection ~100 MB/s
+# after 20-50 ms to the first byte. Only the check blocks of the samples are checked and
+# decoded (runs.Read.spans), not those of the holes. The reads are issued at once, in up
+# to ``BATCH_READ_THREADS`` threads. The threads live for the call only: a dataset held
+# by a DataLoader worker, or a test, keeps none between batches. The samples are decoded
 # together (NOTE [ Bulk decode ]) and returned in the caller's order, duplicates as
 # copies. Batches of one dataset from several threads take turns.
-BATCH_READ_THREADS = 16
+BATCH_READ_THREADS = 32
+BATCH_GAP = 4 * 1024 * 1024
 # Held while a process makes a dataset's _Opened (module-level: a dataset pickles to
 # workers); a child made by fork while another thread held it gets a free one.
 _OPENING = threading.Lock()
@@ -165,9 +173,12 @@ class MapDataset(Dataset):
                 prefetch=0,
                 verify_checksums=cfg.verify_checksums,
                 read_concurrency=self.read_threads,
+                coalesce_gap=BATCH_GAP if not storage.local_files else COALESCE_GAP,
             )
             finder = KeyFinder(reader, self._offsets())
-            opened = _Opened(os.getpid(), storage, reader, finder, SampleReads(reader), threading.Lock())
+            opened = _Opened(
+                os.getpid(), storage, reader, finder, SampleReads(reader, cfg.decoder), threading.Lock()
+            )
             self._open = opened
             return opened
 
@@ -230,25 +241,19 @@ class MapDataset(Dataset):
     # -- reading -------------------------------------------------------------------------
 
     def __getitem__(self, index: int) -> Any:
-        """Sample ``index``: one ranged read, checked, decoded (the lean path of NOTE [ Batch fetches ])."""
+        """Sample ``index``: one ranged read, checked, decoded (NOTE [ Checked single reads ])."""
         i = self._normalise(index)
-        ends, starts = self._shard_ends(), self._offsets()
+        ends = self._ends if self._ends is not None else self._shard_ends()
         shard = bisect.bisect_right(ends, i)
         opened = self._open
         singles = (
             opened.singles if opened is not None and opened.pid == os.getpid() else self._opened().singles
         )
         try:
-            sample = singles.sample(shard, i - starts[shard])
+            sample = singles.sample(shard, i - ends[shard - 1] if shard else i)
         except ShardstreamError as error:
             raise _with_index(error, i) from error
-        decoder, transform = self.config.decoder, self.config.transform
-        if decoder is not None:
-            try:
-                sample = decoder(sample, url=self.url)
-            except FormatError as error:
-                run = _Batch((Run(shard, i - starts[shard], i - starts[shard] + 1),), (shard,))
-                raise _with_index(singles.reader.locate(error, run, 0), i) from error
+        transform = self.config.transform
         return sample if transform is None else transform(sample)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:

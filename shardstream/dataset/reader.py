@@ -106,11 +106,13 @@ class WindowReader:
         indexes: IndexCache | None = None,
         expected: Mapping[str, Expected] | None = None,
         columns: bool = False,
+        coalesce_gap: int = COALESCE_GAP,
     ) -> None:
         """``indexes``: the dataset's sidecar LRU, kept across its iterations (NOTE [ Sidecars
         across epochs ]); ``expected``: ``fetch.expectations(manifest)``, made once by the
         dataset (both made here when not given); ``columns``: windows come as
-        ``SampleColumns`` where they can (for a decoder), else always as lists."""
+        ``SampleColumns`` where they can (for a decoder), else always as lists;
+        ``coalesce_gap``: runs of a shard closer than this share a read (``plan_reads``)."""
         self.storage = storage
         self.manifest = manifest
         self.format = get_format(manifest.format)
@@ -118,6 +120,7 @@ class WindowReader:
         self.prefetch = prefetch
         self.verify_checksums = verify_checksums
         self.columns = columns
+        self.coalesce_gap = coalesce_gap
         self._holes = 0  # samples the format could not decode, replaced by None
         self._indexes = indexes if indexes is not None else IndexCache()
         self._prefetcher: Prefetcher[Any, tuple[list[Fetched], int]] | None = None
@@ -196,7 +199,7 @@ class WindowReader:
     def plan_fetch(self, runs: Sequence[Any], indexes: dict[int, SampleIndex]) -> WindowReads:
         """The reads of ``runs``, whose shards' ``indexes`` are loaded (:meth:`load_indexes`)."""
         reads = plan_reads(
-            runs, lambda shard, a, b: self._read_ranges(indexes[shard], a, b), gap=COALESCE_GAP
+            runs, lambda shard, a, b: self._read_ranges(indexes[shard], a, b), gap=self.coalesce_gap
         )
         return WindowReads(reads, [self._item(read) for read in reads], indexes)
 
@@ -226,7 +229,15 @@ class WindowReader:
         checks = index.checks
         if checks is None or not self.verify_checksums or not read.rng.length:
             return ()
-        bad = checks.bad_blocks(data, read.rng)
+        if read.spans:  # only the blocks its runs take (runs.Read)
+            view, start = memoryview(data), read.rng.start
+            bad = [
+                offset
+                for lo, hi in read.spans
+                for offset in checks.bad_blocks(view[lo - start : hi - start], ByteRange(lo, hi))
+            ]
+        else:
+            bad = checks.bad_blocks(data, read.rng)
         if bad and self.on_error != "skip":
             path = self.manifest.shards[read.shard].path
             raise FormatError(

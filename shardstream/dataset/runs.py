@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -35,11 +36,16 @@ COALESCE_GAP = 256 * 1024
 
 @dataclass(frozen=True, slots=True)
 class Read:
-    """One ranged read of a shard, serving the runs numbered ``runs`` of a window."""
+    """One ranged read of a shard, serving the runs numbered ``runs`` of a window.
+
+    ``spans``: the ``(start, end)`` of the bytes its runs take, where they leave holes in
+    ``rng`` (runs closer than the gap share a read); empty where they fill it. Only these
+    bytes are checked and decoded: the holes are read because a request costs more."""
 
     shard: int
     rng: ByteRange
     runs: tuple[int, ...]
+    spans: tuple[tuple[int, int], ...] = ()
 
 
 def run_table(runs: Sequence[Any]) -> np.ndarray:
@@ -72,9 +78,13 @@ def plan_reads(runs: Sequence[Any] | np.ndarray, ranges: Ranges, *, gap: int) ->
         reach = np.maximum.accumulate(hi)
         cuts = [0, *(np.flatnonzero(lo[1:] - reach[:-1] > gap) + 1).tolist(), len(mine)]
         firsts = np.minimum.reduceat(mine, cuts[:-1]).tolist()
+        holes = (np.flatnonzero(lo[1:] > reach[:-1]) + 1).tolist()  # where a run starts past all before it
         for a, b, first in zip(cuts[:-1], cuts[1:], firsts, strict=True):
             rng = ByteRange(int(lo[a]), int(reach[b - 1]))
-            reads.append((first, Read(shard, rng, tuple(mine[a:b].tolist()))))
+            inside = holes[bisect.bisect_right(holes, a) : bisect.bisect_left(holes, b)]
+            spans = tuple(zip([a, *inside], [*inside, b], strict=True)) if inside else ()
+            covered = tuple((int(lo[i]), int(reach[j - 1])) for i, j in spans)
+            reads.append((first, Read(shard, rng, tuple(mine[a:b].tolist()), covered)))
     reads.sort(key=itemgetter(0))
     return [read for _, read in reads]
 

@@ -11,9 +11,17 @@ the bytes decoded are the bytes the sidecar was written for (a recorded CRC is o
 that passed it), and a shard changed since then fails as a checksum mismatch naming the
 sample's bytes either way. Only samples shorter than a block are recorded: a longer
 read grows by at most two blocks, and a Parquet row's range is its whole row group's
-(rows sharing a range share its CRC). The CRCs take 5 bytes per sample of the
+(rows sharing a range share its CRC). The CRCs take 8 bytes per sample of the
 ``SHARDS_KEPT`` shards first read last, kept with their indexes (so a read looks its
 shard up once, not in the sidecar LRU).
+
+What is left of a call is Python per sample, so the shortest path is kept short: where a
+shard's index can cut its samples alone (``SampleIndex.singles``: a tar shard whose
+samples have the same fields), a sample's span, key and values come from a few lookups in
+the index's arrays, no run is laid out and no header parsed, and its values are decoded
+by the shard's ``FieldDecoders`` (NOTE [ Single-sample decode ]); other shards (Parquet,
+mixed fields) decode the sample as a run of one. ``tools/bench_access.py --only local``
+measures it against MosaicML Streaming's ``dataset[i]``.
 
 Local files read by copy (NOTE [ Getting the bytes ]) stay open between reads of this
 process, ``OPEN_FILES`` at most: a read is then one ``pread``, where opening, checking
@@ -26,15 +34,19 @@ from __future__ import annotations
 import collections
 import os
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
 
+from shardstream.dataset.decode import SampleDecoder
 from shardstream.dataset.indexes import INDEX_CACHE_SIZE
 from shardstream.dataset.reader import Read, WindowReader
 from shardstream.errors import FormatError, StorageError
-from shardstream.formats.base import Sample, SampleIndex
-from shardstream.formats.checks import crc32
+from shardstream.formats.base import Sample, SampleIndex, sample_builder
+from shardstream.formats.checks import ShardChecks, crc32
+from shardstream.plan import Run
 from shardstream.storage import Expected
 from shardstream.types import ByteRange
 
@@ -44,53 +56,116 @@ SHARDS_KEPT = INDEX_CACHE_SIZE  # shards whose index and samples' CRCs are kept
 OPEN_FILES = 64  # local shards kept open
 
 
+@dataclass(frozen=True, slots=True)
+class _RunOfOne:
+    """A window of one sample, for ``WindowReader.locate``."""
+
+    runs: tuple[Run, ...]
+
+
+def _span_of(index: SampleIndex) -> Callable[[int], tuple[int, int]]:
+    def span(j: int) -> tuple[int, int]:
+        rng = index.byte_range(j, j + 1)
+        return rng.start, rng.end
+
+    return span
+
+
 class _Shard:
-    """A shard's index, path and the CRCs recorded of its samples (NOTE [ Checked single reads ])."""
+    """A shard's index, path, how its single samples are cut and decoded, and the CRCs
+    recorded of its samples (NOTE [ Checked single reads ])."""
 
-    __slots__ = ("crcs", "index", "known", "path")
+    __slots__ = ("build", "checked", "crc", "decode", "index", "path", "singles")
 
-    def __init__(self, index: SampleIndex, path: str, checked: bool) -> None:
+    def __init__(self, index: SampleIndex, path: str, checked: bool, decoder: SampleDecoder | None) -> None:
         self.index, self.path = index, path
-        n = index.num_samples if checked and index.checks is not None else 0
-        self.crcs = np.zeros(n, dtype=np.uint32)
-        self.known = np.zeros(n, dtype=bool)
+        self.checked = checked and index.checks is not None
+        # the recorded CRC of each sample, -1 where none is: an int64 memoryview's items are ints
+        self.crc = np.full(index.num_samples if self.checked else 0, -1, np.int64).data.cast("B").cast("q")
+        self.singles = index.singles()
+        fields = self.singles.fields if self.singles is not None else ()
+        self.build = sample_builder(fields)
+        self.decode = decoder.for_fields(fields) if decoder is not None and self.singles is not None else None
 
 
 class SampleReads:
-    """Reads of single samples through ``reader`` (this process's; NOTE [ Checked single reads ])."""
+    """Reads of single samples through ``reader`` (this process's), decoded by ``decoder``
+    (not with ``None``); see NOTE [ Checked single reads ]."""
 
-    def __init__(self, reader: WindowReader) -> None:
+    def __init__(self, reader: WindowReader, decoder: SampleDecoder | None = None) -> None:
         self.reader = reader
+        self.decoder = decoder
         self._keep_open = reader.bytes.local and not reader.bytes.mapped
         self._files: collections.OrderedDict[int, list[Any]] = collections.OrderedDict()
         self._shards: collections.OrderedDict[int, _Shard] = collections.OrderedDict()
         self._lock = threading.Lock()  # for the two LRUs
 
     def sample(self, shard: int, position: int) -> Sample:
-        """Sample ``position`` of ``shard``, its bytes checked, not decoded by extension."""
-        reader = self.reader
+        """Sample ``position`` of ``shard``, its bytes checked, decoded; a ``FormatError``
+        of its decoding names its URL, shard, offset and key."""
         kept = self._shards.get(shard) or self._keep(shard)
-        index = kept.index
+        singles = kept.singles
+        if singles is None:  # a Parquet row, a tar shard of mixed fields: a run of one
+            return self._decoded(shard, position, self._run_of_one(kept, shard, position))
+        start, end = singles.span(position)
+        recorded = kept.crc[position] if kept.checked else -2
+        if recorded == -1:
+            data, base = self._first_read(kept, shard, position, ByteRange(start, end))
+        else:
+            data, base = self._read(shard, start, end), start
+            if recorded >= 0 and crc32(data) != recorded:
+                raise self._mismatch(kept, ByteRange(start, end))
+        values = singles.values(data if type(data) is bytes else bytes(data), base, position)
+        if kept.decode is not None:
+            try:
+                return kept.decode(singles.key(position), values, shard=kept.path)
+            except FormatError as error:
+                raise self._located(error, shard, position) from error
+        sample = kept.build(singles.key(position), *values)
+        return sample if self.decoder is None else self._decoded(shard, position, sample)
+
+    def _run_of_one(self, kept: _Shard, shard: int, position: int) -> Sample:
+        reader, index = self.reader, kept.index
         rng = index.byte_range(position, position + 1)
-        checks = index.checks if reader.verify_checksums else None
-        if checks is None:
-            data = self._read(shard, rng)
-        elif kept.known[position]:
-            data = self._read(shard, rng)
-            if crc32(data) != int(kept.crcs[position]):
+        if not kept.checked:
+            data = self._read(shard, rng.start, rng.end)
+        elif kept.crc[position] >= 0:
+            data = self._read(shard, rng.start, rng.end)
+            if crc32(data) != kept.crc[position]:
                 raise self._mismatch(kept, rng)
         else:
-            wide = checks.widen(rng)
-            data = self._read(shard, wide)
-            reader._bad_blocks(Read(shard, wide, (0,)), data, index)  # raises: on_error is "raise"
-            self._record(kept, wide, data, position, checks.block)
-            rng = wide
+            data, start = self._first_read(kept, shard, position, rng)
+            rng = ByteRange(start, start + len(data))
         # never None: with on_error="raise" a sample that cannot be decoded raises
         return cast(Sample, reader._decode(data, rng, index, position, position + 1, kept.path)[0])
 
+    def _first_read(
+        self, kept: _Shard, shard: int, position: int, rng: ByteRange
+    ) -> tuple[bytes | memoryview, int]:
+        """The sample's check blocks, checked, with the CRCs of the samples they hold recorded."""
+        checks = cast(ShardChecks, kept.index.checks)
+        wide = checks.widen(rng)
+        data = self._read(shard, wide.start, wide.end)
+        self.reader._bad_blocks(Read(shard, wide, (0,)), data, kept.index)  # raises: on_error is "raise"
+        self._record(kept, wide, data, position, checks.block)
+        return data, wide.start
+
+    def _decoded(self, shard: int, position: int, sample: Sample) -> Sample:
+        if self.decoder is None:
+            return sample
+        try:
+            return self.decoder(sample, shard=self.reader.manifest.shards[shard].path)
+        except FormatError as error:
+            raise self._located(error, shard, position) from error
+
+    def _located(self, error: FormatError, shard: int, position: int) -> FormatError:
+        return self.reader.locate(error, _RunOfOne((Run(shard, position, position + 1),)), 0)
+
     def _keep(self, shard: int) -> _Shard:
         reader = self.reader
-        kept = _Shard(reader.index(shard), reader.manifest.shards[shard].path, reader.verify_checksums)
+        kept = _Shard(
+            reader.index(shard), reader.manifest.shards[shard].path, reader.verify_checksums, self.decoder
+        )
         with self._lock:
             kept = self._shards.setdefault(shard, kept)
             while len(self._shards) > SHARDS_KEPT:
@@ -99,34 +174,38 @@ class SampleReads:
 
     # -- bytes ---------------------------------------------------------------------------
 
-    def _read(self, shard: int, rng: ByteRange) -> bytes | memoryview:
-        reader = self.reader
+    def _read(self, shard: int, start: int, end: int) -> bytes | memoryview:
+        """Bytes ``[start, end)`` of ``shard``: one ``pread`` of a file kept open, else a read."""
         if not self._keep_open:
-            read = Read(shard, rng, (0,))
-            item = reader._item(read)
-            try:
-                data = reader.bytes.read(*item)
-            except StorageError as error:
-                raise reader._storage_error(error, item) from error
-            if item[1] is None and len(data) < rng.end:
-                reader._too_short(read, len(data))
-            return data if item[1] is not None else memoryview(data)[rng.start : rng.end]
+            return self._read_item(shard, ByteRange(start, end))
         entry = self._acquire(shard)
         try:
-            data = os.pread(entry[0].fileno(), rng.length, rng.start)
+            data = os.pread(entry[0].fileno(), end - start, start)
         except OSError as error:
-            path = reader.manifest.shards[shard].path
+            path = self.reader.manifest.shards[shard].path
             raise StorageError(
-                f"cannot read bytes [{rng.start}, {rng.end}): {error}",
-                url=reader.storage.full_url(path),
+                f"cannot read bytes [{start}, {end}): {error}",
+                url=self.reader.storage.full_url(path),
                 shard=path,
-                offset=rng.start,
+                offset=start,
             ) from error
         finally:
             self._release(entry)
-        if len(data) != rng.length:
-            reader._too_short(Read(shard, rng, (0,)), rng.start + len(data))
+        if len(data) != end - start:
+            self.reader._too_short(Read(shard, ByteRange(start, end), (0,)), start + len(data))
         return data
+
+    def _read_item(self, shard: int, rng: ByteRange) -> bytes | memoryview:
+        reader = self.reader
+        read = Read(shard, rng, (0,))
+        item = reader._item(read)
+        try:
+            data = reader.bytes.read(*item)
+        except StorageError as error:
+            raise reader._storage_error(error, item) from error
+        if item[1] is None and len(data) < rng.end:
+            reader._too_short(read, len(data))
+        return data if item[1] is not None else memoryview(data)[rng.start : rng.end]
 
     def _acquire(self, shard: int) -> list[Any]:
         """``[file, users, evicted]`` of ``shard``, open, with this read counted as a user:
@@ -172,19 +251,20 @@ class SampleReads:
         self, kept: _Shard, wide: ByteRange, data: bytes | memoryview, position: int, block: int
     ) -> None:
         """The CRCs of the samples wholly in ``data`` (``wide``'s bytes, just checked)."""
-        index, crcs, known = kept.index, kept.crcs, kept.known
+        index, crc, n = kept.index, kept.crc, len(kept.crc)
+        span = kept.singles.span if kept.singles is not None else _span_of(index)
         view = memoryview(data)
-        last: tuple[ByteRange, int] | None = None
+        last: tuple[tuple[int, int], int] | None = None
         for step in (-1, 1):  # from the sample read outwards, while samples lie in the bytes
             j = position if step == 1 else position - 1
-            while 0 <= j < len(known):
-                one = index.byte_range(j, j + 1)
-                if one.start < wide.start or one.end > wide.end:
+            while 0 <= j < n:
+                one = span(j)
+                if one[0] < wide.start or one[1] > wide.end:
                     break
-                if one.length < block:
-                    if last is None or last[0] != one:
-                        last = one, crc32(view[one.start - wide.start : one.end - wide.start])
-                    crcs[j], known[j] = last[1], True
+                if one[1] - one[0] < block:
+                    if last is None or last[0] != one:  # Parquet rows share their row group's
+                        last = one, crc32(view[one[0] - wide.start : one[1] - wide.start])
+                    crc[j] = last[1]
                 j += step
 
     def _mismatch(self, kept: _Shard, rng: ByteRange) -> FormatError:

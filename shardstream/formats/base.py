@@ -33,6 +33,7 @@ __all__ = [
     "SampleColumns",
     "SampleIndex",
     "ShardEncoder",
+    "SingleSamples",
     "ShardFormat",
     "check_covers",
     "check_covers_all",
@@ -83,6 +84,29 @@ class SampleColumns:
         return SampleColumns(parts[0].fields, keys, values)
 
 
+class SingleSamples(ABC):
+    """One sample at a time, cut from exactly its own bytes: what ``MapDataset[i]`` reads
+    (NOTE [ Checked single reads ] in shardstream/dataset/sample_reads.py). An index gives
+    one (:meth:`SampleIndex.singles`) when each of its samples is a byte range whose values
+    are slices of it, and every sample has the same ``fields``."""
+
+    __slots__ = ()
+    fields: tuple[str, ...]  # in the order ``values`` gives them
+
+    @abstractmethod
+    def span(self, position: int) -> tuple[int, int]:
+        """``(start, end)`` of sample ``position``'s bytes: ``byte_range(position, position + 1)``."""
+
+    @abstractmethod
+    def key(self, position: int) -> str:
+        """The ``__key__`` of sample ``position``."""
+
+    @abstractmethod
+    def values(self, data: bytes, base: int, position: int) -> list[bytes]:
+        """The values of sample ``position`` in ``fields`` order, cut from ``data`` (the
+        shard's bytes from offset ``base``, holding the sample's ``span``)."""
+
+
 class SampleIndex(ABC):
     """Where each sample of one shard lies, and (sidecar version 2) the shard's checks:
     its size, sha256 and block CRCs (NOTE [ Checksummed reads ] in ``checks``)."""
@@ -121,6 +145,11 @@ class SampleIndex(ABC):
         """``read_range`` of every run ``[starts[i], stops[i])``, as ``byte_ranges`` gives them."""
         lo, hi = self.byte_ranges(starts, stops)
         return (lo, hi) if self._checks is None else self._checks.widen_all(lo, hi)
+
+    def singles(self) -> SingleSamples | None:
+        """A cutter of single samples, where the format has one for this shard (else ``None``:
+        a single sample is decoded as a run of one)."""
+        return None
 
     @property
     @abstractmethod

@@ -21,7 +21,7 @@ from shardstream.formats._sidecar import (
     unpack_strings,
     unpack_versioned,
 )
-from shardstream.formats.base import SampleIndex
+from shardstream.formats.base import SampleIndex, SingleSamples
 from shardstream.formats.checks import ShardChecks
 from shardstream.types import ByteRange
 
@@ -186,6 +186,17 @@ class TarIndex(SampleIndex):
         end = self._member_offset[last] + self._member_size[last]
         at = np.where(starts < n, first, self._archive_end)
         return np.where(empty, at, first), np.where(empty, at, end)
+
+    def singles(self) -> SingleSamples | None:
+        """Single samples cut by their spans, where every sample has the same fields."""
+        from shardstream.formats.tar.read import TarSingles  # read.py imports this module
+
+        uniform = self.uniform_fields()
+        return TarSingles(self, uniform) if uniform else None
+
+    def sample_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``sample_start``, ``member_first``, ``member_offset``, ``member_size`` (see the module)."""
+        return self._sample_start, self._member_first, self._member_offset, self._member_size
 
     def key_slice(self, start: int, stop: int) -> list[str]:
         return self._keys[start:stop]
