@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardstream.formats import checks as _checks
+from shardstream.types import ByteRange
 
 
 @settings(max_examples=200, deadline=None)
@@ -29,3 +30,31 @@ def test_block_hasher_crcs_equal_zlib_per_block():
     assert checks.size == len(data)
     assert checks.crcs.tolist() == want
     assert len(want) == 4
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.binary(min_size=1, max_size=20_000),
+    block=st.sampled_from([512, 1000, 4096]),
+    bounds=st.tuples(st.integers(0, 20_000), st.integers(0, 20_000)),
+    flips=st.lists(st.integers(0, 20_000), max_size=3),
+)
+def test_a_reads_blocks_are_checked_at_once_and_named_one_by_one_where_they_fail(data, block, bounds, flips):
+    """NOTE [ One CRC per read ]: the block CRCs of a read join into its CRC (short last
+    block too), and where the bytes differ every damaged block is named, none other."""
+    hasher = _checks.BlockHasher(block)
+    hasher.update(data)
+    checks = hasher.checks()
+    lo, hi = sorted(min(b, len(data)) for b in bounds)
+    rng = checks.widen(ByteRange(lo, max(hi, lo + 1) if lo < len(data) else hi))
+    if not rng.length:
+        assert checks.bad_blocks(b"", rng) == []
+        return
+    first, stop = rng.start // block, -(-rng.end // block)
+    assert checks._joined(checks.crcs[first:stop], rng.length) == zlib.crc32(data[rng.start : rng.end])
+    got = bytearray(data[rng.start : rng.end])
+    damaged = set()
+    for at in {flip % rng.length for flip in flips}:
+        got[at] ^= 0x5A
+        damaged.add(rng.start + at - at % block)
+    assert checks.bad_blocks(bytes(got), rng) == sorted(damaged)
