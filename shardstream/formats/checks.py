@@ -170,18 +170,22 @@ class ShardChecks:
         CRCs are ``crcs`` (NOTE [ One CRC per read ])."""
         last = length - (len(crcs) - 1) * self.block  # the shard's last block may be short
         values, unit = crcs[:-1].astype(np.uint32), self.block
-        # Pairs joined level by level, each with a table lookup per value. A value put in
-        # front of an odd count joins as a block of CRC 0 and no bytes: a left value's own
-        # length never enters a join, so only the first may be shorter than ``unit``.
+        # Groups of _FAN values, each value ``unit`` bytes, joined level by level. Zeros put in
+        # front fill the first group: CRC 0 shifts to 0, so they add nothing, and a group's
+        # own length only enters the next level as a shift of the values before it.
         while len(values) > 1:
-            if len(values) % 2:
-                values = np.concatenate((np.zeros(1, np.uint32), values))
-            values = _shift_tables(unit).apply(values[0::2]) ^ values[1::2]
-            unit *= 2
+            pad = -len(values) % _FAN
+            if pad:
+                values = np.concatenate((np.zeros(pad, np.uint32), values))
+            values = _fan(unit).join(values.reshape(-1, _FAN))
+            unit *= _FAN
         head = int(values[0]) if len(values) else 0
         if last == self.block:
             return int(_shift_tables(last).apply(np.array([head], np.uint32))[0]) ^ int(crcs[-1])
         return _shift(head, last) ^ int(crcs[-1])
+
+
+_FAN = 16  # block CRCs joined by one round of table lookups (NOTE [ One CRC per read ])
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +214,7 @@ class _Shift:
 @functools.lru_cache(maxsize=64)
 def _shift_tables(length: int) -> _Shift:
     """The map for ``length`` bytes: one zero byte's, raised to ``length`` by squaring
-    (a dataset uses a few: the block size times powers of two)."""
+    (a dataset uses a few: multiples of its block size)."""
     if length == 1:
         return _Shift.of(tuple(crc32(b"\0", 1 << j) ^ crc32(b"\0", 0) for j in range(32)))
     half = _shift_tables(length // 2).columns
@@ -218,6 +222,33 @@ def _shift_tables(length: int) -> _Shift:
     if length % 2:
         columns = [_apply(_shift_tables(1).columns, column) for column in columns]
     return _Shift.of(tuple(columns))
+
+
+@dataclass(frozen=True, slots=True)
+class _Fan:
+    """Joins rows of _FAN CRCs of ``unit`` bytes each: value j shifted past the values
+    after it (``_Shift`` of (_FAN - 1 - j) units), all XORed."""
+
+    tables: np.ndarray  # (_FAN * 4 * 256,) uint32: value j's byte k's table at (j * 4 + k) * 256
+
+    def join(self, rows: np.ndarray) -> np.ndarray:
+        t = self.tables
+        joined = t[(rows & 255) + _FAN_AT[0]]
+        for k in (1, 2, 3):
+            joined ^= t[((rows >> (8 * k)) & 255) + _FAN_AT[k]]
+        return np.bitwise_xor.reduce(joined, axis=1)
+
+
+_FAN_AT = [np.arange(_FAN, dtype=np.intp) * 1024 + k * 256 for k in range(4)]
+
+
+@functools.lru_cache(maxsize=16)
+def _fan(unit: int) -> _Fan:
+    step = _shift_tables(unit).columns
+    shifts = [tuple(1 << j for j in range(32))]  # past 0 units, then 1, 2, ...: each one more step
+    while len(shifts) < _FAN:
+        shifts.append(tuple(_apply(step, column) for column in shifts[-1]))
+    return _Fan(np.concatenate([_Shift.of(columns).tables for columns in reversed(shifts)]).reshape(-1))
 
 
 def _apply(columns: tuple[int, ...], vector: int) -> int:
