@@ -22,25 +22,28 @@
 # dependency: ~40 GB/s with carry-less multiply) and by zlib where isal cannot load
 # (~3 GB/s): the same values either way, so any reader checks any sidecar. With zlib
 # alone a small-sample tar epoch spent ~25% of its time in the check (each ~250 B sample
-# is ~3 KiB of tar); with ISA-L it is within noise (tools/bench_stream.py).
-# How a read is checked, NOTE [ One CRC per read ] below.
+# is ~3 KiB of tar); with ISA-L the arithmetic is cheap and what remains is reading every
+# byte of the read once more (decoding a small sample touches ~300 B of its ~3 KiB):
+# ~5-8% of an epoch's CPU time, hidden behind decoding where a core is free. How a read
+# is checked: NOTE [ One CRC per read ] below.
 # Sidecars of version 1 have none of this: they load and stream unchecked, ``verify``
 # names them, and ``shardstream index`` rewrites them.
 
 # NOTE [ One CRC per read ]
 # A read's blocks are checked with one CRC call over the whole read, against the CRC that
-# its blocks' stored CRCs combine to (crc32(A + B) = shift_len(B)(crc32(A)) ^ crc32(B), a
-# linear map applied with four byte tables: ``_Shift``); only where that fails is each
-# block checked, to name the offsets that failed. Why: the CRC call releases the GIL, and
-# a call per 64 KiB block released and took it back ~400 times per 25 MB read, while the
-# main thread decodes: each time the prefetch thread waited for the GIL (and, on a busy
-# machine, for a core), which cost mapped small-sample reads ~15% of their throughput
-# where the CRC arithmetic itself costs ~2% (tools/bench_stream.py --only small). What is
-# detected is unchanged for any corruption within one block (the read's error polynomial
-# is the block's times a power of x, and x is coprime to CRC-32's polynomial), a flipped
-# byte or any burst of up to 32 bits included; random damage to several blocks of one
-# read goes unseen with probability 2^-32 (CRC-32's own bound) rather than 2^-32 per
-# damaged block.
+# its blocks' stored CRCs join to (crc32(A + B) = shift_len(B)(crc32(A)) ^ crc32(B), zlib's
+# crc32_combine; the shift is linear, applied with byte tables, 16 blocks per round:
+# ``_Fan``); only where that fails is each block checked, to name the offsets that failed.
+# Why: ISA-L's call releases the GIL for buffers over 5 KiB, and a call per 64 KiB block
+# let go of it and took it back ~400 times per 25 MB read while the main thread decodes;
+# each time the prefetch thread waited for the GIL, and on a busy machine for a core.
+# Checked / unchecked mapped small-sample reads went from ~0.86x to ~0.94-1.0x (paired
+# runs in one process on a loaded 2-core machine; tools/bench_stream.py --only small).
+# What is detected is unchanged for any damage within one block (the read's error
+# polynomial is the block's times a power of x, and x is coprime to CRC-32's
+# polynomial), a flipped byte or any burst of up to 32 bits included; random damage to
+# several blocks of one read goes unseen with probability 2^-32 (CRC-32's own bound)
+# rather than 2^-32 per damaged block.
 """
 
 from __future__ import annotations
