@@ -171,6 +171,8 @@ class ShardChecks:
     def _joined(self, crcs: np.ndarray, length: int) -> int:
         """The CRC-32 of ``length`` bytes (whole blocks, from a block's start) whose blocks'
         CRCs are ``crcs`` (NOTE [ One CRC per read ])."""
+        if len(crcs) == 1:  # a single sample's read, often (MapDataset): no tables
+            return int(crcs[0])
         last = length - (len(crcs) - 1) * self.block  # the shard's last block may be short
         values, unit = crcs[:-1].astype(np.uint32), self.block
         # Groups of _FAN values, each value ``unit`` bytes, joined level by level. Zeros put in
