@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import zlib
 
+import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -51,10 +53,22 @@ def test_a_reads_blocks_are_checked_at_once_and_named_one_by_one_where_they_fail
         assert checks.bad_blocks(b"", rng) == []
         return
     first, stop = rng.start // block, -(-rng.end // block)
-    assert checks._joined(checks.crcs[first:stop], rng.length) == zlib.crc32(data[rng.start : rng.end])
+    whole = rng.start + (stop - first - 1) * block  # the blocks before the last one
+    assert _checks._joined(checks.crcs[first : stop - 1], block) == zlib.crc32(data[rng.start : whole])
     got = bytearray(data[rng.start : rng.end])
     damaged = set()
     for at in {flip % rng.length for flip in flips}:
         got[at] ^= 0x5A
         damaged.add(rng.start + at - at % block)
     assert checks.bad_blocks(bytes(got), rng) == sorted(damaged)
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 64, 65, 257, 4097])
+def test_many_block_crcs_join_into_the_crc_of_their_bytes(count):
+    """The join in Python (a few blocks) and in numpy rounds of 16 (more), zeros in front
+    filling the first round (NOTE [ One CRC per read ])."""
+    block = 512
+    data = np.random.default_rng(count).integers(0, 256, count * block, dtype=np.uint8).tobytes()
+    crcs = np.array([zlib.crc32(data[i : i + block]) for i in range(0, len(data), block)], dtype=np.uint32)
+    assert _checks._joined(crcs, block) == zlib.crc32(data)
+    assert _checks._joined(crcs[1:], block) == zlib.crc32(data[block:])

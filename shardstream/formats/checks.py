@@ -30,10 +30,12 @@
 # names them, and ``shardstream index`` rewrites them.
 
 # NOTE [ One CRC per read ]
-# A read's blocks are checked with one CRC call over the whole read, against the CRC that
-# its blocks' stored CRCs join to (crc32(A + B) = shift_len(B)(crc32(A)) ^ crc32(B), zlib's
-# crc32_combine; the shift is linear, applied with byte tables, 16 blocks per round:
-# ``_Fan``); only where that fails is each block checked, to name the offsets that failed.
+# A read's blocks but the last are checked with one CRC call over their bytes, against the
+# CRC that their stored CRCs join to (crc32(A + B) = shift_len(B)(crc32(A)) ^ crc32(B),
+# zlib's crc32_combine; the shift is linear, applied with byte tables, in Python for a
+# few blocks, else 16 per round of numpy lookups: ``_Fan``), and the last (which may be
+# the shard's short one) against its own; only where either fails is each block checked,
+# to name the offsets that failed.
 # Why: ISA-L's call releases the GIL for buffers over 5 KiB, and a call per 64 KiB block
 # let go of it and took it back ~400 times per 25 MB read while the main thread decodes;
 # each time the prefetch thread waited for the GIL, and on a busy machine for a core.
@@ -160,37 +162,38 @@ class ShardChecks:
             )
         block, bad = self.block, list[int]()
         crcs = self.crcs[rng.start // block : -(-rng.end // block)]
-        if crc32(view[: rng.length]) == self._joined(crcs, rng.length):  # NOTE [ One CRC per read ]
-            return bad
+        body = rng.length - (rng.length - 1) % block - 1  # all but the last block (maybe short)
+        if crc32(view[:body]) == _joined(crcs[:-1], block) and crc32(view[body : rng.length]) == crcs[-1]:
+            return bad  # NOTE [ One CRC per read ]
         for number, want in enumerate(crcs.tolist()):
             lo = number * block
             if crc32(view[lo : lo + block if lo + block < rng.length else rng.length]) != want:
                 bad.append(rng.start + lo)
         return bad
 
-    def _joined(self, crcs: np.ndarray, length: int) -> int:
-        """The CRC-32 of ``length`` bytes (whole blocks, from a block's start) whose blocks'
-        CRCs are ``crcs`` (NOTE [ One CRC per read ])."""
-        if len(crcs) == 1:  # a single sample's read, often (MapDataset): no tables
-            return int(crcs[0])
-        last = length - (len(crcs) - 1) * self.block  # the shard's last block may be short
-        values, unit = crcs[:-1].astype(np.uint32), self.block
-        # Groups of _FAN values, each value ``unit`` bytes, joined level by level. Zeros put in
-        # front fill the first group: CRC 0 shifts to 0, so they add nothing, and a group's
-        # own length only enters the next level as a shift of the values before it.
-        while len(values) > 1:
-            pad = -len(values) % _FAN
-            if pad:
-                values = np.concatenate((np.zeros(pad, np.uint32), values))
-            values = _fan(unit).join(values.reshape(-1, _FAN))
-            unit *= _FAN
-        head = int(values[0]) if len(values) else 0
-        if last == self.block:
-            return int(_shift_tables(last).apply(np.array([head], np.uint32))[0]) ^ int(crcs[-1])
-        return _shift(head, last) ^ int(crcs[-1])
-
 
 _FAN = 16  # block CRCs joined by one round of table lookups (NOTE [ One CRC per read ])
+
+
+def _joined(crcs: np.ndarray, block: int) -> int:
+    """The CRC-32 of consecutive ``block``-byte blocks whose CRCs are ``crcs`` (NOTE [ One
+    CRC per read ]): in Python for a few, else _FAN at a time, level by level."""
+    if len(crcs) <= 4 * _FAN:
+        shift, joined = _shift(block).scalar, 0
+        for crc in crcs.tolist():
+            joined = shift(joined) ^ crc
+        return joined
+    values, unit = crcs.astype(np.uint32), block
+    # Zeros put in front fill the first group of _FAN: CRC 0 shifts to 0, so they add
+    # nothing, and a group's own length only enters the next level as the shift of the
+    # groups before it, which all have _FAN whole units.
+    while len(values) > 1:
+        pad = -len(values) % _FAN
+        if pad:
+            values = np.concatenate((np.zeros(pad, np.uint32), values))
+        values = _fan(unit).join(values.reshape(-1, _FAN))
+        unit *= _FAN
+    return int(values[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +203,7 @@ class _Shift:
 
     columns: tuple[int, ...]
     tables: np.ndarray  # (4, 256) uint32: the images of each byte of a value
+    lists: tuple[list[int], ...]  # the same as Python ints
 
     @classmethod
     def of(cls, columns: tuple[int, ...]) -> _Shift:
@@ -207,25 +211,23 @@ class _Shift:
         for k in range(4):
             for bit in range(8):  # each entry: an entry before it and one more column
                 tables[k, 1 << bit : 2 << bit] = tables[k, : 1 << bit] ^ columns[8 * k + bit]
-        return cls(columns, tables)
+        return cls(columns, tables, tuple(tables.tolist()))
 
-    def apply(self, values: np.ndarray) -> np.ndarray:
-        t = self.tables
-        return (
-            t[0][values & 255] ^ t[1][(values >> 8) & 255] ^ t[2][(values >> 16) & 255] ^ t[3][values >> 24]
-        )
+    def scalar(self, value: int) -> int:
+        t0, t1, t2, t3 = self.lists
+        return t0[value & 255] ^ t1[(value >> 8) & 255] ^ t2[(value >> 16) & 255] ^ t3[value >> 24]
 
 
 @functools.lru_cache(maxsize=64)
-def _shift_tables(length: int) -> _Shift:
+def _shift(length: int) -> _Shift:
     """The map for ``length`` bytes: one zero byte's, raised to ``length`` by squaring
-    (a dataset uses a few: multiples of its block size)."""
+    (a dataset uses its block size and that times powers of _FAN)."""
     if length == 1:
         return _Shift.of(tuple(crc32(b"\0", 1 << j) ^ crc32(b"\0", 0) for j in range(32)))
-    half = _shift_tables(length // 2).columns
+    half = _shift(length // 2).columns
     columns = [_apply(half, column) for column in half]
     if length % 2:
-        columns = [_apply(_shift_tables(1).columns, column) for column in columns]
+        columns = [_apply(_shift(1).columns, column) for column in columns]
     return _Shift.of(tuple(columns))
 
 
@@ -249,7 +251,7 @@ _FAN_AT = [np.arange(_FAN, dtype=np.intp) * 1024 + k * 256 for k in range(4)]
 
 @functools.lru_cache(maxsize=16)
 def _fan(unit: int) -> _Fan:
-    step = _shift_tables(unit).columns
+    step = _shift(unit).columns
     shifts = [tuple(1 << j for j in range(32))]  # past 0 units, then 1, 2, ...: each one more step
     while len(shifts) < _FAN:
         shifts.append(tuple(_apply(step, column) for column in shifts[-1]))
@@ -265,39 +267,6 @@ def _apply(columns: tuple[int, ...], vector: int) -> int:
         vector >>= 1
         j += 1
     return out
-
-
-_POLY = 0xEDB88320  # CRC-32's polynomial, reflected
-
-
-def _times(a: int, b: int) -> int:
-    """``a * b`` modulo CRC-32's polynomial, reflected (zlib's ``multmodp``)."""
-    product, mask = 0, 1 << 31
-    while a & ((mask << 1) - 1):
-        if a & mask:
-            product ^= b
-            a ^= mask
-        mask >>= 1
-        b = (b >> 1) ^ _POLY if b & 1 else b >> 1
-    return product
-
-
-# x^(2^k) modulo the polynomial, for k from 0 (zlib's ``x2n_table``)
-_X2N = [1 << 30]
-for _ in range(63):
-    _X2N.append(_times(_X2N[-1], _X2N[-1]))
-
-
-def _shift(crc: int, length: int) -> int:
-    """The map of ``_Shift`` for ``length`` bytes applied to one value, without tables
-    (a short last block's length is the shard's own)."""
-    power, k, n = 1 << 31, 3, length  # x^0; a byte is x^8 = x^(2^3)
-    while n:
-        if n & 1:
-            power = _times(_X2N[k], power)
-        n >>= 1
-        k += 1
-    return _times(power, crc)
 
 
 class BlockHasher:
