@@ -23,34 +23,19 @@
 # (~3 GB/s): the same values either way, so any reader checks any sidecar. With zlib
 # alone a small-sample tar epoch spent ~25% of its time in the check (each ~250 B sample
 # is ~3 KiB of tar); with ISA-L the arithmetic is cheap and what remains is reading every
-# byte of the read once more (decoding a small sample touches ~300 B of its ~3 KiB):
-# ~5-8% of an epoch's CPU time, hidden behind decoding where a core is free. How a read
-# is checked: NOTE [ One CRC per read ] below.
+# byte of a read once more (decoding a ~300 B sample touches ~300 B of its ~3 KiB): ~3-8%
+# of an epoch's CPU time (more where shards are mapped than copied, as a copy has just
+# brought the bytes into the cache), hidden behind decoding only where a core is free.
+# Neither the page faults (the same count checked or not: decoding touches every page of
+# small tar samples too) nor the ~400 GIL hand-overs of a 25 MB read's per-block calls
+# showed in paired measurements (one joined CRC per read measured the same, and left
+# damage to several blocks of a read 2^-32 likely to pass rather than 2^-32 per block).
 # Sidecars of version 1 have none of this: they load and stream unchecked, ``verify``
 # names them, and ``shardstream index`` rewrites them.
-
-# NOTE [ One CRC per read ]
-# A read's blocks but the last are checked with one CRC call over their bytes, against the
-# CRC that their stored CRCs join to (crc32(A + B) = shift_len(B)(crc32(A)) ^ crc32(B),
-# zlib's crc32_combine; the shift is linear, applied with byte tables, in Python for a
-# few blocks, else 16 per round of numpy lookups: ``_Fan``), and the last (which may be
-# the shard's short one) against its own; only where either fails is each block checked,
-# to name the offsets that failed.
-# Why: ISA-L's call releases the GIL for buffers over 5 KiB, and a call per 64 KiB block
-# let go of it and took it back ~400 times per 25 MB read while the main thread decodes;
-# each time the prefetch thread waited for the GIL, and on a busy machine for a core.
-# Checked / unchecked mapped small-sample reads went from ~0.86x to ~0.94-1.0x (paired
-# runs in one process on a loaded 2-core machine; tools/bench_stream.py --only small).
-# What is detected is unchanged for any damage within one block (the read's error
-# polynomial is the block's times a power of x, and x is coprime to CRC-32's
-# polynomial), a flipped byte or any burst of up to 32 bits included; random damage to
-# several blocks of one read goes unseen with probability 2^-32 (CRC-32's own bound)
-# rather than 2^-32 per damaged block.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import zlib
 from dataclasses import dataclass
@@ -154,119 +139,18 @@ class ShardChecks:
         if self.widen(rng) != rng:
             raise UsageError(f"bytes [{rng.start}, {rng.end}) do not start and end at check blocks")
         view = memoryview(data).cast("B")
-        if not rng.length:
-            return []
         if len(view) < rng.length:
             raise FormatError(
                 f"got {len(view)} bytes for the {rng.length} of [{rng.start}, {rng.end})", offset=rng.start
             )
-        block, bad = self.block, list[int]()
-        crcs = self.crcs[rng.start // block : -(-rng.end // block)]
-        body = rng.length - (rng.length - 1) % block - 1  # all but the last block (maybe short)
-        if crc32(view[:body]) == _joined(crcs[:-1], block) and crc32(view[body : rng.length]) == crcs[-1]:
-            return bad  # NOTE [ One CRC per read ]
-        for number, want in enumerate(crcs.tolist()):
+        block, bad = self.block, []
+        first = rng.start // block
+        expected = self.crcs[first : -(-rng.end // block)].tolist()
+        for number, want in enumerate(expected):
             lo = number * block
             if crc32(view[lo : lo + block if lo + block < rng.length else rng.length]) != want:
                 bad.append(rng.start + lo)
         return bad
-
-
-_FAN = 16  # block CRCs joined by one round of table lookups (NOTE [ One CRC per read ])
-
-
-def _joined(crcs: np.ndarray, block: int) -> int:
-    """The CRC-32 of consecutive ``block``-byte blocks whose CRCs are ``crcs`` (NOTE [ One
-    CRC per read ]): in Python for a few, else _FAN at a time, level by level."""
-    if len(crcs) <= 4 * _FAN:
-        shift, joined = _shift(block).scalar, 0
-        for crc in crcs.tolist():
-            joined = shift(joined) ^ crc
-        return joined
-    values, unit = crcs.astype(np.uint32), block
-    # Zeros put in front fill the first group of _FAN: CRC 0 shifts to 0, so they add
-    # nothing, and a group's own length only enters the next level as the shift of the
-    # groups before it, which all have _FAN whole units.
-    while len(values) > 1:
-        pad = -len(values) % _FAN
-        if pad:
-            values = np.concatenate((np.zeros(pad, np.uint32), values))
-        values = _fan(unit).join(values.reshape(-1, _FAN))
-        unit *= _FAN
-    return int(values[0])
-
-
-@dataclass(frozen=True, slots=True)
-class _Shift:
-    """The linear map ``crc32(A) -> crc32(A + B) ^ crc32(B)`` for every ``B`` of some length
-    (zlib's ``crc32_combine``): its images of the 32 unit vectors, and four byte tables."""
-
-    columns: tuple[int, ...]
-    tables: np.ndarray  # (4, 256) uint32: the images of each byte of a value
-    lists: tuple[list[int], ...]  # the same as Python ints
-
-    @classmethod
-    def of(cls, columns: tuple[int, ...]) -> _Shift:
-        tables = np.zeros((4, 256), dtype=np.uint32)
-        for k in range(4):
-            for bit in range(8):  # each entry: an entry before it and one more column
-                tables[k, 1 << bit : 2 << bit] = tables[k, : 1 << bit] ^ columns[8 * k + bit]
-        return cls(columns, tables, tuple(tables.tolist()))
-
-    def scalar(self, value: int) -> int:
-        t0, t1, t2, t3 = self.lists
-        return t0[value & 255] ^ t1[(value >> 8) & 255] ^ t2[(value >> 16) & 255] ^ t3[value >> 24]
-
-
-@functools.lru_cache(maxsize=64)
-def _shift(length: int) -> _Shift:
-    """The map for ``length`` bytes: one zero byte's, raised to ``length`` by squaring
-    (a dataset uses its block size and that times powers of _FAN)."""
-    if length == 1:
-        return _Shift.of(tuple(crc32(b"\0", 1 << j) ^ crc32(b"\0", 0) for j in range(32)))
-    half = _shift(length // 2).columns
-    columns = [_apply(half, column) for column in half]
-    if length % 2:
-        columns = [_apply(_shift(1).columns, column) for column in columns]
-    return _Shift.of(tuple(columns))
-
-
-@dataclass(frozen=True, slots=True)
-class _Fan:
-    """Joins rows of _FAN CRCs of ``unit`` bytes each: value j shifted past the values
-    after it (``_Shift`` of (_FAN - 1 - j) units), all XORed."""
-
-    tables: np.ndarray  # (_FAN * 4 * 256,) uint32: value j's byte k's table at (j * 4 + k) * 256
-
-    def join(self, rows: np.ndarray) -> np.ndarray:
-        t = self.tables
-        joined = t[(rows & 255) + _FAN_AT[0]]
-        for k in (1, 2, 3):
-            joined ^= t[((rows >> (8 * k)) & 255) + _FAN_AT[k]]
-        return np.bitwise_xor.reduce(joined, axis=1)
-
-
-_FAN_AT = [np.arange(_FAN, dtype=np.intp) * 1024 + k * 256 for k in range(4)]
-
-
-@functools.lru_cache(maxsize=16)
-def _fan(unit: int) -> _Fan:
-    step = _shift(unit).columns
-    shifts = [tuple(1 << j for j in range(32))]  # past 0 units, then 1, 2, ...: each one more step
-    while len(shifts) < _FAN:
-        shifts.append(tuple(_apply(step, column) for column in shifts[-1]))
-    return _Fan(np.concatenate([_Shift.of(columns).tables for columns in reversed(shifts)]).reshape(-1))
-
-
-def _apply(columns: tuple[int, ...], vector: int) -> int:
-    """The matrix of ``columns`` (over GF(2)) times ``vector``."""
-    out, j = 0, 0
-    while vector:
-        if vector & 1:
-            out ^= columns[j]
-        vector >>= 1
-        j += 1
-    return out
 
 
 class BlockHasher:
