@@ -23,7 +23,7 @@
 # (~3 GB/s): the same values either way, so any reader checks any sidecar. With zlib
 # alone a small-sample tar epoch spent ~25% of its time in the check (each ~250 B sample
 # is ~3 KiB of tar); with ISA-L the arithmetic is cheap and what remains is reading every
-# byte of a read once more (decoding a ~300 B sample touches ~300 B of its ~3 KiB): ~3-8%
+# byte of a read once more (decoding a ~300 B sample touches ~300 B of its ~3 KiB): ~3-10%
 # of an epoch's CPU time (more where shards are mapped than copied, as a copy has just
 # brought the bytes into the cache), hidden behind decoding only where a core is free.
 # Neither the page faults (the same count checked or not: decoding touches every page of
