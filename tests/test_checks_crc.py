@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardstream.formats import checks as _checks
+from shardstream.types import ByteRange
 
 
 @settings(max_examples=200, deadline=None)
@@ -29,3 +30,29 @@ def test_block_hasher_crcs_equal_zlib_per_block():
     assert checks.size == len(data)
     assert checks.crcs.tolist() == want
     assert len(want) == 4
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.binary(min_size=1, max_size=20_000),
+    block=st.sampled_from([512, 1000, 4096]),
+    bounds=st.tuples(st.integers(0, 20_000), st.integers(0, 20_000)),
+    flips=st.lists(st.integers(0, 20_000), max_size=3),
+)
+def test_every_damaged_block_of_a_read_is_named_and_none_other(data, block, bounds, flips):
+    """What ``on_error="skip"`` leaves out: the blocks whose bytes differ (the shard's
+    short last block too), each by its offset, and no other."""
+    hasher = _checks.BlockHasher(block)
+    hasher.update(data)
+    checks = hasher.checks()
+    lo, hi = sorted(min(b, len(data)) for b in bounds)
+    rng = checks.widen(ByteRange(lo, max(hi, lo + 1) if lo < len(data) else hi))
+    if not rng.length:  # the reader checks no empty read
+        return
+    assert checks.bad_blocks(data[rng.start : rng.end], rng) == []
+    got = bytearray(data[rng.start : rng.end])
+    damaged = set()
+    for at in {flip % rng.length for flip in flips}:
+        got[at] ^= 0x5A
+        damaged.add(rng.start + at - at % block)
+    assert checks.bad_blocks(bytes(got), rng) == sorted(damaged)

@@ -121,29 +121,33 @@ def test_a_shard_swapped_for_another_of_equal_size_is_an_error(tmp_path):
 # -- item 6: every read is checked -------------------------------------------------------------
 
 
+@pytest.mark.parametrize("local_reads", ["copy", "map"])
 @pytest.mark.parametrize("fmt", ["tar", "parquet"])
-def test_a_flipped_byte_in_sample_data_is_a_format_error_naming_shard_and_offset(tmp_path, fmt):
+def test_a_flipped_byte_in_sample_data_is_a_format_error_naming_shard_and_offset(tmp_path, fmt, local_reads):
     url = str(tmp_path / "ds")
     write(url, fmt, compression=None if fmt == "tar" else "none")  # uncompressed: a flip is silent
-    expected = stream(url)
+    expected = stream(url, local_reads=local_reads)
     offset = data_offset(url, fmt)
     flip(os.path.join(url, manifest(url)["shards"][0]["path"]), offset)
     with pytest.raises(FormatError, match="checksum mismatch") as caught:
-        stream(url)
+        stream(url, local_reads=local_reads)
     assert caught.value.shard == manifest(url)["shards"][0]["path"]
     assert caught.value.offset == offset - offset % BLOCK
     # the option that turns the check off streams the flipped byte as data, as before
-    unchecked = stream(url, verify_checksums=False)
+    unchecked = stream(url, verify_checksums=False, local_reads=local_reads)
     assert len(unchecked) == len(expected)
     assert unchecked != expected
 
 
-def test_on_error_skip_leaves_out_the_samples_of_a_failed_block_only(tmp_path):
+@pytest.mark.parametrize("local_reads", ["copy", "map"])
+def test_on_error_skip_leaves_out_the_samples_of_a_failed_block_only(tmp_path, local_reads):
     url = str(tmp_path / "ds")
     write(url)
     offset = data_offset(url, "tar", row=90)  # inside a block in the middle of shard 0
     flip(os.path.join(url, manifest(url)["shards"][0]["path"]), offset)
-    dataset = shardstream.StreamingDataset(url, decode=False, shuffle=False, on_error="skip")
+    dataset = shardstream.StreamingDataset(
+        url, decode=False, shuffle=False, on_error="skip", local_reads=local_reads
+    )
     got = list(dataset)
     assert 0 < dataset.num_skipped < PER_SHARD
     assert len(got) + dataset.num_skipped == SHARDS * PER_SHARD
