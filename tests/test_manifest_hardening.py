@@ -12,6 +12,7 @@ import pickle
 
 import pytest
 
+import shardstream
 from shardstream import StreamingDataset
 from shardstream.catalog import index_dataset, verify_dataset
 from shardstream.errors import ManifestError, ShardstreamError
@@ -194,3 +195,15 @@ def test_an_error_naming_a_huge_shard_path_or_url_stays_short(packed):
     assert str(pickle.loads(pickle.dumps(cut))) == str(cut)  # cut once, not again when rebuilt
     short = "s3://bucket/" + "k" * 900  # a long but real location is kept whole
     assert ShardstreamError("gone", url=short).url == short
+
+
+@pytest.mark.parametrize("make", ["StreamingDataset", "MapDataset"])
+def test_a_manifest_listing_no_shards_is_refused_when_opened(packed, make):
+    # issue 10: a hand-made or cut-short manifest with `shards: []` beside shard files
+    # streamed nothing, every epoch, with no error
+    def empty(data):
+        data.update(shards=[], num_shards=0, num_samples=0, num_bytes=0)
+
+    edit(packed, empty)
+    with pytest.raises(ManifestError, match="lists no shards"):
+        len(getattr(shardstream, make)(str(packed)))

@@ -14,11 +14,12 @@ from shardstream.counts import check_int
 from shardstream.dataset.budget import DEFAULT_READ_BUDGET
 from shardstream.dataset.decode import Decoder, SampleDecoder
 from shardstream.dataset.fetch import READ_THREADS
-from shardstream.errors import PlanError, UsageError
+from shardstream.errors import ManifestError, PlanError, UsageError
+from shardstream.manifest import Manifest
 from shardstream.plan import PlanConfig
 from shardstream.storage import Storage
 
-__all__ = ["LOCAL_READS", "ON_ERROR", "DatasetConfig"]
+__all__ = ["LOCAL_READS", "ON_ERROR", "DatasetConfig", "read_streamable_manifest"]
 
 ON_ERROR = ("raise", "skip")
 # How shards in a local folder are read: NOTE [ Getting the bytes ] in dataset/fetch.py.
@@ -143,3 +144,18 @@ class DatasetConfig:
     @property
     def shuffle_window(self) -> int | None:
         return self.plan.shuffle_window
+
+
+def read_streamable_manifest(storage: Storage) -> Manifest:
+    """``storage``'s manifest, refused when it lists no shards: a pack never writes one
+    (it refuses an empty source), so it is hand-made or cut short, and streaming it would
+    end every epoch at once with no error (issue 10: ``verify`` names the shard files
+    beside it)."""
+    manifest = storage.read_manifest()
+    if not manifest.shards:
+        raise ManifestError(
+            f"the manifest of {storage.url} lists no shards: nothing to read "
+            f"(`shardstream verify {storage.url}` names the shard files beside it)",
+            url=storage.url,
+        )
+    return manifest

@@ -25,7 +25,7 @@ from torch.utils.data import Dataset
 
 from shardstream.counts import check_int
 from shardstream.dataset.bulk import decode_samples
-from shardstream.dataset.config import DatasetConfig
+from shardstream.dataset.config import DatasetConfig, read_streamable_manifest
 from shardstream.dataset.decode import Decoder
 from shardstream.dataset.keys import KeyFinder
 from shardstream.dataset.reader import COALESCE_GAP, WindowReader
@@ -146,7 +146,7 @@ class MapDataset(Dataset):
     def manifest(self) -> Manifest:
         """The dataset's manifest, read once (and carried to workers with the dataset)."""
         if self._manifest is None:
-            self._manifest = self.storage.read_manifest()
+            self._manifest = read_streamable_manifest(self.storage)
         return self._manifest
 
     @property
@@ -165,7 +165,7 @@ class MapDataset(Dataset):
                 return opened
             cfg = self.config
             storage = cfg.open_storage()
-            manifest = self._manifest if self._manifest is not None else storage.read_manifest()
+            manifest = self._manifest if self._manifest is not None else read_streamable_manifest(storage)
             self._manifest = manifest
             reader = WindowReader(
                 storage,

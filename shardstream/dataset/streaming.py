@@ -19,7 +19,7 @@ from shardstream.counts import check_int
 from shardstream.dataset.binding import Epoch
 from shardstream.dataset.budget import DEFAULT_READ_BUDGET
 from shardstream.dataset.bulk import decoded_columns, decoded_window
-from shardstream.dataset.config import DatasetConfig
+from shardstream.dataset.config import DatasetConfig, read_streamable_manifest
 from shardstream.dataset.decode import Decoder
 from shardstream.dataset.fetch import READ_THREADS, expectations
 from shardstream.dataset.indexes import IndexCache
@@ -171,7 +171,7 @@ class StreamingDataset(IterableDataset):
     def manifest(self) -> Manifest:
         """The dataset's manifest, read once (and carried to workers with the dataset)."""
         if self._manifest is None:
-            self._manifest = self.storage.read_manifest()
+            self._manifest = read_streamable_manifest(self.storage)
         return self._manifest
 
     @property
