@@ -275,22 +275,25 @@ def _sample_bytes(dataset: shardstream.MapDataset, indices: list[int]) -> int:
 
 
 def _requests(dataset: shardstream.MapDataset, indices: list[int], sample_bytes: int) -> None:
-    """Print the GETs a batch makes (each one, whatever path made it: parts of a long read too)."""
-    from shardstream.storage.s3read import S3Reader
+    """Print the GETs a batch makes (each one, whatever path made it: parts of a long read
+    too), counted where botocore hands them to urllib3."""
+    import urllib3.connectionpool
 
     gets: list[int] = []
-    original = S3Reader._get
+    pool = urllib3.connectionpool.HTTPConnectionPool
+    original = pool.urlopen
 
-    def counting(self: S3Reader, bucket: str, key: str, rng: ByteRange | None, size: int | None) -> object:
-        response = original(self, bucket, key, rng, size)
-        gets.append(int(response["ContentLength"]) if response is not None else 0)
+    def counting(self: urllib3.connectionpool.HTTPConnectionPool, method: str, url: str, *args, **kwargs):  # type: ignore[no-untyped-def]
+        response = original(self, method, url, *args, **kwargs)
+        if method == "GET":
+            gets.append(int(response.headers.get("Content-Length", 0)))
         return response
 
-    S3Reader._get = counting  # type: ignore[method-assign]
+    pool.urlopen = counting  # type: ignore[method-assign]
     try:
         dataset.get_many(indices)
     finally:
-        S3Reader._get = original  # type: ignore[method-assign]
+        pool.urlopen = original  # type: ignore[method-assign]
     print(
         f"  a batch makes {len(gets)} GETs of {sum(gets):,} bytes, for {len(set(indices))} samples of "
         f"{sample_bytes:,} bytes"
