@@ -9,6 +9,20 @@ raw 64-bit words only: each word's low bits are replaced by its index, which mak
 keys distinct, so any correct sort gives the same order, and the sorted keys' low bits
 are the permutation (an argsort without its index array). ``SeedSequence`` drops trailing zero words (``[0]`` and ``[0, 0]``
 seed alike), so every key is encoded to a fixed number of 32-bit words per tag.
+
+NOTE [ Nested chunk order ]
+order="global" gives batch ``j`` of a window chunk ``p[j]`` of each lane (NOTE [ Global
+order ]), and DataLoader worker ``w`` of ``W`` takes batches ``j = w, w + W, ...``. A
+uniform permutation scatters a worker's chunks among the other workers', so every
+worker's reads of a lane span (and fetch, and CRC-check) nearly all of it. ``p`` is
+instead nested: ``p[j]`` is the rank of a key made of ``j``'s bits read from the lowest
+up (the bit-reversal permutation), each bit flipped by a keyed bit of the node of a
+binary tree that ``j``'s lower bits lead to. Every ``j`` of one residue class modulo
+``2**k`` shares its low ``k`` bits, so its keys share their top ``k`` bits and its
+chunks are one contiguous range: each worker's chunks of a lane in a window are
+contiguous for every power-of-two ``W``, at any offset (a resumed epoch), and ``p``
+depends on neither ``W`` nor ``R``. The flips (one bit per node, ``< 2n`` of them,
+from the row's ``n`` words) choose among ``2**(n - 1)`` such orders.
 """
 
 from __future__ import annotations
@@ -22,6 +36,7 @@ __all__ = [
     "TAG_PASS",
     "TAG_SHARDS",
     "TAG_WINDOW",
+    "nested_permutations",
     "permutation",
     "random_words",
     "row_permutations",
@@ -81,3 +96,28 @@ def row_permutations(words: np.ndarray) -> np.ndarray:
     keys.sort(axis=1)
     keys &= (1 << bits) - 1
     return keys
+
+
+def nested_permutations(words: np.ndarray) -> np.ndarray:
+    """Each row of ``words`` (uint64, 2-D, raw words of keyed streams) made a permutation
+    ``p`` of ``range(columns)`` under which, for every power of two ``W``, the indices of
+    one residue class modulo ``W`` go to one contiguous range (NOTE [ Nested chunk order ])."""
+    rows, n = words.shape
+    if n <= 1:
+        return np.zeros((rows, n), dtype=np.int64)
+    bits = (n - 1).bit_length()
+    index = np.arange(n, dtype=np.int64)
+    keys = np.zeros((rows, n), dtype=np.int64)
+    # node ``(1 << i) - 1 + (j mod 2**i)`` < 2n of level i takes bit ``32 + node // n`` of word ``node % n``
+    signed = words.view(np.int64)
+    for level in range(bits):
+        node = (1 << level) - 1 + (index & ((1 << level) - 1))
+        flip = (signed[:, node % n] >> (32 + node // n)) & 1
+        keys |= (((index >> level) & 1) ^ flip) << (bits - 1 - level)
+    keys <<= bits
+    keys |= index
+    keys.sort(axis=1)
+    order = keys & ((1 << bits) - 1)  # order[c]: the index whose key ranks c
+    out = np.empty_like(order)
+    np.put_along_axis(out, order, np.broadcast_to(index, order.shape), axis=1)
+    return out
