@@ -1,7 +1,8 @@
 """NOTE [ Nested chunk order ]: the batches one DataLoader worker takes of a window of
 order="global" take one contiguous range of each lane's chunks, for every power-of-two
 worker count, so two workers do not read (and check) the same bytes; states of the
-sequence before it are refused."""
+sequence before it are refused; on object storage a worker's close parts of a lane share
+a read (NOTE [ Coalescing gap ])."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import shardstream
 from shardstream.dataset.reader import WindowReader
 from shardstream.errors import StateError
 from shardstream.pack import ShardWriter
-from shardstream.plan import EpochPlan, PlanConfig
+from shardstream.plan import EpochPlan, PlanConfig, Run
 from shardstream.plan.keys import nested_permutations, random_words
 
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -116,3 +117,20 @@ def test_a_state_of_the_earlier_global_sequence_is_refused():
         EpochPlan.resume(sizes, config, earlier, world_size=1, batch_size=8)
     with pytest.raises(StateError, match="sequence 3"):
         EpochPlan.resume(sizes, config, {**state, "global_sequence": 3}, world_size=1, batch_size=8)
+
+
+@pytest.mark.parametrize(("where", "reads"), [("local", 2), ("memory", 1)])
+def test_runs_half_a_mebibyte_apart_share_a_read_on_object_storage(tmp_path, where, reads):
+    # NOTE [ Coalescing gap ]: ~540 KiB between two runs of a shard is cheaper to read
+    # than a second request on object storage, not on local files
+    url = str(tmp_path / "data") if where == "local" else f"memory://gap-{tmp_path.name}"
+    with ShardWriter(url, samples_per_shard=1000, format="tar") as writer:
+        for i in range(200):
+            writer.write({"__key__": f"{i:05d}", "bin": bytes([i % 256]) * 4000})
+    dataset = shardstream.StreamingDataset(url, decode=False)
+    reader = WindowReader(dataset.storage, dataset.manifest)
+    try:
+        planned = reader.plan_fetch([Run(0, 0, 10), Run(0, 130, 140)], reader.load_indexes([0]))
+        assert len(planned.reads) == reads
+    finally:
+        reader.close()

@@ -40,9 +40,9 @@ __all__ = ["BATCH_READ_THREADS", "MapDataset"]
 # NOTE [ Batch fetches ]
 # ``get_many(indices)`` (what torch's DataLoader calls, as ``__getitems__``, with a
 # batch's indices) reads each distinct sample once: the indices are sorted, consecutive
-# samples of a shard become one run, runs of a shard whose bytes lie within
-# ``COALESCE_GAP`` (reader.py) of each other share one ranged read, and the reads run in
-# up to ``BATCH_READ_THREADS`` threads at once on object storage (a loopback GET costs
+# samples of a shard become one run, runs of a shard whose bytes lie within the gap of
+# NOTE [ Coalescing gap ] (runs.py) of each other share one ranged read, and the reads
+# run in up to ``BATCH_READ_THREADS`` threads at once on object storage (a loopback GET costs
 # ~1 ms of latency whatever its size, so a batch of scattered samples is bounded by
 # requests, not bytes). The threads live for the call only: a dataset held by a
 # DataLoader worker, or a test, keeps none between batches. The samples are decoded

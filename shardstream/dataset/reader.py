@@ -25,7 +25,14 @@ import numpy as np
 from shardstream.dataset.budget import DEFAULT_READ_BUDGET, ReadBudget, fetch_in_turn, fetched_in_order
 from shardstream.dataset.fetch import READ_THREADS, ByteFetcher
 from shardstream.dataset.indexes import INDEX_CACHE_SIZE, IndexCache
-from shardstream.dataset.runs import COALESCE_GAP, Read, plan_reads, run_table, taken_from_reads
+from shardstream.dataset.runs import (
+    COALESCE_GAP,
+    REMOTE_COALESCE_GAP,
+    Read,
+    plan_reads,
+    run_table,
+    taken_from_reads,
+)
 from shardstream.errors import FormatError, StorageError
 from shardstream.formats import get_format
 from shardstream.formats.base import Sample, SampleColumns, SampleIndex
@@ -39,6 +46,7 @@ __all__ = [
     "AHEAD_WINDOWS",
     "COALESCE_GAP",
     "INDEX_CACHE_SIZE",
+    "REMOTE_COALESCE_GAP",
     "IndexCache",
     "WHOLE_SHARD_SLACK",
     "Read",
@@ -195,9 +203,8 @@ class WindowReader:
 
     def plan_fetch(self, runs: Sequence[Any], indexes: dict[int, SampleIndex]) -> WindowReads:
         """The reads of ``runs``, whose shards' ``indexes`` are loaded (:meth:`load_indexes`)."""
-        reads = plan_reads(
-            runs, lambda shard, a, b: self._read_ranges(indexes[shard], a, b), gap=COALESCE_GAP
-        )
+        gap = COALESCE_GAP if self.bytes.local else REMOTE_COALESCE_GAP  # NOTE [ Coalescing gap ]
+        reads = plan_reads(runs, lambda shard, a, b: self._read_ranges(indexes[shard], a, b), gap=gap)
         return WindowReads(reads, [self._item(read) for read in reads], indexes)
 
     def fetch_planned(self, planned: WindowReads) -> list[Fetched]:
