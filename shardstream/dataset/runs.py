@@ -2,8 +2,9 @@
 
 # NOTE [ One call per read ]
 # A window of the local order has a few runs of thousands of samples; one of
-# ``order="global"`` has thousands of runs of G/L samples (8-32), close runs of a shard
-# sharing a read. Whatever is done per run in Python (a decode call, a byte range, a
+# ``order="global"`` can have thousands of runs of G/L samples or fewer (a rank's part of
+# chunks of a lane cut between ranks; a worker count that is not a power of two, NOTE
+# [ Nested chunk order ]), close runs of a shard sharing a read. Whatever is done per run in Python (a decode call, a byte range, a
 # list to join) then costs more than the samples themselves. So runs live in arrays: the
 # reads are planned with array arithmetic (``plan_reads``), each read's runs are decoded
 # by one ``ShardFormat.decode_runs`` call (tar: one numpy gather of member spans, the
@@ -73,8 +74,7 @@ def plan_reads(runs: Sequence[Any] | np.ndarray, ranges: Ranges, *, gap: int) ->
     """The ranged reads for a window's runs (a ``run_table`` or the runs): runs of one
     shard whose bytes overlap, touch or lie at most ``gap`` bytes apart share one read
     (Parquet runs in one row group overlap; the rest of a resumed window has holes; the
-    runs of ``order="global"`` are a few samples each, a worker's every other chunk of a
-    lane). A read's runs are in byte order; reads come in window order (of their first run).
+    runs of ``order="global"`` can be a few samples each, see NOTE [ One call per read ]). A read's runs are in byte order; reads come in window order (of their first run).
     Array arithmetic throughout: Python work per shard and per read, none per run."""
     table = runs if isinstance(runs, np.ndarray) else run_table(runs)
     numbers = np.flatnonzero(table[:, 2] > table[:, 1])

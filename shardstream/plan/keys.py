@@ -21,8 +21,10 @@ binary tree that ``j``'s lower bits lead to. Every ``j`` of one residue class mo
 ``2**k`` shares its low ``k`` bits, so its keys share their top ``k`` bits and its
 chunks are one contiguous range: each worker's chunks of a lane in a window are
 contiguous for every power-of-two ``W``, at any offset (a resumed epoch), and ``p``
-depends on neither ``W`` nor ``R``. The flips (one bit per node, ``< 2n`` of them,
-from the row's ``n`` words) choose among ``2**(n - 1)`` such orders.
+depends on neither ``W`` nor ``R``. The flips (one bit per node, from the row's ``n``
+words) choose among about ``2**(n - 1)`` such orders. The rank is counted level by
+level, without a sort: a key bit of 1 puts ``j`` after the node's other subtree, whose
+size is a count of a residue class below ``n``.
 """
 
 from __future__ import annotations
@@ -103,21 +105,26 @@ def nested_permutations(words: np.ndarray) -> np.ndarray:
     ``p`` of ``range(columns)`` under which, for every power of two ``W``, the indices of
     one residue class modulo ``W`` go to one contiguous range (NOTE [ Nested chunk order ])."""
     rows, n = words.shape
-    if n <= 1:
-        return np.zeros((rows, n), dtype=np.int64)
-    bits = (n - 1).bit_length()
-    index = np.arange(n, dtype=np.int64)
-    keys = np.zeros((rows, n), dtype=np.int64)
-    # node ``(1 << i) - 1 + (j mod 2**i)`` < 2n of level i takes bit ``32 + node // n`` of word ``node % n``
     signed = words.view(np.int64)
-    for level in range(bits):
-        node = (1 << level) - 1 + (index & ((1 << level) - 1))
-        flip = (signed[:, node % n] >> (32 + node // n)) & 1
-        keys |= (((index >> level) & 1) ^ flip) << (bits - 1 - level)
-    keys <<= bits
-    keys |= index
-    keys.sort(axis=1)
-    order = keys & ((1 << bits) - 1)  # order[c]: the index whose key ranks c
-    out = np.empty_like(order)
-    np.put_along_axis(out, order, np.broadcast_to(index, order.shape), axis=1)
+    index = np.arange(n, dtype=np.int64)
+    # Level i of the tree: the node is j's low i bits (< 2**i < n: a column of the row,
+    # whose bit i + 1 is its flip); j's key bit is bit i of j, flipped. A key bit of 1
+    # ranks j after the node's other subtree: the j < n whose low i + 1 bits are the
+    # node's then the flip, ceil((n - those bits) / 2**(i + 1)) of them (0 past n). So
+    # j gains ``unflipped`` unless its node flips, then ``flipped``.
+    levels = range((n - 1).bit_length())
+    gains = []
+    for level in levels:
+        node, half = index & ((1 << level) - 1), 1 << level
+        bit = (index >> level) & 1
+        unflipped = bit * ((n - node + 2 * half - 1) >> (level + 1))
+        flipped = (1 - bit) * ((n - node - half + 2 * half - 1) >> (level + 1))
+        gains.append((node, unflipped, flipped - unflipped))
+    out = np.zeros((rows, n), dtype=np.int64)
+    out += sum((gain[1] for gain in gains), np.zeros(n, dtype=np.int64))
+    for level, (node, _, change) in zip(levels, gains, strict=True):
+        flips = signed[:, node] >> (level + 1)
+        flips &= 1
+        flips *= change
+        out += flips
     return out
