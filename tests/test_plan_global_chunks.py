@@ -17,6 +17,7 @@ from shardstream.errors import StateError
 from shardstream.pack import ShardWriter
 from shardstream.plan import EpochPlan, PlanConfig, Run
 from shardstream.plan.keys import nested_permutations, random_words
+from shardstream.plan.mixture import Mixture, MixturePlan, StreamSpec
 
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -134,3 +135,16 @@ def test_runs_half_a_mebibyte_apart_share_a_read_on_object_storage(tmp_path, whe
         assert len(planned.reads) == reads
     finally:
         reader.close()
+
+
+@pytest.mark.parametrize("mix", ["stratified", "per_stream"])
+def test_a_composed_mixtures_state_of_the_earlier_sequence_is_refused(mix):
+    # its parts are GlobalSequences: their chunks changed order too
+    specs = [StreamSpec("s3://a", [9, 4], "fa"), StreamSpec("s3://b", [5, 6], "fb", repeat=2)]
+    config = PlanConfig(seed=1, order="global", global_batch_size=6)
+    mixture = Mixture(specs, mix=mix)
+    state = MixturePlan(mixture, config, epoch=0, world_size=1, batch_size=6).state_dict(2)
+    MixturePlan.resume(mixture, config, state, world_size=2, batch_size=3)
+    earlier = {key: value for key, value in state.items() if key != "global_sequence"}
+    with pytest.raises(StateError, match="order='global' sequence 1"):
+        MixturePlan.resume(mixture, config, earlier, world_size=2, batch_size=3)
