@@ -103,11 +103,16 @@ def worker_of(worker, workers):
     return Detector(worker_info_fn=lambda: types.SimpleNamespace(id=worker, num_workers=workers))
 
 
+# 3 workers: a worker's chunks of a lane lie among the others' (with a power-of-two count
+# they are one range, NOTE [ Nested chunk order ]), so its reads hold many short runs
+WORKERS = 3
+
+
 def global_dataset(url, worker=0, **kw):
     dataset = shardstream.StreamingDataset(
-        url, order="global", global_batch_size=32, read_lanes=8, topology=worker_of(worker, 2), **kw
+        url, order="global", global_batch_size=32, read_lanes=8, topology=worker_of(worker, WORKERS), **kw
     )
-    dataset._loader_shape = (32, 2)
+    dataset._loader_shape = (32, WORKERS)
     return dataset
 
 
@@ -131,7 +136,7 @@ def one_run_at_a_time(reader, window):
 @pytest.mark.parametrize("columns", [False, True])
 def test_windows_of_many_short_runs_are_the_per_run_samples(small, columns):
     dataset = global_dataset(small, worker=1)
-    plan = dataset.make_plan(num_workers=2, consume=False)
+    plan = dataset.make_plan(num_workers=WORKERS, consume=False)
     reader = reader_of(dataset, columns=columns)
     windows = list(plan.worker_windows(0, 1))
     assert sum(len(w.runs) for w in windows) > 10 * sum(len(reader.fetch(w)) for w in windows)  # short runs
@@ -149,7 +154,7 @@ def test_windows_of_many_short_runs_are_the_per_run_samples(small, columns):
 
 def test_a_read_whose_one_call_fails_is_decoded_run_by_run(small, monkeypatch):
     dataset = global_dataset(small)
-    plan = dataset.make_plan(num_workers=2, consume=False)
+    plan = dataset.make_plan(num_workers=WORKERS, consume=False)
     reader = reader_of(dataset)
     window = next(iter(plan.worker_windows(0, 0)))
     want, _ = reader.decode(window, reader.fetch(window), window.order)
@@ -177,7 +182,7 @@ def test_a_read_whose_one_call_fails_is_decoded_run_by_run(small, monkeypatch):
 
 def stream_keys(url, **kw):
     out = []
-    for worker in (0, 1):
+    for worker in range(WORKERS):
         dataset = global_dataset(url, worker=worker, **kw)
         out.append([s["__key__"] if isinstance(s, dict) else s for s in dataset])
     return out
@@ -185,7 +190,7 @@ def stream_keys(url, **kw):
 
 def test_decoded_global_stream_is_the_raw_stream_decoded_sample_by_sample(small):
     decoder = SampleDecoder.build()
-    for worker in (0, 1):
+    for worker in range(WORKERS):
         raw = list(global_dataset(small, worker=worker, decode=False))
         want = []
         for sample in raw:

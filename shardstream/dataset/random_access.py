@@ -42,7 +42,7 @@ __all__ = ["BATCH_GAP", "BATCH_READ_THREADS", "MapDataset"]
 # batch's indices) reads each distinct sample once: the indices are sorted, consecutive
 # samples of a shard become one run, and runs of a shard share one ranged read where
 # their bytes lie within a gap of each other: ``BATCH_GAP`` on object storage,
-# ``COALESCE_GAP`` (runs.py) on local files and the cache. A batch of random indices is
+# NOTE [ Coalescing gap ]'s ``COALESCE_GAP`` (runs.py) on local files and the cache. A batch of random indices is
 # a few samples per shard, scattered, and on object storage a request costs more than
 # megabytes of its bytes, so the batch reads each shard it touches once, holes and all
 # (a shard up to ~4 MiB whole), instead of once per 256 KiB stretch of samples: 20 reads

@@ -25,7 +25,14 @@ import numpy as np
 from shardstream.dataset.budget import DEFAULT_READ_BUDGET, ReadBudget, fetch_in_turn, fetched_in_order
 from shardstream.dataset.fetch import READ_THREADS, ByteFetcher
 from shardstream.dataset.indexes import INDEX_CACHE_SIZE, IndexCache
-from shardstream.dataset.runs import COALESCE_GAP, Read, plan_reads, run_table, taken_from_reads
+from shardstream.dataset.runs import (
+    COALESCE_GAP,
+    REMOTE_COALESCE_GAP,
+    Read,
+    plan_reads,
+    run_table,
+    taken_from_reads,
+)
 from shardstream.errors import FormatError, StorageError
 from shardstream.formats import get_format
 from shardstream.formats.base import Sample, SampleColumns, SampleIndex
@@ -39,6 +46,7 @@ __all__ = [
     "AHEAD_WINDOWS",
     "COALESCE_GAP",
     "INDEX_CACHE_SIZE",
+    "REMOTE_COALESCE_GAP",
     "IndexCache",
     "WHOLE_SHARD_SLACK",
     "Read",
@@ -106,13 +114,14 @@ class WindowReader:
         indexes: IndexCache | None = None,
         expected: Mapping[str, Expected] | None = None,
         columns: bool = False,
-        coalesce_gap: int = COALESCE_GAP,
+        coalesce_gap: int | None = None,
     ) -> None:
         """``indexes``: the dataset's sidecar LRU, kept across its iterations (NOTE [ Sidecars
         across epochs ]); ``expected``: ``fetch.expectations(manifest)``, made once by the
         dataset (both made here when not given); ``columns``: windows come as
         ``SampleColumns`` where they can (for a decoder), else always as lists;
-        ``coalesce_gap``: runs of a shard closer than this share a read (``plan_reads``)."""
+        ``coalesce_gap``: runs of a shard closer than this share a read (``plan_reads``); by
+        default NOTE [ Coalescing gap ]'s, for local files or object storage."""
         self.storage = storage
         self.manifest = manifest
         self.format = get_format(manifest.format)
@@ -198,9 +207,10 @@ class WindowReader:
 
     def plan_fetch(self, runs: Sequence[Any], indexes: dict[int, SampleIndex]) -> WindowReads:
         """The reads of ``runs``, whose shards' ``indexes`` are loaded (:meth:`load_indexes`)."""
-        reads = plan_reads(
-            runs, lambda shard, a, b: self._read_ranges(indexes[shard], a, b), gap=self.coalesce_gap
-        )
+        gap = self.coalesce_gap
+        if gap is None:  # NOTE [ Coalescing gap ]
+            gap = COALESCE_GAP if self.bytes.local else REMOTE_COALESCE_GAP
+        reads = plan_reads(runs, lambda shard, a, b: self._read_ranges(indexes[shard], a, b), gap=gap)
         return WindowReads(reads, [self._item(read) for read in reads], indexes)
 
     def fetch_planned(self, planned: WindowReads) -> list[Fetched]:

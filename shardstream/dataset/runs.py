@@ -2,8 +2,9 @@
 
 # NOTE [ One call per read ]
 # A window of the local order has a few runs of thousands of samples; one of
-# ``order="global"`` has thousands of runs of G/L samples (8-32), close runs of a shard
-# sharing a read. Whatever is done per run in Python (a decode call, a byte range, a
+# ``order="global"`` can have thousands of runs of G/L samples or fewer (a rank's part of
+# chunks of a lane cut between ranks; a worker count that is not a power of two, NOTE
+# [ Nested chunk order ]), close runs of a shard sharing a read. Whatever is done per run in Python (a decode call, a byte range, a
 # list to join) then costs more than the samples themselves. So runs live in arrays: the
 # reads are planned with array arithmetic (``plan_reads``), each read's runs are decoded
 # by one ``ShardFormat.decode_runs`` call (tar: one numpy gather of member spans, the
@@ -27,11 +28,27 @@ import numpy as np
 
 from shardstream.types import ByteRange
 
-__all__ = ["COALESCE_GAP", "Ranges", "Read", "plan_reads", "run_table", "taken_from_reads"]
+__all__ = [
+    "COALESCE_GAP",
+    "REMOTE_COALESCE_GAP",
+    "Ranges",
+    "Read",
+    "plan_reads",
+    "run_table",
+    "taken_from_reads",
+]
 
-# Runs of one shard closer than this share a read: a request costs more than this many
-# bytes on object storage (latency x bandwidth), and the read stays within the window.
+# NOTE [ Coalescing gap ]
+# Runs of one shard closer than this share a read, the bytes between them read and let
+# go: on object storage a request costs more than REMOTE_COALESCE_GAP bytes of transfer
+# (tens of ms of latency times tens of MB/s per connection, plus the client's and the
+# server's work per request); local reads cost a syscall, so their gap only keeps a read
+# from being split by small holes. The runs of order="global" are where it matters: a
+# worker's chunks of a lane in two windows of the sequence sit one other worker's part
+# apart (NOTE [ Nested chunk order ]), ~0.5 MB on the bench corpus; joined, a worker
+# makes ~0.65x the requests for ~1.4x the bytes (tools/bench_stream.py --only order).
 COALESCE_GAP = 256 * 1024
+REMOTE_COALESCE_GAP = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +80,7 @@ def plan_reads(runs: Sequence[Any] | np.ndarray, ranges: Ranges, *, gap: int) ->
     """The ranged reads for a window's runs (a ``run_table`` or the runs): runs of one
     shard whose bytes overlap, touch or lie at most ``gap`` bytes apart share one read
     (Parquet runs in one row group overlap; the rest of a resumed window has holes; the
-    runs of ``order="global"`` are a few samples each, a worker's every other chunk of a
-    lane). A read's runs are in byte order; reads come in window order (of their first run).
+    runs of ``order="global"`` can be a few samples each, see NOTE [ One call per read ]). A read's runs are in byte order; reads come in window order (of their first run).
     Array arithmetic throughout: Python work per shard and per read, none per run."""
     table = runs if isinstance(runs, np.ndarray) else run_table(runs)
     numbers = np.flatnonzero(table[:, 2] > table[:, 1])

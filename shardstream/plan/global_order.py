@@ -18,10 +18,15 @@ workers only cut it:
   a run of about ``G / L`` samples (locality).
 - Global batch ``k`` is its lanes' chunks in lane order. Within a window of
   ``M = shuffle_window // G`` global batches, which chunk of a lane each batch takes
-  is a permutation drawn from the stream keyed by ``(seed, epoch, lane, block)`` (a
-  block is ``BLOCK_WORDS // M`` windows: one keyed stream per block, not per window,
-  so small windows cost no more than big ones): batches mix ``L`` places spread over
-  the epoch, and consecutive batches are not consecutive chunks.
+  is a nested permutation (NOTE [ Nested chunk order ] in keys.py) drawn from the
+  stream keyed by ``(seed, epoch, lane, block)`` (a block is ``BLOCK_WORDS // M``
+  windows: one keyed stream per block, not per window, so small windows cost no more
+  than big ones): batches mix ``L`` places spread over the epoch, consecutive batches
+  are not consecutive chunks, and for any power-of-two ``W`` the batches one worker
+  takes of a window take one contiguous range of each lane's chunks, so two workers
+  never read (and check) the same bytes of a lane. A keyed permutation of any kind put
+  a worker's chunks among the others' (runs of 2-4 samples, closer than a read's
+  coalescing gap and a check block): each of 2 workers read about all of the bytes.
 - Rank ``r`` of ``R`` (``R`` divides ``G``) takes entries ``[r G/R, (r+1) G/R)`` of
   every batch: whole chunks of about ``L/R`` lanes (two of them cut), so a rank reads
   its own lanes only. Worker ``w`` of ``W`` takes the rank's batches ``w, w + W, ...``
@@ -105,7 +110,7 @@ from shardstream.plan.config import (
 )
 from shardstream.plan.epoch import EpochPlan
 from shardstream.plan.intervals import from_points, merge, points
-from shardstream.plan.keys import TAG_GLOBAL, permutation, random_words, row_permutations
+from shardstream.plan.keys import TAG_GLOBAL, nested_permutations, random_words
 from shardstream.plan.shards import ShardOrder
 from shardstream.plan.state import make_global_state, read_global_state
 from shardstream.plan.windows import split_even
@@ -191,11 +196,11 @@ class GlobalSequence:
         per, first = self.per_window, number * self.block
         windows = min(self.block, -(-self.batches // per) - first)
         words = random_words(windows * per, (self.seed, self.epoch, TAG_GLOBAL, lane, number))
-        rows = row_permutations(words.reshape(windows, per))
+        rows = nested_permutations(words.reshape(windows, per))
         last = self.batches - (first + windows - 1) * per  # the epoch's last window may be short
         moving = last - (self.last_real < self.size)  # a padded last batch keeps the last chunk
-        if moving < per:
-            rows[-1, :moving] = permutation(moving, (self.seed, self.epoch, TAG_GLOBAL, lane, number, moving))
+        if moving < per:  # the same words, a nested order of the moving chunks only
+            rows[-1, :moving] = nested_permutations(words.reshape(windows, per)[-1:, :moving])[0]
             rows[-1, moving:last] = np.arange(moving, last)
         if len(self._blocks) >= self.cached_blocks:
             self._blocks.pop(next(iter(self._blocks)))

@@ -9,6 +9,22 @@ raw 64-bit words only: each word's low bits are replaced by its index, which mak
 keys distinct, so any correct sort gives the same order, and the sorted keys' low bits
 are the permutation (an argsort without its index array). ``SeedSequence`` drops trailing zero words (``[0]`` and ``[0, 0]``
 seed alike), so every key is encoded to a fixed number of 32-bit words per tag.
+
+NOTE [ Nested chunk order ]
+order="global" gives batch ``j`` of a window chunk ``p[j]`` of each lane (NOTE [ Global
+order ]), and DataLoader worker ``w`` of ``W`` takes batches ``j = w, w + W, ...``. A
+uniform permutation scatters a worker's chunks among the other workers', so every
+worker's reads of a lane span (and fetch, and CRC-check) nearly all of it. ``p`` is
+instead nested: ``p[j]`` is the rank of a key made of ``j``'s bits read from the lowest
+up (the bit-reversal permutation), each bit flipped by a keyed bit of the node of a
+binary tree that ``j``'s lower bits lead to. Every ``j`` of one residue class modulo
+``2**k`` shares its low ``k`` bits, so its keys share their top ``k`` bits and its
+chunks are one contiguous range: each worker's chunks of a lane in a window are
+contiguous for every power-of-two ``W``, at any offset (a resumed epoch), and ``p``
+depends on neither ``W`` nor ``R``. The flips (one bit per node, from the row's ``n``
+words) choose among about ``2**(n - 1)`` such orders. The rank is counted level by
+level, without a sort: a key bit of 1 puts ``j`` after the node's other subtree, whose
+size is a count of a residue class below ``n``.
 """
 
 from __future__ import annotations
@@ -22,6 +38,7 @@ __all__ = [
     "TAG_PASS",
     "TAG_SHARDS",
     "TAG_WINDOW",
+    "nested_permutations",
     "permutation",
     "random_words",
     "row_permutations",
@@ -81,3 +98,33 @@ def row_permutations(words: np.ndarray) -> np.ndarray:
     keys.sort(axis=1)
     keys &= (1 << bits) - 1
     return keys
+
+
+def nested_permutations(words: np.ndarray) -> np.ndarray:
+    """Each row of ``words`` (uint64, 2-D, raw words of keyed streams) made a permutation
+    ``p`` of ``range(columns)`` under which, for every power of two ``W``, the indices of
+    one residue class modulo ``W`` go to one contiguous range (NOTE [ Nested chunk order ])."""
+    rows, n = words.shape
+    signed = words.view(np.int64)
+    index = np.arange(n, dtype=np.int64)
+    # Level i of the tree: the node is j's low i bits (< 2**i < n: a column of the row,
+    # whose bit i + 1 is its flip); j's key bit is bit i of j, flipped. A key bit of 1
+    # ranks j after the node's other subtree: the j < n whose low i + 1 bits are the
+    # node's then the flip, ceil((n - those bits) / 2**(i + 1)) of them (0 past n). So
+    # j gains ``unflipped`` unless its node flips, then ``flipped``.
+    levels = range((n - 1).bit_length())
+    gains = []
+    for level in levels:
+        node, half = index & ((1 << level) - 1), 1 << level
+        bit = (index >> level) & 1
+        unflipped = bit * ((n - node + 2 * half - 1) >> (level + 1))
+        flipped = (1 - bit) * ((n - node - half + 2 * half - 1) >> (level + 1))
+        gains.append((node, unflipped, flipped - unflipped))
+    out = np.zeros((rows, n), dtype=np.int64)
+    out += sum((gain[1] for gain in gains), np.zeros(n, dtype=np.int64))
+    for level, (node, _, change) in zip(levels, gains, strict=True):
+        flips = signed[:, node] >> (level + 1)
+        flips &= 1
+        flips *= change
+        out += flips
+    return out

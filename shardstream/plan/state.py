@@ -25,6 +25,7 @@ from shardstream.plan.config import PlanConfig
 from shardstream.plan.passes import PassRecord
 
 __all__ = [
+    "GLOBAL_SEQUENCE",
     "RESUME_VERSION",
     "STATE_VERSION",
     "Key",
@@ -38,6 +39,9 @@ __all__ = [
 
 STATE_VERSION = 1  # of a plan state (and so of a ShardSampler's)
 RESUME_VERSION = 1  # of a dataset's (and DataLoader's) state around a plan state
+# of order="global"'s sequence: 2 took its chunks in a nested order (NOTE [ Nested chunk
+# order ]); states of 1 carry no such field, and resume a sequence this one no longer makes
+GLOBAL_SEQUENCE = 2
 
 
 class Key:
@@ -58,6 +62,7 @@ class Key:
     GLOBAL_BATCH_SIZE = "global_batch_size"
     READ_LANES = "read_lanes"
     GLOBAL_BATCHES = "global_batches"
+    GLOBAL_SEQUENCE = "global_sequence"
     # a mixture (NOTE [ Mixtures ]): the inner plan's state with these
     MIX = "mix"
     STREAMS = "streams"
@@ -212,6 +217,7 @@ def make_global_state(
     state[Key.GLOBAL_BATCH_SIZE] = int(config.global_batch_size or 0)
     state[Key.READ_LANES] = int(lanes)
     state[Key.GLOBAL_BATCHES] = int(taken)
+    state[Key.GLOBAL_SEQUENCE] = GLOBAL_SEQUENCE
     return state
 
 
@@ -220,6 +226,13 @@ def read_global_state(
 ) -> tuple[int, int]:
     """``(epoch, global batches taken)`` of an order="global" plan state, or ``StateError``."""
     _check_plan(state, sizes, config, window=window)
+    if not _same(state.get(Key.GLOBAL_SEQUENCE, 1), GLOBAL_SEQUENCE):
+        raise StateError(
+            f"the state is of order='global' sequence {shown(state.get(Key.GLOBAL_SEQUENCE, 1))}, "
+            f"this shardstream makes sequence {GLOBAL_SEQUENCE} (its batches take their chunks of "
+            "a lane in another order, NOTE [ Nested chunk order ]): the rest of that epoch is not "
+            "this one's; resume it with the shardstream that saved it, or start the epoch again"
+        )
     _check_same(
         state,
         Key.GLOBAL_BATCH_SIZE,

@@ -1,0 +1,150 @@
+"""NOTE [ Nested chunk order ]: the batches one DataLoader worker takes of a window of
+order="global" take one contiguous range of each lane's chunks, for every power-of-two
+worker count, so two workers do not read (and check) the same bytes; states of the
+sequence before it are refused; on object storage a worker's close parts of a lane share
+a read (NOTE [ Coalescing gap ])."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import shardstream
+from shardstream.dataset.reader import WindowReader
+from shardstream.errors import StateError
+from shardstream.pack import ShardWriter
+from shardstream.plan import EpochPlan, PlanConfig, Run
+from shardstream.plan.keys import nested_permutations, random_words
+from shardstream.plan.mixture import Mixture, MixturePlan, StreamSpec
+
+PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def contiguous(values: np.ndarray) -> bool:
+    return values.size == 0 or int(values.max() - values.min()) + 1 == values.size
+
+
+@PROPERTY
+@given(st.integers(1, 300), st.integers(0, 2**40), st.integers(1, 3))
+def test_nested_permutations_keep_every_residue_class_together(n, seed, rows):
+    made = nested_permutations(random_words(rows * n, (seed,)).reshape(rows, n))
+    assert np.array_equal(made, nested_permutations(random_words(rows * n, (seed,)).reshape(rows, n)))
+    for row in made:
+        assert sorted(row.tolist()) == list(range(n))
+        for workers in (2, 4, 8, 16):
+            for first in range(min(workers, n)):
+                assert contiguous(row[first::workers])
+
+
+def test_nested_permutations_differ_by_key():
+    rows = {tuple(nested_permutations(random_words(64, (seed,))[None, :])[0]) for seed in range(20)}
+    assert len(rows) == 20
+
+
+@st.composite
+def windows_and_workers(draw):
+    size = draw(st.integers(1, 24))
+    config = PlanConfig(
+        seed=draw(st.integers(0, 2**40)),
+        drop_last=draw(st.booleans()),
+        shuffle_window=draw(st.integers(1, 400)),
+        order="global",
+        global_batch_size=size,
+        read_lanes=draw(st.one_of(st.none(), st.integers(1, 9))),
+    )
+    sizes = draw(st.lists(st.integers(0, 60), min_size=1, max_size=12))
+    return sizes, config, draw(st.sampled_from([1, 2, 4, 8]))
+
+
+@PROPERTY
+@given(windows_and_workers(), st.data())
+def test_a_workers_chunks_of_a_lane_in_a_window_are_contiguous(drawn, data):
+    sizes, config, workers = drawn
+    size = config.global_batch_size
+    plan = EpochPlan(sizes, config, epoch=0, world_size=1, num_workers=workers, batch_size=size)
+    sequence = plan.sequence
+    # a resumed epoch counts workers from the batches taken (of a window begun, a worker
+    # takes the rest of its range)
+    taken = data.draw(st.integers(0, sequence.batches))
+    padded = sequence.last_real < sequence.size  # its last batch keeps the last chunk (in place)
+    for first in range(0, sequence.batches, sequence.per_window):
+        batches = np.arange(first, min(first + sequence.per_window, sequence.batches - padded))
+        for worker in range(workers):
+            mine = batches[(batches - taken) % workers == worker]
+            for lane in range(sequence.lanes):
+                assert contiguous(sequence.chunks(mine, lane))
+
+
+def small_sample(i: int) -> dict:
+    return {"__key__": f"{i:07d}", "txt": b"lorem ipsum %d " % i * 8}
+
+
+def test_two_workers_read_about_half_the_bytes_each(tmp_path):
+    # 2 workers of order="global" read a batch's chunks of 8 samples (8 KiB) each: with a
+    # keyed permutation each worker's chunks lay among the other's (closer than a read's
+    # coalescing gap and a check block) and each read all the bytes of every lane; one
+    # window, so a worker's chunks of a lane are one range of 500 samples (~500 KiB)
+    url = str(tmp_path / "data")
+    with ShardWriter(url, samples_per_shard=500, format="tar") as writer:
+        for i in range(4000):
+            writer.write(small_sample(i))
+    dataset = shardstream.StreamingDataset(url, decode=False)
+    total = sum(shard.bytes for shard in dataset.manifest.shards)
+    config = PlanConfig(seed=3, order="global", global_batch_size=32, read_lanes=4, shuffle_window=4000)
+    plan = EpochPlan(
+        dataset.manifest.shard_sizes, config, epoch=0, world_size=1, num_workers=2, batch_size=32
+    )
+    reader = WindowReader(dataset.storage, dataset.manifest)
+    try:
+        for worker in range(2):
+            read = 0
+            for window in plan.worker_windows(0, worker):
+                read += reader.plan_fetch(window.runs, reader.load_indexes(list(window.shards))).bytes
+            assert read < 0.6 * total
+    finally:
+        reader.close()
+
+
+def test_a_state_of_the_earlier_global_sequence_is_refused():
+    sizes = [40] * 10
+    config = PlanConfig(seed=1, order="global", global_batch_size=8)
+    state = EpochPlan(sizes, config, epoch=0, world_size=2, num_workers=2, batch_size=4).state_dict(3)
+    assert state["global_sequence"] == 2
+    EpochPlan.resume(sizes, config, state, world_size=1, batch_size=8)
+    earlier = {key: value for key, value in state.items() if key != "global_sequence"}
+    with pytest.raises(StateError, match="order='global' sequence 1, this shardstream makes sequence 2"):
+        EpochPlan.resume(sizes, config, earlier, world_size=1, batch_size=8)
+    with pytest.raises(StateError, match="sequence 3"):
+        EpochPlan.resume(sizes, config, {**state, "global_sequence": 3}, world_size=1, batch_size=8)
+
+
+@pytest.mark.parametrize(("where", "reads"), [("local", 2), ("memory", 1)])
+def test_runs_half_a_mebibyte_apart_share_a_read_on_object_storage(tmp_path, where, reads):
+    # NOTE [ Coalescing gap ]: ~540 KiB between two runs of a shard is cheaper to read
+    # than a second request on object storage, not on local files
+    url = str(tmp_path / "data") if where == "local" else f"memory://gap-{tmp_path.name}"
+    with ShardWriter(url, samples_per_shard=1000, format="tar") as writer:
+        for i in range(200):
+            writer.write({"__key__": f"{i:05d}", "bin": bytes([i % 256]) * 4000})
+    dataset = shardstream.StreamingDataset(url, decode=False)
+    reader = WindowReader(dataset.storage, dataset.manifest)
+    try:
+        planned = reader.plan_fetch([Run(0, 0, 10), Run(0, 130, 140)], reader.load_indexes([0]))
+        assert len(planned.reads) == reads
+    finally:
+        reader.close()
+
+
+@pytest.mark.parametrize("mix", ["stratified", "per_stream"])
+def test_a_composed_mixtures_state_of_the_earlier_sequence_is_refused(mix):
+    # its parts are GlobalSequences: their chunks changed order too
+    specs = [StreamSpec("s3://a", [9, 4], "fa"), StreamSpec("s3://b", [5, 6], "fb", repeat=2)]
+    config = PlanConfig(seed=1, order="global", global_batch_size=6)
+    mixture = Mixture(specs, mix=mix)
+    state = MixturePlan(mixture, config, epoch=0, world_size=1, batch_size=6).state_dict(2)
+    MixturePlan.resume(mixture, config, state, world_size=2, batch_size=3)
+    earlier = {key: value for key, value in state.items() if key != "global_sequence"}
+    with pytest.raises(StateError, match="order='global' sequence 1"):
+        MixturePlan.resume(mixture, config, earlier, world_size=2, batch_size=3)
