@@ -24,9 +24,12 @@ Every run is a fresh process forked from a forkserver that imported everything f
 (so a run starts in milliseconds, not the 5-10 s of importing torch): the times are of
 the epochs alone, the cold one including opening the dataset. Peak RSS is that process's
 (``VmHWM``, reset between its cold and warm epochs). GETs and the peak number of requests
-in flight at once are the proxy's counts for that run. Rates are medians over
-``--repeat`` rounds (rotating order) and ratios are paired within rounds, as in
-bench_stream.py.
+in flight at once are the proxy's counts for that run; so is the CPU time each process
+spent in it (the run's, the S3 server's, the proxy's): on a machine of few cores a
+contender that makes the server or the proxy work harder takes CPU from itself, and a
+run whose three figures add up to its cores (times its seconds) was bound by CPU, not by
+the network. Rates are medians over ``--repeat`` rounds (rotating order) and ratios are
+paired within rounds, as in bench_stream.py.
 """
 
 from __future__ import annotations
@@ -84,8 +87,12 @@ def show(title: str, rates: Rates, details: dict, unit: str) -> None:
     for name in rates.names:
         d = details[name]
         extra = "" if d["gets"] is None else f", {d['gets']} GETs, peak {d['peak_in_flight']} in flight"
+        cpu = d["cpu"]
+        spent = f"CPU s: run {cpu['run']:.2f}, server {cpu['server']:.2f}"
+        spent += "" if cpu["proxy"] is None else f", proxy {cpu['proxy']:.2f}"
         print(
-            f"  {name:<{width}} {rates.rate(name):>10,.1f} {unit}   (peak RSS {d['rss'] / MB:,.0f} MB{extra})"
+            f"  {name:<{width}} {rates.rate(name):>10,.1f} {unit}   (peak RSS {d['rss'] / MB:,.0f} MB{extra}; "
+            f"{d['seconds']:.2f} s, {spent})"
         )
 
 
@@ -180,7 +187,12 @@ def bench_wan(quick: bool, repeat: int, latency: float = 0.03, bandwidth: float 
         print(
             f"\nover a network: moto behind a proxy, {latency * 1000:.0f} ms, {bandwidth / 1e6:.0f} MB/s per response"
         )
-        base = {"env": server.env, "endpoint": proxy.endpoint, "proxy": proxy.endpoint}
+        base = {
+            "env": server.env,
+            "endpoint": proxy.endpoint,
+            "proxy": proxy.endpoint,
+            "server_pid": server.proc.pid,
+        }
         big = write_corpus("large", large_sample, large, max(1, large // 5), work, server.env)
         tiny = write_corpus("small", small_sample, small, small // 4, work, server.env)
         with runner() as pool:

@@ -9,6 +9,7 @@ import importlib
 import json
 import os
 import random
+import resource
 import shutil
 import sys
 import tempfile
@@ -243,6 +244,20 @@ def proxy_call(spec: dict, what: str) -> dict:
         return json.load(answer)
 
 
+def own_cpu() -> float:
+    """CPU seconds of this process and the children it waited for (a tool's helpers)."""
+    return sum(sum(resource.getrusage(who)[:2]) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+
+
+def process_cpu(pid: int | None) -> float:
+    """CPU seconds another process (the S3 server) spent so far; 0 where there is none."""
+    if not pid:
+        return 0.0
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_one(spec: dict) -> dict:
     """One run (a cold epoch, and a warm one for a tool with a cache), in this process."""
     cache = tempfile.mkdtemp(prefix="bench-wan-cache-")
@@ -252,11 +267,13 @@ def run_one(spec: dict) -> dict:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")  # resets VmHWM to the RSS now
             proxy_call(spec, "reset")
+            cpu, server_cpu = own_cpu(), process_cpu(spec.get("server_pid"))
             started, items = time.perf_counter(), 0
             for _ in epoch:
                 items += 1
             elapsed = time.perf_counter() - started
             stats = proxy_call(spec, "stats")
+            cpu, server_cpu = own_cpu() - cpu, process_cpu(spec.get("server_pid")) - server_cpu
             result["epochs"].append(
                 {
                     "name": ("warm" if number else "cold"),
@@ -265,6 +282,7 @@ def run_one(spec: dict) -> dict:
                     "rss": proc_status("self", "VmHWM"),
                     "gets": stats.get("gets"),
                     "peak_in_flight": stats.get("peak_in_flight"),
+                    "cpu": {"run": cpu, "proxy": stats.get("cpu_seconds"), "server": server_cpu},
                 }
             )
         return result
