@@ -24,7 +24,9 @@ process, same cache); "local disk" is shardstream on a local copy of the tar sha
 Every run is a fresh process forked from a forkserver that imported everything first
 (so a run starts in milliseconds, not the 5-10 s of importing torch): the times are of
 the epochs alone, the cold one including opening the dataset. Peak RSS is that process's
-(``VmHWM``, reset between its cold and warm epochs). GETs and the peak number of requests
+(``VmHWM``, reset between its cold and warm epochs), and how much it grew in the epoch:
+the fork child maps what the forkserver preloaded (~330 MB, the same for every contender),
+so the growth is what a contender itself holds. GETs and the peak number of requests
 in flight at once are the proxy's counts for that run; so is the CPU time each process
 spent in it (the run's, the S3 server's, the proxy's): on a machine of few cores a
 contender that makes the server or the proxy work harder takes CPU from itself, and a
@@ -119,7 +121,7 @@ def show(title: str, rates: Rates, details: dict, unit: str) -> None:
         spent = f"CPU s: run {cpu['run']:.2f}, server {cpu['server']:.2f}"
         spent += "" if cpu["proxy"] is None else f", proxy {cpu['proxy']:.2f}"
         print(
-            f"  {name:<{width}} {rates.rate(name):>10,.1f} {unit}   (peak RSS {d['rss'] / MB:,.0f} MB{extra}; "
+            f"  {name:<{width}} {rates.rate(name):>10,.1f} {unit}   (peak RSS {d['rss'] / MB:,.0f} MB, +{d['rss_growth'] / MB:,.0f} in the run{extra}; "
             f"{d['seconds']:.2f} s, {spent})"
         )
 
