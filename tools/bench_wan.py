@@ -120,9 +120,12 @@ def show(title: str, rates: Rates, details: dict, unit: str) -> None:
         cpu = d["cpu"]
         spent = f"CPU s: run {cpu['run']:.2f}, server {cpu['server']:.2f}"
         spent += "" if cpu["proxy"] is None else f", proxy {cpu['proxy']:.2f}"
+        # The line as before (bench_compare.py pairs lines by their words), then the details.
         print(
-            f"  {name:<{width}} {rates.rate(name):>10,.1f} {unit}   (peak RSS {d['rss'] / MB:,.0f} MB, +{d['rss_growth'] / MB:,.0f} in the run{extra}; "
-            f"{d['seconds']:.2f} s, {spent})"
+            f"  {name:<{width}} {rates.rate(name):>10,.1f} {unit}   (peak RSS {d['rss'] / MB:,.0f} MB{extra})"
+        )
+        print(
+            f"      {name}: {d['seconds']:.2f} s, RSS +{d['rss_growth'] / MB:,.0f} MB in the epoch; {spent}"
         )
 
 
