@@ -147,35 +147,6 @@ def test_a_long_read_on_a_slow_connection_is_cut_into_parts_that_tile_it(s3, mot
 
 
 @pytest.mark.s3
-def test_a_slow_link_found_by_one_read_cuts_the_next_up_front(s3, moto_server, monkeypatch):
-    from shardstream.storage import parts
-
-    monkeypatch.setattr(parts, "FAST_CONNECTION", float("inf"))  # every rate is slow
-    monkeypatch.setattr(parts, "PART_LATENCIES", 0)  # into parts of PART_MIN
-    url, options, data = _blob(s3, 6 * MB + 7)
-    with RangeRecorder(moto_server.endpoint, latency=0.01, bandwidth=8 * MB) as proxy:
-        storage = Storage(url, dict(options, endpoint_url=proxy.endpoint))
-        pool = ReadPool(8)
-        try:
-            first = bytes(storage.read_parts("blob", None, expect=Expected(len(data)), pool=pool))
-            probed = len(proxy.ranges)
-            again = bytes(storage.read_parts("blob", None, expect=Expected(len(data)), pool=pool))
-        finally:
-            pool.close()
-            storage.close()
-    assert first == again == data
-    assert proxy.ranges[0] == ""  # the first read probes with a plain GET
-    later = proxy.ranges[probed:]
-    # no probe: ranged GETs of parts from the first byte, that tile the object
-    assert len(later) > 1
-    assert all(r.startswith("bytes=") for r in later)
-    spans = sorted(tuple(map(int, r.removeprefix("bytes=").split("-"))) for r in later)
-    assert spans[0][0] == 0
-    assert spans[-1][1] == len(data) - 1
-    assert all(a[1] + 1 == b[0] for a, b in itertools.pairwise(spans))
-
-
-@pytest.mark.s3
 def test_a_read_cut_short_asks_again_for_the_rest_only(s3, moto_server, monkeypatch):
     from shardstream.storage import parts
 

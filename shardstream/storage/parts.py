@@ -23,11 +23,6 @@
 #   each GET does it at most ``PARTS`` times more; the worker's other reads keep more
 #   GETs in flight): the first GET reads on to the end of the first part and stops there,
 #   the others are ranged GETs in the pool's threads.
-# - The pool (one per worker's reader) remembers the last rate and latency a probe found
-#   slow: the long reads after it are cut the same way up front, all ranged GETs, with no
-#   probe (whose plain GET was cut off after its first part, the connection lost with it,
-#   and which held the read back by a latency and ``PROBE`` bytes before any part was
-#   asked for). A probe that finds its connection fast forgets it.
 # Each part, and the first GET, is retried alone (NOTE [ One retry layer ] in retry.py): a
 # try that fails after some of its bytes arrived asks again for the rest only. The bytes
 # go to a ``Sink`` as they arrive, in order within each part: one buffer allocated up
@@ -99,9 +94,6 @@ class ReadPool:
         if threads < 1:
             raise UsageError(f"a read pool needs at least 1 thread, not {threads}")
         self.threads = threads
-        # (latency s, bytes/s) of the last probing GET that found its connection slow, or
-        # None: later long reads through this pool are cut up front (NOTE [ Reads in parts ]).
-        self.slow_link: tuple[float, float] | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._pid = -1
         self._lock = threading.Lock()
@@ -190,13 +182,6 @@ def read_long(
         else:
             wait_all([pool.submit(_read_part, storage, path, part, size, sink) for part in parts])
         return
-    known = pool.slow_link if pool is not None else None
-    if pool is not None and known is not None and len(parts := _parts(rng, *known, pool)) > 1:
-        first = parts[0]
-        _with_later(
-            storage, path, parts[1:], size, pool, sink, lambda: _read_part(storage, path, first, size, sink)
-        )
-        return
     stream = _Stream(storage, path, rng, size, whole_object)
     try:
         stream.read_to(min(rng.end, rng.start + PROBE), sink)
@@ -207,53 +192,30 @@ def read_long(
         while len(parts) == 1:  # fast so far: a chunk more, and look again
             stream.read_to(min(rng.end, stream.pos + CHUNK), sink)
             parts = _cut(ByteRange(stream.pos, rng.end), stream, pool)
-        if parts:
-            end = parts[0].end
-            _with_later(storage, path, parts[1:], size, pool, sink, lambda: stream.read_to(end, sink))
+        if not parts:
+            return
+        later = [pool.submit(_read_part, storage, path, part, size, sink) for part in parts[1:]]
+        try:
+            stream.read_to(parts[0].end, sink)
+        except BaseException:
+            for future in later:
+                future.cancel()
+            wait(later)  # no thread still writes to the sink
+            raise
+        wait_all(later)
     finally:
         stream.close()
 
 
-def _with_later(
-    storage: Storage,
-    path: str,
-    later_parts: Sequence[ByteRange],
-    size: int | None,
-    pool: ReadPool,
-    sink: Sink,
-    first: Callable[[], None],
-) -> None:
-    """``later_parts`` read in ``pool``'s threads while ``first()`` reads the first part
-    in this one; waits for all (none still writes to ``sink`` when this returns or raises)."""
-    later = [pool.submit(_read_part, storage, path, part, size, sink) for part in later_parts]
-    try:
-        first()
-    except BaseException:
-        for future in later:
-            future.cancel()
-        wait(later)
-        raise
-    wait_all(later)
-
-
 def _cut(rest: ByteRange, stream: _Stream, pool: ReadPool | None) -> list[ByteRange]:
     """The parts of ``rest``: one (the probing GET reads on) while its connection is fast
-    or not yet measured, else the first for the probing GET and the others for the pool
-    (which remembers the slow link for the reads after this one)."""
+    or not yet measured, else the first for the probing GET and the others for the pool."""
     rate = stream.rate()
     if not rest.length:
         return []
-    if pool is None or stream.latency is None or rate is None:
+    if pool is None or stream.latency is None or rate is None or rate >= FAST_CONNECTION:
         return [rest]
-    pool.slow_link = None if rate >= FAST_CONNECTION else (stream.latency, rate)
-    if rate >= FAST_CONNECTION:
-        return [rest]
-    return _parts(rest, stream.latency, rate, pool)
-
-
-def _parts(rest: ByteRange, latency: float, rate: float, pool: ReadPool) -> list[ByteRange]:
-    """``rest`` cut into parts of about ``PART_LATENCIES`` latencies each at ``rate``."""
-    part = max(1.0, rate * PART_LATENCIES * latency)
+    part = max(1.0, rate * PART_LATENCIES * stream.latency)
     return split(rest, min(PARTS, pool.threads, -(-rest.length // int(part))))
 
 
