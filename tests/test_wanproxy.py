@@ -99,10 +99,14 @@ def test_control_paths_answer_and_reset_the_counters(blob, moto_server):
         s3.get_object(Bucket=bucket, Key=key)["Body"].read()
         s3.close()
         with urllib.request.urlopen(proxy.endpoint + "/__wanproxy__/stats") as answer:
-            assert json.load(answer)["gets"] == 1
+            before = json.load(answer)
+        assert before["gets"] == 1
+        assert before["cpu_seconds"] > 0  # the process's CPU time since the proxy started
         reset = urllib.request.Request(proxy.endpoint + "/__wanproxy__/reset", method="POST")
         with urllib.request.urlopen(reset) as answer:
-            assert json.load(answer)["gets"] == 0
+            after = json.load(answer)
+        assert after["gets"] == 0
+        assert 0 <= after["cpu_seconds"] < before["cpu_seconds"]
     assert proxy.stats.requests == 0  # the control paths are not counted
 
 

@@ -1,6 +1,7 @@
 """Streaming from object storage over a (simulated) network: shardstream against the peers.
 
     python tools/bench_wan.py [--quick] [--repeat 1] [--latency 0.03] [--bandwidth 40e6]
+                              [--only large,small,first,loopback] [--tools "shardstream tar,litdata"]
     python tools/bench_stream.py --only wan [--quick]          # the same, as a section
 
 moto's S3 server runs in one process and ``shardstream.testing.wanproxy`` in another, in
@@ -23,10 +24,15 @@ process, same cache); "local disk" is shardstream on a local copy of the tar sha
 Every run is a fresh process forked from a forkserver that imported everything first
 (so a run starts in milliseconds, not the 5-10 s of importing torch): the times are of
 the epochs alone, the cold one including opening the dataset. Peak RSS is that process's
-(``VmHWM``, reset between its cold and warm epochs). GETs and the peak number of requests
-in flight at once are the proxy's counts for that run. Rates are medians over
-``--repeat`` rounds (rotating order) and ratios are paired within rounds, as in
-bench_stream.py.
+(``VmHWM``, reset between its cold and warm epochs), and how much it grew in the epoch:
+the fork child maps what the forkserver preloaded (~330 MB, the same for every contender),
+so the growth is what a contender itself holds. GETs and the peak number of requests
+in flight at once are the proxy's counts for that run; so is the CPU time each process
+spent in it (the run's, the S3 server's, the proxy's): on a machine of few cores a
+contender that makes the server or the proxy work harder takes CPU from itself, and a
+run whose three figures add up to its cores (times its seconds) was bound by CPU, not by
+the network. Rates are medians over ``--repeat`` rounds (rotating order) and ratios are
+paired within rounds, as in bench_stream.py.
 """
 
 from __future__ import annotations
@@ -41,7 +47,9 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
 
 from bench_stream import MB, MotoProcess, Rates, small_sample
 from bench_wan_runs import BUCKET, first_sample, large_sample, run_one, storage_options, write_corpus
@@ -53,10 +61,35 @@ from shardstream.pack import ShardWriter
 PEERS = ("litdata", "webdataset", "mosaic")
 
 
+# Everything any contender imports, so that no run times an import (pyarrow alone is ~0.5 s
+# here; Mosaic's imports more than 2 s); bench_wan_runs first: it stubs a broken torchvision.
+PRELOAD = [
+    "bench_wan_runs",
+    "torch",
+    "boto3",
+    "s3fs",
+    "boto3.s3.transfer",
+    "pyarrow.parquet",
+    "pyarrow.pandas_compat",
+    "pandas",
+    "shardstream.formats.parquet.index",
+    "shardstream.formats.parquet.typed",
+    "litdata",
+    "litdata.streaming.downloader",
+    "obstore",
+    "webdataset",
+    "streaming",
+]
+
+
 def runner():  # type: ignore[no-untyped-def]
     """Runs each call in a new process forked from a server that imported everything."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["bench_wan_runs", "torch", "boto3", "s3fs", "litdata", "webdataset"])
+    # The forkserver does not take our sys.path, and ignores a preload it cannot import:
+    # without this, bench_wan_runs (and its torchvision stub) was never preloaded.
+    path = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([HERE, ROOT, *filter(None, path)]))
+    context.set_forkserver_preload(PRELOAD)
     return concurrent.futures.ProcessPoolExecutor(1, mp_context=context, max_tasks_per_child=1)
 
 
@@ -84,8 +117,15 @@ def show(title: str, rates: Rates, details: dict, unit: str) -> None:
     for name in rates.names:
         d = details[name]
         extra = "" if d["gets"] is None else f", {d['gets']} GETs, peak {d['peak_in_flight']} in flight"
+        cpu = d["cpu"]
+        spent = f"CPU s: run {cpu['run']:.2f}, server {cpu['server']:.2f}"
+        spent += "" if cpu["proxy"] is None else f", proxy {cpu['proxy']:.2f}"
+        # The line as before (bench_compare.py pairs lines by their words), then the details.
         print(
             f"  {name:<{width}} {rates.rate(name):>10,.1f} {unit}   (peak RSS {d['rss'] / MB:,.0f} MB{extra})"
+        )
+        print(
+            f"      {name}: {d['seconds']:.2f} s, RSS +{d['rss_growth'] / MB:,.0f} MB in the epoch; {spent}"
         )
 
 
@@ -102,6 +142,7 @@ def bench_corpus(pool, name: str, where: dict, base: dict, repeat: int, large: b
     tools = ["shardstream tar", "shardstream parquet", "shardstream tar cache", "local disk"]
     tools += ["boto3 x16", "boto3"] if large else []
     tools += [peer for peer in PEERS if peer in where or peer == "webdataset"]
+    tools = [tool for tool in tools if not base["tools"] or tool in base["tools"]]
     specs = {tool: dict(base, tool=tool, where=where) for tool in tools}
     scale, unit = (MB / 1e6, "MB/s") if large else (1.0, "samples/s")
     rates, details = measure_runs(pool, specs, repeat, scale)
@@ -168,10 +209,17 @@ class ProxyProcess:
             self.proc.wait()
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SECTIONS = ("large", "small", "first", "loopback")
 
 
-def bench_wan(quick: bool, repeat: int, latency: float = 0.03, bandwidth: float = 40e6) -> None:
+def bench_wan(
+    quick: bool,
+    repeat: int,
+    latency: float = 0.03,
+    bandwidth: float = 40e6,
+    only: tuple[str, ...] = SECTIONS,
+    tools: tuple[str, ...] = (),
+) -> None:
     large, small, shards = (10, 2_000, 40) if quick else (150, 20_000, 200)
     work = tempfile.mkdtemp(prefix="bench-wan-")
     server = MotoProcess(BUCKET)
@@ -180,14 +228,31 @@ def bench_wan(quick: bool, repeat: int, latency: float = 0.03, bandwidth: float 
         print(
             f"\nover a network: moto behind a proxy, {latency * 1000:.0f} ms, {bandwidth / 1e6:.0f} MB/s per response"
         )
-        base = {"env": server.env, "endpoint": proxy.endpoint, "proxy": proxy.endpoint}
-        big = write_corpus("large", large_sample, large, max(1, large // 5), work, server.env)
-        tiny = write_corpus("small", small_sample, small, small // 4, work, server.env)
+        base = {
+            "env": server.env,
+            "endpoint": proxy.endpoint,
+            "proxy": proxy.endpoint,
+            "server_pid": server.proc.pid,
+        }
+        base["tools"] = tools
+        wanted = {"large", "loopback"} & set(only)
+        big = (
+            write_corpus("large", large_sample, large, max(1, large // 5), work, server.env) if wanted else {}
+        )
+        tiny = (
+            write_corpus("small", small_sample, small, small // 4, work, server.env)
+            if "small" in only
+            else {}
+        )
         with runner() as pool:
-            bench_corpus(pool, "large", big, base, repeat, large=True)
-            bench_corpus(pool, "small", tiny, base, repeat, large=False)
-            bench_first_sample(pool, base, shards)
-            bench_loopback(pool, big, base, repeat)
+            if "large" in only:
+                bench_corpus(pool, "large", big, base, repeat, large=True)
+            if "small" in only:
+                bench_corpus(pool, "small", tiny, base, repeat, large=False)
+            if "first" in only:
+                bench_first_sample(pool, base, shards)
+            if "loopback" in only:
+                bench_loopback(pool, big, base, repeat)
     finally:
         proxy.stop()
         server.stop()
@@ -202,8 +267,12 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=1, help="timed rounds (each run is a cold start)")
     parser.add_argument("--latency", type=float, default=0.03, help="seconds before each request")
     parser.add_argument("--bandwidth", type=float, default=40e6, help="bytes/s per response")
+    parser.add_argument("--only", default=",".join(SECTIONS), help="sections: " + ", ".join(SECTIONS))
+    parser.add_argument("--tools", default="", help="contenders to run, by name (all if empty)")
     args = parser.parse_args()
-    bench_wan(args.quick, args.repeat, args.latency, args.bandwidth)
+    only = tuple(args.only.split(","))
+    tools = tuple(filter(None, args.tools.split(",")))
+    bench_wan(args.quick, args.repeat, args.latency, args.bandwidth, only, tools)
     return 0
 
 

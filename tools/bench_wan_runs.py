@@ -5,10 +5,12 @@ process forked from bench_wan's forkserver. See bench_wan.py for what is measure
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import importlib
 import json
 import os
 import random
+import resource
 import shutil
 import sys
 import tempfile
@@ -243,28 +245,55 @@ def proxy_call(spec: dict, what: str) -> dict:
         return json.load(answer)
 
 
+def fresh_process() -> None:
+    """Before a run: what the forkserver preloaded is left out of this process's garbage
+    collections. A collection walks every object and writes to each, so the first one in a
+    fork child copied every page the preload holds (~120 MB: 1 s of the first sample)."""
+    gc.freeze()
+
+
+def own_cpu() -> float:
+    """CPU seconds of this process and the children it waited for (a tool's helpers)."""
+    return sum(sum(resource.getrusage(who)[:2]) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+
+
+def process_cpu(pid: int | None) -> float:
+    """CPU seconds another process (the S3 server) spent so far; 0 where there is none."""
+    if not pid:
+        return 0.0
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_one(spec: dict) -> dict:
     """One run (a cold epoch, and a warm one for a tool with a cache), in this process."""
+    fresh_process()
     cache = tempfile.mkdtemp(prefix="bench-wan-cache-")
     try:
         result: dict = {"epochs": []}
         for number, epoch in enumerate(epochs(spec, os.path.join(cache, "c"))):
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")  # resets VmHWM to the RSS now
+            start_rss = proc_status("self", "VmRSS")
             proxy_call(spec, "reset")
+            cpu, server_cpu = own_cpu(), process_cpu(spec.get("server_pid"))
             started, items = time.perf_counter(), 0
             for _ in epoch:
                 items += 1
             elapsed = time.perf_counter() - started
             stats = proxy_call(spec, "stats")
+            cpu, server_cpu = own_cpu() - cpu, process_cpu(spec.get("server_pid")) - server_cpu
             result["epochs"].append(
                 {
                     "name": ("warm" if number else "cold"),
                     "seconds": elapsed,
                     "items": items,
                     "rss": proc_status("self", "VmHWM"),
+                    "rss_growth": proc_status("self", "VmHWM") - start_rss,
                     "gets": stats.get("gets"),
                     "peak_in_flight": stats.get("peak_in_flight"),
+                    "cpu": {"run": cpu, "proxy": stats.get("cpu_seconds"), "server": server_cpu},
                 }
             )
         return result
@@ -274,6 +303,7 @@ def run_one(spec: dict) -> dict:
 
 def first_sample(spec: dict) -> dict:
     """Time to the first sample of rank 5 of 64, from a new dataset (imports done)."""
+    fresh_process()
     proxy_call(spec, "reset")
     started = time.perf_counter()
     dataset = shardstream.StreamingDataset(
