@@ -459,3 +459,24 @@ def test_pack_says_when_tar_members_are_small_and_names_parquet(tmp_path):
     assert advise_format(pack(str(big), str(tmp_path / "tar-big"), format="tar", workers=1)) is None
     parquet = pack(str(source), str(tmp_path / "pq"), format="parquet", workers=1)
     assert advise_format(parquet) is None
+
+
+def test_a_cache_fill_hashes_pieces_in_order_and_uses_their_buffers_again(tmp_path):
+    from shardstream.storage.cached import _FileSink
+    from shardstream.storage.parts import CHUNK
+
+    data = os.urandom(3 * CHUNK + 100)
+    pieces = [ByteRange(start, min(start + CHUNK, len(data))) for start in range(0, len(data), CHUNK)]
+    fd = os.open(tmp_path / "entry", os.O_WRONLY | os.O_CREAT)
+    sink = _FileSink(fd, hashing=True, disk_error=lambda error, url: StorageError(str(error)), url="u")
+    buffers = []
+    for piece in [pieces[1], pieces[0], pieces[3], pieces[2]]:  # out of order, as parts arrive
+        view = sink.view(piece)
+        view[:] = data[piece.start : piece.end]
+        buffers.append(view.obj)
+        sink.done(piece, view)
+    os.close(fd)
+    assert (tmp_path / "entry").read_bytes() == data
+    assert sink.hexdigest() == hashlib.sha256(data).hexdigest()
+    # pieces 1 and 0 were hashed once 0 came: piece 3 took one of their buffers, not new memory
+    assert any(buffers[2] is b for b in buffers[:2])

@@ -243,10 +243,10 @@ def read_long(
 def _submit_part(
     pool: ReadPool, storage: Storage, path: str, part: ByteRange, size: int | None, sink: Sink
 ) -> Future[None]:
-    """``_read_part`` in ``pool``, counted among its GETs in flight until it is done or cancelled."""
+    """``_stream_part`` in ``pool``, counted among its GETs in flight until it is done or cancelled."""
     pool.count_gets(1)
     try:
-        future = pool.submit(_read_part, storage, path, part, size, sink)
+        future = pool.submit(_stream_part, storage, path, part, size, sink)
     except BaseException:
         pool.count_gets(-1)
         raise
@@ -269,6 +269,17 @@ def _cut(rest: ByteRange, stream: _Stream, pool: ReadPool | None) -> list[ByteRa
     if count < 2:  # a part would not last its latencies: the GET reads on
         return [rest]
     return split(rest, count, maximum=max(PART_MAX, -(-rest.length // count)))  # at most ``count``
+
+
+def _stream_part(storage: Storage, path: str, part: ByteRange, size: int | None, sink: Sink) -> None:
+    """A part as the first GET is read: into ``sink`` in pieces of ``CHUNK`` bytes as they
+    arrive (a cache fill writes and hashes each while the next arrives, in buffers of one
+    size it reuses), a failed try asking again for the rest only."""
+    stream = _Stream(storage, path, part, size, False)
+    try:
+        stream.read_to(part.end, sink)
+    finally:
+        stream.close()
 
 
 def _read_part(storage: Storage, path: str, part: ByteRange, size: int | None, sink: Sink) -> None:
