@@ -147,6 +147,57 @@ def test_a_long_read_on_a_slow_connection_is_cut_into_parts_that_tile_it(s3, mot
 
 
 @pytest.mark.s3
+def test_a_read_is_cut_into_parts_that_last_their_latencies_or_not_at_all(s3, moto_server, monkeypatch):
+    from shardstream.storage import parts
+
+    # A slow connection, but parts that would each last a fraction of the latency: the
+    # GET reads on (moto served this 12 MiB read as 2 GETs, each copying the object).
+    monkeypatch.setattr(parts, "FAST_CONNECTION", float("inf"))
+    monkeypatch.setattr(parts, "PART_LATENCIES", 1e9)
+    url, options, data = _blob(s3, 12 * MB + 5)
+    with RangeRecorder(moto_server.endpoint, latency=0.01, bandwidth=0) as proxy:
+        assert _read_through(proxy, url, options, None, len(data)) == data
+    assert proxy.ranges == [""]
+    # Cut, it is cut into at most PARTS parts, however long each is (6 of 8 MiB before).
+    monkeypatch.setattr(parts, "PART_LATENCIES", 0)
+    url, options, data = _blob(s3, 45 * MB)
+    with RangeRecorder(moto_server.endpoint, latency=0.01, bandwidth=0) as proxy:
+        assert _read_through(proxy, url, options, None, len(data)) == data
+    assert len(proxy.ranges) == parts.PARTS  # the first GET (its probe and the first part), and the rest
+
+
+@pytest.mark.s3
+def test_parts_keep_at_most_gets_in_flight(s3, moto_server, monkeypatch):
+    from shardstream.storage import parts
+
+    monkeypatch.setattr(parts, "FAST_CONNECTION", float("inf"))  # every connection slow,
+    monkeypatch.setattr(parts, "PART_LATENCIES", 0)  # every part worth its latency
+    url, options, data = _blob(s3, 12 * MB + 5)
+    storage = Storage(url, options)
+    pool = ReadPool(8)
+    try:
+        for limit, gets in ((1, 1), (2, 2), (3, 3)):  # the read alone: it is 1 GET in flight
+            monkeypatch.setattr(parts, "GETS_IN_FLIGHT", limit)
+            with RangeRecorder(moto_server.endpoint, latency=0, bandwidth=0) as proxy:
+                storage = Storage(url, dict(options, endpoint_url=proxy.endpoint))
+                got = bytes(storage.read_parts("blob", None, expect=Expected(len(data)), pool=pool))
+                storage.close()
+            assert got == data
+            assert len(proxy.ranges) == gets
+            assert pool.gets == 0  # every GET counted out again
+        pool.count_gets(1)  # another long read of the worker's in flight: no room for a part
+        monkeypatch.setattr(parts, "GETS_IN_FLIGHT", 2)
+        with RangeRecorder(moto_server.endpoint, latency=0, bandwidth=0) as proxy:
+            storage = Storage(url, dict(options, endpoint_url=proxy.endpoint))
+            assert bytes(storage.read_parts("blob", None, expect=Expected(len(data)), pool=pool)) == data
+            storage.close()
+        assert proxy.ranges == [""]
+        assert pool.gets == 1
+    finally:
+        pool.close()
+
+
+@pytest.mark.s3
 def test_a_read_cut_short_asks_again_for_the_rest_only(s3, moto_server, monkeypatch):
     from shardstream.storage import parts
 
@@ -408,3 +459,24 @@ def test_pack_says_when_tar_members_are_small_and_names_parquet(tmp_path):
     assert advise_format(pack(str(big), str(tmp_path / "tar-big"), format="tar", workers=1)) is None
     parquet = pack(str(source), str(tmp_path / "pq"), format="parquet", workers=1)
     assert advise_format(parquet) is None
+
+
+def test_a_cache_fill_hashes_pieces_in_order_and_uses_their_buffers_again(tmp_path):
+    from shardstream.storage.cached import _FileSink
+    from shardstream.storage.parts import CHUNK
+
+    data = os.urandom(3 * CHUNK + 100)
+    pieces = [ByteRange(start, min(start + CHUNK, len(data))) for start in range(0, len(data), CHUNK)]
+    fd = os.open(tmp_path / "entry", os.O_WRONLY | os.O_CREAT)
+    sink = _FileSink(fd, hashing=True, disk_error=lambda error, url: StorageError(str(error)), url="u")
+    buffers = []
+    for piece in [pieces[1], pieces[0], pieces[3], pieces[2]]:  # out of order, as parts arrive
+        view = sink.view(piece)
+        view[:] = data[piece.start : piece.end]
+        buffers.append(view.obj)
+        sink.done(piece, view)
+    os.close(fd)
+    assert (tmp_path / "entry").read_bytes() == data
+    assert sink.hexdigest() == hashlib.sha256(data).hexdigest()
+    # pieces 1 and 0 were hashed once 0 came: piece 3 took one of their buffers, not new memory
+    assert any(buffers[2] is b for b in buffers[:2])

@@ -18,11 +18,23 @@
 #   worker (its CPU is, and more GETs only add work): the GET reads on.
 # - Once it carries less (40 MB/s through 30 ms of latency; S3 gives tens of MB/s per
 #   connection), the rest is cut into parts that last about ``PART_LATENCIES`` latencies
-#   each at its rate (so a part's latency is a small share of its time), ``PART_MIN`` to
-#   ``PART_MAX`` bytes, at most ``PARTS`` of them (a server that copies the object for
-#   each GET does it at most ``PARTS`` times more; the worker's other reads keep more
-#   GETs in flight): the first GET reads on to the end of the first part and stops there,
-#   the others are ranged GETs in the pool's threads.
+#   each at its rate (so a part's latency is a small share of its time), at least
+#   ``PART_MIN`` bytes, at most ``PARTS`` of them (a server that copies the object for
+#   each GET does it at most ``PARTS`` times more), longer than ``PART_MAX`` only where
+#   that is what keeps them that few. Where not even two parts would last their
+#   latencies (a loaded server answers late), the GET reads on. The first GET reads on to
+#   the end of the first part and stops there; the others are ranged GETs in the pool's
+#   threads. (Parts of at most ``PART_MAX`` used to win over both rules: a 64 MB shard
+#   was cut into 8, however late the server answered.)
+# - Only while the pool's long reads have fewer than ``GETS_IN_FLIGHT`` GETs in flight,
+#   and into no more parts than it takes to get there: a part adds a connection where a
+#   worker has few; where its window's reads already keep that many busy, it only adds
+#   requests. A rate per connection cannot tell the two apart: on loopback (moto, 2
+#   cores shared with the client) 8 whole-shard GETs at once each read ~20 MB/s and
+#   looked slow, and their parts (each a copy of the whole 64 MB object on the server)
+#   made an epoch 0.57x of sequential boto3 GETs; uncut it was 1.0x. A read left whole
+#   is looked at again after each MiB, so the last reads of a window, once the others
+#   are done, may still be cut.
 # Each part, and the first GET, is retried alone (NOTE [ One retry layer ] in retry.py): a
 # try that fails after some of its bytes arrived asks again for the rest only. The bytes
 # go to a ``Sink`` as they arrive, in order within each part: one buffer allocated up
@@ -52,6 +64,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FAST_CONNECTION",
+    "GETS_IN_FLIGHT",
     "PARTS",
     "PART_MAX",
     "PART_MIN",
@@ -70,6 +83,7 @@ CHUNK = PART_MIN  # the first GET's body is read in pieces of this many bytes
 PROBE = 2 * CHUNK  # its bytes before it may be cut (NOTE [ Reads in parts ])
 FAST_CONNECTION = 256 * 2**20  # bytes/s: a GET this fast is never cut
 PART_LATENCIES = 2  # a part lasts about this many latencies at the measured rate
+GETS_IN_FLIGHT = 8  # a pool's long reads are cut only while they have fewer GETs in flight
 
 T = TypeVar("T")
 
@@ -97,6 +111,21 @@ class ReadPool:
         self._pool: ThreadPoolExecutor | None = None
         self._pid = -1
         self._lock = threading.Lock()
+        self._gets = 0  # GETs of long reads in flight in process ``_gets_pid``
+        self._gets_pid = -1
+        self._gets_lock = threading.Lock()
+
+    @property
+    def gets(self) -> int:
+        """GETs of this pool's long reads in flight in this process: their first GETs
+        and parts (NOTE [ Reads in parts ])."""
+        return self._gets if self._gets_pid == os.getpid() else 0
+
+    def count_gets(self, change: int) -> None:
+        if self._gets_pid != os.getpid():  # a fork child: the parent's count and lock are not ours
+            self._gets_lock, self._gets, self._gets_pid = threading.Lock(), 0, os.getpid()
+        with self._gets_lock:
+            self._gets += change
 
     def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         return self._executor().submit(fn, *args)
@@ -183,18 +212,20 @@ def read_long(
             wait_all([pool.submit(_read_part, storage, path, part, size, sink) for part in parts])
         return
     stream = _Stream(storage, path, rng, size, whole_object)
+    if pool is not None:
+        pool.count_gets(1)
     try:
         stream.read_to(min(rng.end, rng.start + PROBE), sink)
         if pool is None:
             stream.read_to(rng.end, sink)
             return
         parts = _cut(ByteRange(stream.pos, rng.end), stream, pool)
-        while len(parts) == 1:  # fast so far: a chunk more, and look again
+        while len(parts) == 1:  # fast or busy so far: a chunk more, and look again
             stream.read_to(min(rng.end, stream.pos + CHUNK), sink)
             parts = _cut(ByteRange(stream.pos, rng.end), stream, pool)
         if not parts:
             return
-        later = [pool.submit(_read_part, storage, path, part, size, sink) for part in parts[1:]]
+        later = [_submit_part(pool, storage, path, part, size, sink) for part in parts[1:]]
         try:
             stream.read_to(parts[0].end, sink)
         except BaseException:
@@ -205,18 +236,50 @@ def read_long(
         wait_all(later)
     finally:
         stream.close()
+        if pool is not None:
+            pool.count_gets(-1)
+
+
+def _submit_part(
+    pool: ReadPool, storage: Storage, path: str, part: ByteRange, size: int | None, sink: Sink
+) -> Future[None]:
+    """``_stream_part`` in ``pool``, counted among its GETs in flight until it is done or cancelled."""
+    pool.count_gets(1)
+    try:
+        future = pool.submit(_stream_part, storage, path, part, size, sink)
+    except BaseException:
+        pool.count_gets(-1)
+        raise
+    future.add_done_callback(lambda _: pool.count_gets(-1))
+    return future
 
 
 def _cut(rest: ByteRange, stream: _Stream, pool: ReadPool | None) -> list[ByteRange]:
     """The parts of ``rest``: one (the probing GET reads on) while its connection is fast
-    or not yet measured, else the first for the probing GET and the others for the pool."""
+    or not yet measured, or the pool's long reads have ``GETS_IN_FLIGHT`` GETs in flight
+    (this one among them), else the first for the probing GET and the others for the pool."""
     rate = stream.rate()
     if not rest.length:
         return []
-    if pool is None or stream.latency is None or rate is None or rate >= FAST_CONNECTION:
+    room = GETS_IN_FLIGHT - pool.gets if pool is not None else 0
+    if pool is None or room < 1 or stream.latency is None or rate is None or rate >= FAST_CONNECTION:
         return [rest]
     part = max(1.0, rate * PART_LATENCIES * stream.latency)
-    return split(rest, min(PARTS, pool.threads, -(-rest.length // int(part))))
+    count = min(PARTS, pool.threads, 1 + room, -(-rest.length // int(part)))
+    if count < 2:  # a part would not last its latencies: the GET reads on
+        return [rest]
+    return split(rest, count, maximum=max(PART_MAX, -(-rest.length // count)))  # at most ``count``
+
+
+def _stream_part(storage: Storage, path: str, part: ByteRange, size: int | None, sink: Sink) -> None:
+    """A part as the first GET is read: into ``sink`` in pieces of ``CHUNK`` bytes as they
+    arrive (a cache fill writes and hashes each while the next arrives, in buffers of one
+    size it reuses), a failed try asking again for the rest only."""
+    stream = _Stream(storage, path, part, size, False)
+    try:
+        stream.read_to(part.end, sink)
+    finally:
+        stream.close()
 
 
 def _read_part(storage: Storage, path: str, part: ByteRange, size: int | None, sink: Sink) -> None:
