@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import multiprocessing
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -23,6 +26,7 @@ from shardstream.types import ByteRange
 from tests.faultproxy import FaultProxy
 
 MB = 2**20
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class Recorder(FaultProxy):
@@ -480,3 +484,40 @@ def test_a_cache_fill_hashes_pieces_in_order_and_uses_their_buffers_again(tmp_pa
     assert sink.hexdigest() == hashlib.sha256(data).hexdigest()
     # pieces 1 and 0 were hashed once 0 came: piece 3 took one of their buffers, not new memory
     assert any(buffers[2] is b for b in buffers[:2])
+
+
+EXIT_HOLDING_AN_ITERATOR = """
+import json, sys
+import shardstream
+
+def main():
+    url, options = sys.argv[1], json.loads(sys.argv[2])
+    dataset = shardstream.StreamingDataset(url, storage_options=options, decode=False, read_budget=1)
+    global batches  # held to the end: the script exits with fetches waiting for room
+    batches = iter(shardstream.DataLoader(dataset, batch_size=4, num_workers=0))
+    next(batches)
+    print("one batch", flush=True)
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_process_exits_while_its_stream_waits_for_room(s3, tmp_path):
+    # The fetches ahead waited for a share of the budget that nobody gave back, and the
+    # interpreter joins their threads at exit: the script hung there (NOTE [ Read budget ]).
+    base, options = s3
+    _pack(base + "/ds", options, shards=40, samples=10, size=16 * 1024)  # 10 windows
+    script = tmp_path / "exit.py"
+    script.write_text(EXIT_HOLDING_AN_ITERATOR)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(
+        [sys.executable, str(script), base + "/ds", json.dumps(options)],
+        capture_output=True,
+        text=True,
+        timeout=60,  # a hang fails here; the exit itself takes about a second
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "one batch"
+    assert "Exception ignored" not in done.stderr

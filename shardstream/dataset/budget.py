@@ -10,12 +10,22 @@
 # than the budget still goes when at most one other window holds bytes (today's
 # one-window prefetch), so the bound is max(budget, two windows) and the stream never
 # stalls. The decoded window gives its share back.
+#
+# A fetch waiting for room must not outlive its process: a script that exits holding an
+# iterator it never finished (``batch = next(iter(loader))``) left a fetch waiting for a
+# share nobody gives back, and the interpreter, which joins the fetch threads at exit
+# (``concurrent.futures``' own hook), hung there forever. Every open budget is closed by
+# a hook that the interpreter calls before that join (``threading``'s exit hooks run
+# newest first, and ``concurrent.futures.thread`` registers its hook when imported, before
+# ours), so the fetches give up as ``close`` makes them.
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures.thread  # noqa: F401  (its exit hook first: ours runs before it)
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -25,6 +35,17 @@ from shardstream.storage import Prefetcher
 __all__ = ["DEFAULT_READ_BUDGET", "BudgetClosed", "ReadBudget", "fetch_in_turn", "fetched_in_order"]
 
 F = TypeVar("F")
+
+_OPEN: weakref.WeakSet[ReadBudget] = weakref.WeakSet()  # budgets to close at exit (NOTE [ Read budget ])
+
+
+def _close_open_budgets() -> None:
+    for budget in list(_OPEN):
+        budget.close()
+
+
+# private, as concurrent.futures uses it; without it an exit may wait as before
+getattr(threading, "_register_atexit", lambda hook: None)(_close_open_budgets)
 D = TypeVar("D")
 
 DEFAULT_READ_BUDGET = 64 * 2**20
@@ -48,6 +69,7 @@ class ReadBudget:
         self._turn = 0  # the ticket whose turn it is
         self._closed = False
         self._cond = threading.Condition()
+        _OPEN.add(self)
 
     def take(self, ticket: int, size: int) -> None:
         """Wait until it is ``ticket``'s turn and ``size`` bytes fit, then hold them."""

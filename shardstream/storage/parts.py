@@ -49,6 +49,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -146,7 +147,8 @@ class ReadPool:
 
     def close(self) -> None:
         pool, self._pool = self._pool, None
-        if pool is not None and self._pid == os.getpid():
+        # at interpreter exit the threads are joined already, and shutdown's modules may be gone
+        if pool is not None and self._pid == os.getpid() and not sys.is_finalizing():
             pool.shutdown(wait=True, cancel_futures=True)
 
     def __reduce__(self):  # configuration only, never threads

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import sys
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Generic, TypeVar
@@ -65,7 +66,7 @@ class Prefetcher(Generic[T, R]):
         """Cancel fetches not yet started, wait for running ones, join the threads."""
         pool, self._pool = self._pool, None
         self._queued.clear()
-        if pool is None:
+        if pool is None or sys.is_finalizing():  # at exit the threads are joined already
             return
         for future in self._running:
             future.cancel()
