@@ -514,6 +514,7 @@ PROCESS_STATE = {
     "storage/s3read.py:_lock": "guards _LOADERS; made anew in a fork child",
     "dataset/reader.py:_SKIPPED": "a log's once-per-shard filter (as warnings' registry): per process",
     "dataset/random_access.py:_OPENING": "guards making a MapDataset's per-process readers; made anew in a fork child",
+    "dataset/budget.py:_OPEN": "this process's open read budgets, closed by its exit hook (weak references)",
 }
 
 
