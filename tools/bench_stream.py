@@ -1,6 +1,7 @@
 """Streaming throughput: shardstream against the alternatives, measured in the same run.
 
     python tools/bench_stream.py [--quick] [--only small,large,s3,loader,order,mix,wan] [--repeat 5]
+        [--s3-server moto|seaweedfs]
 
 - small: 100k samples of three fields (~300 B): shardstream vs ``webdataset.WebDataset``
   on the same tar shards and ``litdata.StreamingDataset`` on the same samples in its own
@@ -27,7 +28,8 @@
   the epoch added to it); target mixture / one dataset <= 1.1x.
 - order: ``order="global"`` (default read lanes, NOTE [ Global order ]) against the
   local order, shuffled, through ``shardstream.DataLoader`` with 2 workers, on the small
-  and the large samples on moto's S3 (loopback); target global / local >= 0.9x.
+  and the large samples on moto's S3 (loopback), or SeaweedFS's with ``--s3-server
+  seaweedfs``; target global / local >= 0.9x.
 
 How rates are measured (the machine is shared and noisy): each contender runs once
 untimed (warm-up: page cache, imports, connections, server-side caches), then
@@ -400,10 +402,30 @@ def bench_loader(small_url: str, large_url: str, large_bytes: int) -> None:
     )
 
 
-def bench_order(small: int, large: int, repeat: int) -> None:
-    server = MotoProcess("order")
+def order_server(kind: str):  # type: ignore[no-untyped-def]
+    """The order section's S3 server on 127.0.0.1 (NOTE [ Order bench servers ])."""
+    if kind == "moto":
+        return MotoProcess("order")
+    from shardstream.testing.servers import SeaweedFS
+
+    server = SeaweedFS()
+    server.start()
+    server.create_bucket("order")
+    return server
+
+
+# NOTE [ Order bench servers ]
+# The global order makes several times the local order's ranged GETs on small samples
+# (one chunk of each of the default lanes per batch). moto answers a ranged GET by
+# copying the whole object in Python, so on moto a small read costs as much as a whole
+# shard and the section measures moto more than us; SeaweedFS (a real S3 server in Go)
+# serves a range for the cost of the range. ``--s3-server`` picks which one.
+
+
+def bench_order(small: int, large: int, repeat: int, server_kind: str = "moto") -> None:
+    server = order_server(server_kind)
     try:
-        options = server.options()
+        options = server.options() if server_kind == "moto" else server.storage_options()
         cases = (("small", small_sample, small, 10_000, 256), ("large", large_sample, large, 16, 8))
         for name, make, count, per_shard, batch in cases:
             url = f"s3://order/{name}"
@@ -414,7 +436,8 @@ def bench_order(small: int, large: int, repeat: int) -> None:
                 for label, order in orders.items()
             }
             rates = measure(contenders, repeat)
-            report(f"order, {name}: {count:,} samples on moto S3, DataLoader 2 workers, batch {batch}", rates)
+            where = f"{server_kind} S3"
+            report(f"order, {name}: {count:,} samples on {where}, DataLoader 2 workers, batch {batch}", rates)
             print("  target: shardstream global / local order >= 0.9x")
     finally:
         server.stop()
@@ -525,6 +548,12 @@ def main() -> int:
         help="sections: small, large, loader, s3, order, mix, wan (wan: only when named)",
     )
     parser.add_argument("--repeat", type=int, default=5, help="timed rounds after the warm-up")
+    parser.add_argument(
+        "--s3-server",
+        choices=("moto", "seaweedfs"),
+        default="moto",
+        help="the order section's S3 server on 127.0.0.1 (NOTE [ Order bench servers ])",
+    )
     args = parser.parse_args()
     only = set(args.only.split(","))
     repeat = 1 if args.quick else args.repeat
@@ -545,7 +574,7 @@ def main() -> int:
         if "s3" in only:
             bench_s3(s3, repeat)
         if "order" in only:
-            bench_order(small, s3 // 8, repeat)
+            bench_order(small, s3 // 8, repeat, args.s3_server)
         if "mix" in only:
             bench_mix(work, small, large // 6, repeat)  # 333 large samples: 10 shards of 33
         if "wan" in only:
