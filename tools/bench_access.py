@@ -1,6 +1,6 @@
 """Random access: ``shardstream.MapDataset`` against the alternatives, measured in the same run.
 
-    python tools/bench_access.py [--quick] [--only local,s3,seaweedfs] [--repeat 5]
+    python tools/bench_access.py [--quick] [--only local,s3,seaweedfs,wan] [--repeat 5]
 
 - local: ``dataset[i]`` for random ``i`` (the same indices for everyone), one process, on
   the small-sample corpus of tools/bench_stream.py (~300 B, three fields, decoded:
@@ -20,6 +20,10 @@
   loaded (the warm-up's). Also the GETs and bytes a batch makes, and the floor any batch
   has on that server: one small GET for each shard it touches, all at once, against the
   one read.
+- wan: the same on moto behind ``shardstream.testing.wanproxy`` in its own process (30 ms
+  before each request, 40 MB/s per response, as tools/bench_wan.py): on loopback a request
+  costs CPU (client and server) that is many times one read's, so the floor above is far
+  from 2x there; over a network a batch's requests in flight cost about one latency.
 
 Rates, rounds and ratios are measured as in tools/bench_stream.py (warm-up, rotating
 rounds, paired median ratios); the machine is shared, so take the ratios, not the rates.
@@ -178,7 +182,34 @@ class SeaweedProcess:
         self.server.stop()
 
 
-SERVERS = {"moto": MotoProcess, "seaweedfs": SeaweedProcess}
+class WanMotoProcess:
+    """moto behind ``shardstream.testing.wanproxy`` in its own process (30 ms before each
+    request, 40 MB/s per response, as tools/bench_wan.py): object storage over a network."""
+
+    def __init__(self, bucket: str) -> None:
+        from bench_wan import ProxyProcess
+
+        self.server = MotoProcess(bucket)
+        try:
+            self.proxy = ProxyProcess(self.server.options()["endpoint_url"], 0.03, 40e6)
+        except BaseException:
+            self.server.stop()
+            raise
+
+    def options(self) -> dict:
+        return {**self.server.options(), "endpoint_url": self.proxy.endpoint}
+
+    def stop(self) -> None:
+        self.proxy.stop()
+        self.server.stop()
+
+
+WHERE = {
+    "moto": "moto, loopback",
+    "seaweedfs": "seaweedfs, loopback",
+    "wan": "moto behind a 30 ms, 40 MB/s proxy",
+}
+SERVERS = {"moto": MotoProcess, "seaweedfs": SeaweedProcess, "wan": WanMotoProcess}
 
 
 def bench_s3(name: str, count: int, repeat: int) -> None:
@@ -241,7 +272,7 @@ def bench_s3(name: str, count: int, repeat: int) -> None:
         }
         rates = measure({**contenders, "boto3 one read": boto}, repeat)
         report(
-            f"S3 ({name}, loopback): a batch of {BATCH} random indices of {count:,} x ~300 B vs one read of "
+            f"S3 ({WHERE[name]}): a batch of {BATCH} random indices of {count:,} x ~300 B vs one read of "
             f"their {sample_bytes:,} bytes",
             rates,
             unit="batches/s",
@@ -305,7 +336,9 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run: small sizes, one repeat")
-    parser.add_argument("--only", default="local,s3", help="sections: local, s3 (moto), seaweedfs")
+    parser.add_argument(
+        "--only", default="local,s3", help="sections: local, s3 (moto), seaweedfs, wan (moto behind a proxy)"
+    )
     parser.add_argument("--repeat", type=int, default=5, help="timed rounds after the warm-up")
     args = parser.parse_args()
     only = set(args.only.split(","))
@@ -319,6 +352,8 @@ def main() -> int:
             bench_s3("moto", s3_count, repeat)
         if "seaweedfs" in only:
             bench_s3("seaweedfs", s3_count, repeat)
+        if "wan" in only:
+            bench_s3("wan", s3_count, repeat)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
