@@ -35,6 +35,7 @@ from shardstream.storage import Prefetcher
 __all__ = ["DEFAULT_READ_BUDGET", "BudgetClosed", "ReadBudget", "fetch_in_turn", "fetched_in_order"]
 
 F = TypeVar("F")
+D = TypeVar("D")
 
 _OPEN: weakref.WeakSet[ReadBudget] = weakref.WeakSet()  # budgets to close at exit (NOTE [ Read budget ])
 
@@ -46,7 +47,6 @@ def _close_open_budgets() -> None:
 
 # private, as concurrent.futures uses it; without it an exit may wait as before
 getattr(threading, "_register_atexit", lambda hook: None)(_close_open_budgets)
-D = TypeVar("D")
 
 DEFAULT_READ_BUDGET = 64 * 2**20
 
