@@ -107,14 +107,7 @@ class SampleReads:
         singles = kept.singles
         if singles is None:  # a Parquet row, a tar shard of mixed fields: a run of one
             return self._decoded(shard, position, self._run_of_one(kept, shard, position))
-        start, end = singles.span(position)
-        recorded = kept.crc[position] if kept.checked else -2
-        if recorded == -1:
-            data, base = self._first_read(kept, shard, position, ByteRange(start, end))
-        else:
-            data, base = self._read(shard, start, end), start
-            if recorded >= 0 and crc32(data) != recorded:
-                raise self._mismatch(kept, ByteRange(start, end))
+        data, base = self._checked(kept, shard, position, *singles.span(position))
         values = singles.values(data if type(data) is bytes else bytes(data), base, position)
         if kept.decode is not None:
             try:
@@ -127,17 +120,23 @@ class SampleReads:
     def _run_of_one(self, kept: _Shard, shard: int, position: int) -> Sample:
         reader, index = self.reader, kept.index
         rng = index.byte_range(position, position + 1)
-        if not kept.checked:
-            data = self._read(shard, rng.start, rng.end)
-        elif kept.crc[position] >= 0:
-            data = self._read(shard, rng.start, rng.end)
-            if crc32(data) != kept.crc[position]:
-                raise self._mismatch(kept, rng)
-        else:
-            data, start = self._first_read(kept, shard, position, rng)
-            rng = ByteRange(start, start + len(data))
+        data, start = self._checked(kept, shard, position, rng.start, rng.end)
+        rng = ByteRange(start, start + len(data))
         # never None: with on_error="raise" a sample that cannot be decoded raises
         return cast(Sample, reader._decode(data, rng, index, position, position + 1, kept.path)[0])
+
+    def _checked(
+        self, kept: _Shard, shard: int, position: int, start: int, end: int
+    ) -> tuple[bytes | memoryview, int]:
+        """Sample ``position``'s bytes ``[start, end)`` checked against its recorded CRC, or
+        the first time its check blocks (wider), and the offset the bytes returned start at."""
+        recorded = kept.crc[position] if kept.checked else -2
+        if recorded == -1:
+            return self._first_read(kept, shard, position, ByteRange(start, end))
+        data = self._read(shard, start, end)
+        if recorded >= 0 and crc32(data) != recorded:
+            raise self._mismatch(kept, ByteRange(start, end))
+        return data, start
 
     def _first_read(
         self, kept: _Shard, shard: int, position: int, rng: ByteRange
