@@ -3,16 +3,17 @@
 # NOTE [ One call per read ]
 # A window of the local order has a few runs of thousands of samples; one of
 # ``order="global"`` can have thousands of runs of G/L samples or fewer (a rank's part of
-# chunks of a lane cut between ranks; a worker count that is not a power of two, NOTE
-# [ Nested chunk order ]), close runs of a shard sharing a read. Whatever is done per run in Python (a decode call, a byte range, a
-# list to join) then costs more than the samples themselves. So runs live in arrays: the
-# reads are planned with array arithmetic (``plan_reads``), each read's runs are decoded
-# by one ``ShardFormat.decode_runs`` call (tar: one numpy gather of member spans, the
-# values cut by one C ``map``), and the samples are put in yield order by one gather per
-# column: Python work per read, none per run. Columns (``SampleColumns``) are kept until
-# a sample is yielded, so a decoded window builds each sample's dict once. A read whose
-# check blocks failed (``on_error="skip"``), or whose one call raised, is redone run by
-# run as before, so its samples, skips and errors are exactly those of one call per run.
+# chunks of a lane cut between ranks; a worker count that is not a power of two,
+# NOTE [ Nested chunk order ]), close runs of a shard sharing a read. Whatever is done per run in
+# Python (a decode call, a byte range, a list to join) then costs more than the samples
+# themselves. So runs live in arrays: the reads are planned with array arithmetic
+# (``plan_reads``), each read's runs are decoded by one ``ShardFormat.decode_runs`` call
+# (tar: one numpy gather of member spans, the values cut by one C ``map``), and the
+# samples are put in yield order by one gather per column: Python work per read, none per
+# run. Columns (``SampleColumns``) are kept until a sample is yielded, so a decoded window
+# builds each sample's dict once. A read whose check blocks failed (``on_error="skip"``),
+# or whose one call raised, is redone run by run as before, so its samples, skips and
+# errors are exactly those of one call per run.
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ def plan_reads(runs: Sequence[Any] | np.ndarray, ranges: Ranges, *, gap: int) ->
     """The ranged reads for a window's runs (a ``run_table`` or the runs): runs of one
     shard whose bytes overlap, touch or lie at most ``gap`` bytes apart share one read
     (Parquet runs in one row group overlap; the rest of a resumed window has holes; the
-    runs of ``order="global"`` can be a few samples each, see NOTE [ One call per read ]). A read's runs are in byte order; reads come in window order (of their first run).
+    runs of ``order="global"`` can be a few samples each, see NOTE [ One call per read ]).
+    A read's runs are in byte order; reads come in window order (of their first run).
     Array arithmetic throughout: Python work per shard and per read, none per run."""
     table = runs if isinstance(runs, np.ndarray) else run_table(runs)
     numbers = np.flatnonzero(table[:, 2] > table[:, 1])
