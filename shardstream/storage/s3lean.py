@@ -45,11 +45,8 @@ import hashlib
 import hmac
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote, urlsplit
-
-if TYPE_CHECKING:
-    import http.client
 
 __all__ = ["GET_OBJECT_PARAMETERS", "LeanClient"]
 
@@ -176,7 +173,7 @@ class _Stream:
 
     __slots__ = ("_fp", "_response")
 
-    def __init__(self, response: Any, fp: http.client.HTTPResponse) -> None:
+    def __init__(self, response: Any, fp: Any) -> None:  # fp: an http.client.HTTPResponse
         self._response, self._fp = response, fp
 
     def readinto(self, buffer: Any) -> int:
