@@ -205,7 +205,14 @@ def test_region_and_credentials_come_as_botocore_takes_them(aws_env, monkeypatch
     assert lean(key="k", secret="s")[1] == "k"
     assert lean(key="k", secret="s", client_kwargs={"aws_access_key_id": "ck"})[1] == "ck"
     assert lean(key="ignored", secret="ignored", anon=True)[1] is None
-    assert LeanClient.create(s3_options({"endpoint_url": "https://s3.example:443"})).host == "s3.example"
+    hosts = {
+        "https://s3.example:443": "s3.example",
+        "http://[::1]:80": "[::1]",
+        "http://[::1]:9000": "[::1]:9000",
+    }
+    for endpoint, host in hosts.items():  # as botocore signs Host: no port where it is the scheme's
+        assert LeanClient.create(s3_options({"endpoint_url": endpoint})).host == host
+    assert LeanClient.create(s3_options({"endpoint_url": "http://user:pw@minio:9000"})) is None
 
 
 # -- against moto --------------------------------------------------------------------------

@@ -217,6 +217,7 @@ class LeanClient:
             parts.scheme not in ("http", "https")
             or parts.path.strip("/")
             or parts.query
+            or parts.username
             or not parts.hostname
         ):
             return None
@@ -241,9 +242,10 @@ class LeanClient:
         pool = _pool(
             parts, client.get("verify"), session, int(config.get("max_pool_connections", 10)), connect, read
         )
-        netloc = (
-            parts.hostname if parts.port in (None, {"http": 80, "https": 443}[parts.scheme]) else parts.netloc
-        )
+        # The Host header as botocore signs it: no port where it is the scheme's own.
+        netloc = parts.netloc
+        if parts.port in (None, {"http": 80, "https": 443}[parts.scheme]):
+            netloc = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
         return cls(endpoint, region or "us-east-1", credentials, pool, netloc.lower(), connect, read)
 
     def get_object(self, *, Bucket: str, Key: str, Range: str | None = None) -> dict[str, Any]:
@@ -279,9 +281,9 @@ class LeanClient:
 
     def _sign(self, path: str, headers: dict[str, str]) -> None:
         """Add SigV4 headers (as botocore's S3SigV4Auth signs a GET over http)."""
-        headers["X-Amz-Content-SHA256"] = _EMPTY_SHA256
-        if self.credentials is None:  # anon
+        if self.credentials is None:  # anon: unsigned, as botocore's UNSIGNED sends it
             return
+        headers["X-Amz-Content-SHA256"] = _EMPTY_SHA256
         frozen = self.credentials.get_frozen_credentials()
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         headers["X-Amz-Date"] = stamp
