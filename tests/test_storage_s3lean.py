@@ -8,6 +8,7 @@ mapping against moto and SeaweedFS (which checks signatures) over HTTP.
 from __future__ import annotations
 
 import datetime
+import http.client
 import random
 import uuid
 
@@ -296,3 +297,36 @@ def test_seaweedfs_accepts_lean_signatures_and_maps_errors(seaweedfs):
     assert f"s3://{bucket}/ds/shard.bin" in str(info.value)
     assert isinstance(wrong._s3.client, LeanClient)
     wrong.close()
+
+
+def _stream_all(reader: S3Reader, bucket: str, key: str, rng: ByteRange) -> bytes:
+    body = reader.stream(bucket, key, rng, size=len(DATA))
+    out = bytearray(rng.length)
+    view, got = memoryview(out), 0
+    try:
+        while got < len(out) and (n := body.readinto(view[got:])):
+            got += n
+    finally:
+        body.close()
+    return bytes(out[:got])
+
+
+def test_streamed_bodies_give_their_connection_back(moto_store):
+    reader = moto_store._s3
+    bucket, _, prefix = moto_store._fspath("shard.bin").partition("/")
+    for start in range(0, 100_000, 20_000):
+        assert (
+            _stream_all(reader, bucket, prefix, ByteRange(start, start + 30_000))
+            == DATA[start : start + 30_000]
+        )
+    assert reader.client.pool.num_connections == 1  # each GET's connection went back to the pool
+
+
+def test_a_streamed_body_that_ends_early_raises(moto_store, moto_server, s3):
+    with FaultProxy(moto_server.endpoint, seed=1, error_rate=0.0, reset_rate=0.0, truncate_rate=1.0) as proxy:
+        storage = Storage(moto_store.url, dict(s3[1], endpoint_url=proxy.endpoint), retry=FAST)
+        bucket, _, key = storage._fspath("shard.bin").partition("/")
+        with pytest.raises(http.client.IncompleteRead):
+            _stream_all(storage._s3, bucket, key, ByteRange(1000, 101_000))
+        storage.close()
+    assert proxy.stats["truncate"] == 1

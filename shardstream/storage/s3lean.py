@@ -168,8 +168,8 @@ class _Stream:
     """A body read straight into the caller's buffer by http.client: urllib3's
     ``readinto`` reads each chunk into a new bytes object and copies it over (NOTE [ Reads
     in parts ] reads 1 MB samples this way). The connection goes back to urllib3's pool
-    once the body is read to its end, as urllib3 does itself; a body that ends early reads
-    as fewer bytes, which the caller checks (parts.py)."""
+    once the body is read to its end, as urllib3 does itself; a body that ends before its
+    Content-Length raises IncompleteRead (transient), as urllib3's would."""
 
     __slots__ = ("_fp", "_response")
 
@@ -177,13 +177,19 @@ class _Stream:
         self._response, self._fp = response, fp
 
     def readinto(self, buffer: Any) -> int:
-        got = self._fp.readinto(buffer)
-        if self._fp.isclosed():  # the end of the body: http.client let go of the socket
+        fp = self._fp
+        got = fp.readinto(buffer)
+        if fp.isclosed():  # http.client let go of the socket: the body ended
+            if not got and fp.length:  # before its Content-Length
+                import http.client
+
+                self._response.close()
+                raise http.client.IncompleteRead(b"", fp.length)
             self._response.release_conn()
         return got
 
     def close(self) -> None:
-        if self._fp.isclosed():
+        if self._fp.isclosed() and not self._fp.length:
             self._response.release_conn()
         self._response.close()
 

@@ -264,7 +264,7 @@ class S3Reader:
         in order with ``readinto``, then close: the HTTP stream itself where the body is
         the bytes asked for as they are (a 206, or a 200 of a whole GET, not encoded),
         else the bytes ``read`` gives. A body that ends early raises (urllib3 checks its
-        Content-Length)."""
+        Content-Length; a LeanClient's stream checks it the same way)."""
         response = self._get(bucket, key, rng, size)
         if response is None:
             return io.BytesIO()
