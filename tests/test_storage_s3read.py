@@ -25,8 +25,9 @@ from aiobotocore.session import AioSession
 from botocore import UNSIGNED
 
 from shardstream.errors import StorageError, TransientStorageError
-from shardstream.storage import RetryPolicy, Storage, s3read
+from shardstream.storage import RetryPolicy, Storage, s3lean, s3read
 from shardstream.storage import retry as retry_module
+from shardstream.storage.s3lean import LeanClient
 from shardstream.storage.s3read import S3Reader
 from shardstream.types import ByteRange
 from tests.faultproxy import FaultProxy
@@ -120,8 +121,12 @@ class _StubHandler(http.server.BaseHTTPRequestHandler):
             self.wfile.write(body)
 
 
-@pytest.fixture
-def stub(monkeypatch):
+@pytest.fixture(params=["lean", "botocore"])
+def stub(request, monkeypatch):
+    """The stub server; each test runs with a LeanClient and with the botocore client
+    (NOTE [ Lean GETs ]): both must send and read the same."""
+    if request.param == "botocore":
+        monkeypatch.setattr(s3lean.LeanClient, "create", classmethod(lambda cls, options: None))
     for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "env-key")
@@ -173,7 +178,11 @@ def test_credentials_from_options_environment_and_profile(stub, tmp_path, monkey
     storage.close()
     anonymous = _stub_storage(stub, anon=True, key="ignored", secret="ignored")
     assert anonymous.read("x.bin", ByteRange(0, 10)) == DATA[:10]
-    assert anonymous._s3.client.meta.config.signature_version is UNSIGNED
+    client = anonymous._s3.client
+    if isinstance(client, LeanClient):
+        assert client.credentials is None
+    else:
+        assert client.meta.config.signature_version is UNSIGNED
     anonymous.close()
     seen = [_credential(h) for h in stub.gets()]
     assert seen == ["opt-key", "user-key", "env-key", "profile-key", None]
@@ -209,8 +218,13 @@ def test_config_kwargs_reach_the_client_and_a_timeout_is_retried(stub):
     storage = _stub_storage(stub, config_kwargs={"read_timeout": 0.3, "max_pool_connections": 3})
     stub.plan = [("stall", 1.5)]
     assert storage.read("x.bin", ByteRange(0, 100)) == DATA[:100]
-    assert storage._s3.client.meta.config.max_pool_connections == 3
-    assert storage._s3.client.meta.config.retries["total_max_attempts"] == 1  # one retry layer
+    client = storage._s3.client
+    if isinstance(client, LeanClient):
+        assert client.pool.pool.maxsize == 3
+        assert client.timeouts == (5, 0.3)
+    else:
+        assert client.meta.config.max_pool_connections == 3
+        assert client.meta.config.retries["total_max_attempts"] == 1  # one retry layer
     assert len(stub.gets()) == 2
     storage.close()
 

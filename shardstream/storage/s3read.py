@@ -1,11 +1,13 @@
-"""S3 reads with a synchronous botocore client: the fast path of ``Storage.read`` on s3://.
+"""S3 reads with a synchronous client (lean or botocore): the fast path of ``Storage.read`` on s3://.
 
 # NOTE [ S3 reads without s3fs ]
 # s3fs reads through aiobotocore and aiohttp on an event loop in another thread: a body
 # arrives in small chunks that are handed across threads and joined, and that reached
 # only ~0.7x the throughput of a plain botocore ``get_object(...)["Body"].read()`` on
-# loopback. So object reads (GetObject, whole or ranged) use a plain botocore client;
-# writes, listing and HEAD stay on s3fs. The rules:
+# loopback. So object reads (GetObject, whole or ranged) use a synchronous client: a
+# ``LeanClient`` (s3lean.py: no botocore client, see NOTE [ Lean GETs ]) where it does
+# what a botocore client would with these options, else a plain botocore client;
+# writes, listing and HEAD stay on s3fs. The rules, for both clients:
 # - Same configuration as s3fs: the client is made from the same storage_options
 #   (``s3_options``: key/secret/token, anon, endpoint_url or AWS_ENDPOINT_URL,
 #   client_kwargs, config_kwargs, requester_pays, s3_additional_kwargs, profile) and the
@@ -16,9 +18,9 @@
 #   (a fork child) makes its own and never uses or closes the parent's: its pooled
 #   sockets belong to the parent (see NOTE [ Storage across processes ] in core.py).
 #   The client is never pickled; a Storage pickles its options.
-# - botocore tries once (``retries={"total_max_attempts": 1}`` unless the user says
-#   otherwise), so Storage's RetryPolicy is the only retry layer (NOTE [ One retry
-#   layer ] in retry.py).
+# - One try per GET: botocore tries once (``retries={"total_max_attempts": 1}`` unless
+#   the user says otherwise; then the client is botocore's), a LeanClient never retries,
+#   so Storage's RetryPolicy is the only retry layer (NOTE [ One retry layer ] in retry.py).
 # - A body shorter than its Content-Length is a transient error: urllib3 and botocore
 #   raise for it, and ``read`` checks the length again. 404 and 403 become
 #   FileNotFoundError and PermissionError (as s3fs translates them), so Storage reports
@@ -42,6 +44,7 @@ from typing import Any, cast
 
 from shardstream.errors import TransientStorageError
 from shardstream.storage.expect import SizeChanged
+from shardstream.storage.s3lean import LeanClient
 from shardstream.storage.streams import Body
 from shardstream.types import ByteRange
 
@@ -187,7 +190,8 @@ def _request_extras(options: Mapping[str, Any], client: Any) -> dict[str, Any]:
 
 
 class S3Reader:
-    """GetObject for one Storage, with one botocore client per process (made on first use)."""
+    """GetObject for one Storage, with one client per process (made on first use): a
+    ``LeanClient`` where the options allow it, else a botocore client."""
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         self._options = dict(options)
@@ -205,7 +209,7 @@ class S3Reader:
 
     @property
     def client(self) -> Any:
-        """This process's botocore S3 client (made on first use, remade after fork)."""
+        """This process's S3 client, lean or botocore (made on first use, remade after fork)."""
         client, pid = self._client, os.getpid()
         if client is not None and self._pid == pid:
             return client
@@ -225,6 +229,9 @@ class S3Reader:
         import botocore.session
 
         options = s3_options(self._options)
+        lean = LeanClient.create(options)  # NOTE [ Lean GETs ] in s3lean.py
+        if lean is not None:
+            return lean, {}
         arguments, config = _client_arguments(options)
         session = botocore.session.Session(profile=options.get("profile"))
         session.register_component("data_loader", _loader(session.get_config_variable("data_path")))
@@ -257,7 +264,7 @@ class S3Reader:
         in order with ``readinto``, then close: the HTTP stream itself where the body is
         the bytes asked for as they are (a 206, or a 200 of a whole GET, not encoded),
         else the bytes ``read`` gives. A body that ends early raises (urllib3 checks its
-        Content-Length)."""
+        Content-Length; a LeanClient's stream checks it the same way)."""
         response = self._get(bucket, key, rng, size)
         if response is None:
             return io.BytesIO()
