@@ -11,11 +11,11 @@
 # decoding before it decodes): the one-window prefetch of the reader before issue 9, so
 # the bound is max(budget, two windows) and the stream never stalls. It used to go as
 # soon as at most one other window held bytes: where windows are larger than the budget
-# (1 MB samples: 4 shards of 30 to 64 MB), the next window was fetched together with the
-# current one rather than while it is decoded, and the decoded copies of the current one
-# came on top of both: +127 MB of peak RSS over the old reader on bench_wan's 150 x 1 MB,
-# where it is now within a few MB (tools/bench_wan.py prints both). The decoded window gives
-# its share back.
+# (1 MB samples: 4 shards of 25 to 64 MB), the next window was fetched together with the
+# current one rather than while it is decoded, so the decoded copies of the current one
+# came on top of both windows' buffers (150 x 1 MB on moto, RSS growth in the epoch: +178
+# MB, now +147 MB; the old reader, ``read_concurrency=1``: +92 MB). The decoded window
+# gives its share back.
 #
 # A fetch waiting for room must not outlive its process: a script that exits holding an
 # iterator it never finished (``batch = next(iter(loader))``) left a fetch waiting for a
