@@ -204,9 +204,10 @@ class Sink:
 # samples, more of a worker's CPU than the socket's copy (27 ms per 64 MB here, about
 # what cutting the samples out costs). A buffer of ``HUGE_BUFFER`` or more asks for
 # transparent huge pages (``MADV_HUGEPAGE``: one fault per 2 MiB; 9-15 ms per 64 MB where
-# the kernel has them, as is the default "madvise" mode); reusing buffers would save as
-# much but keeps memory that the next window's reads, started before this one is decoded
-# (NOTE [ Read budget ]), cannot use: a window's worth more RSS.
+# the kernel has them, as is the default "madvise" mode; an epoch of 512 x 1 MB on
+# loopback moto, paired in one process: median CPU 0.56 s -> 0.44 s). Reusing buffers
+# would save as much but keeps memory that the next window's reads, started before this
+# one is decoded (NOTE [ Read budget ]), cannot use: a window's worth more RSS.
 
 
 class MemorySink(Sink):
