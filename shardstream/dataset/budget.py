@@ -6,16 +6,10 @@
 # the bytes of every window fetched or being fetched and not yet decoded (in flight plus
 # buffered) stay within ``read_budget``. A window takes its share in window order (a
 # ticket each), after its sidecars are read and before its first shard byte is asked
-# for, so a later window never takes the room an earlier one waits for. A window that
-# does not fit still goes once no other window waits to be decoded (each is claimed for
-# decoding before it decodes): the one-window prefetch of the reader before issue 9, so
-# the bound is max(budget, two windows) and the stream never stalls. It used to go as
-# soon as at most one other window held bytes: where windows are larger than the budget
-# (1 MB samples: 4 shards of 25 to 64 MB), the next window was fetched together with the
-# current one rather than while it is decoded, so the decoded copies of the current one
-# came on top of both windows' buffers (150 x 1 MB on moto, RSS growth in the epoch: +178
-# MB, now +147 MB; the old reader, ``read_concurrency=1``: +92 MB). The decoded window
-# gives its share back.
+# for, so a later window never takes the room an earlier one waits for. A window larger
+# than the budget still goes when at most one other window holds bytes (today's
+# one-window prefetch), so the bound is max(budget, two windows) and the stream never
+# stalls. The decoded window gives its share back.
 #
 # A fetch waiting for room must not outlive its process: a script that exits holding an
 # iterator it never finished (``batch = next(iter(loader))``) left a fetch waiting for a
@@ -72,7 +66,6 @@ class ReadBudget:
         self.peak = 0  # the most ``held`` ever was: at most max(limit, 2 * largest)
         self.largest = 0  # the most one window took
         self._windows = 0  # windows holding bytes
-        self._waiting = 0  # windows holding bytes and not yet claimed for decoding
         self._turn = 0  # the ticket whose turn it is
         self._closed = False
         self._cond = threading.Condition()
@@ -89,18 +82,11 @@ class ReadBudget:
             self.peak = max(self.peak, self.held)
             self.largest = max(self.largest, size)
             self._windows += 1
-            self._waiting += 1
             self._turn += 1
             self._cond.notify_all()
 
     def _fits(self, size: int) -> bool:
-        return self.held + size <= self.limit or self._waiting == 0
-
-    def claim(self) -> None:
-        """A window that took its bytes is being decoded: a window that does not fit may go."""
-        with self._cond:
-            self._waiting -= 1
-            self._cond.notify_all()
+        return self.held + size <= self.limit or self._windows <= 1
 
     def skip(self, ticket: int) -> None:
         """``ticket`` takes nothing (its fetch failed first): let the next one go."""
@@ -110,11 +96,8 @@ class ReadBudget:
             self._turn = max(self._turn, ticket + 1)
             self._cond.notify_all()
 
-    def give_back(self, size: int, *, claimed: bool = True) -> None:
-        """A window's bytes are let go: decoded (it was claimed), or its fetch failed."""
+    def give_back(self, size: int) -> None:
         with self._cond:
-            if not claimed:
-                self._waiting -= 1
             self.held -= size
             self._windows -= 1
             self._cond.notify_all()
@@ -146,7 +129,7 @@ def fetch_in_turn(
         return fetch(window, take), held[0]
     except BaseException:
         if held:
-            budget.give_back(held[0], claimed=False)
+            budget.give_back(held[0])
         else:
             budget.skip(ticket)
         raise
@@ -167,8 +150,6 @@ def fetched_in_order(
     def claim() -> tuple[Any, Any]:
         window = pending.popleft()
         fetched, held = prefetcher.next()
-        if budget is not None:
-            budget.claim()
         try:
             return (window, *decode(window, fetched))  # type: ignore[misc]
         finally:
