@@ -35,10 +35,16 @@
 #   made an epoch 0.57x of sequential boto3 GETs; uncut it was 1.0x. A read left whole
 #   is looked at again after each MiB, so the last reads of a window, once the others
 #   are done, may still be cut.
+# - Only while the pool's long reads being read carry less than ``FAST_CONNECTION``
+#   together (the sum of their rates, each as above): then it is the connections that
+#   are slow, not this process or the server that is busy. Without it, 3 or 4 whole-shard
+#   GETs of a window on loopback moto (a loaded 2-core VM) read 60-200 MB/s each, and
+#   every one was cut into 2-3 parts, each a copy of the whole object on the server.
 # Each part, and the first GET, is retried alone (NOTE [ One retry layer ] in retry.py): a
 # try that fails after some of its bytes arrived asks again for the rest only. The bytes
 # go to a ``Sink`` as they arrive, in order within each part: one buffer allocated up
-# front (on the botocore path the body is read straight into it; elsewhere one copy), or
+# front (on the botocore path the body is read straight into it; elsewhere one copy;
+# NOTE [ Read buffers ]), or
 # the cache's temp file, hashed in order as the parts complete (NOTE [ Filling the
 # cache ] in cached.py). Where the backend cannot stream a body (the fsspec path), the
 # read is cut up front into ``PARTS`` parts, as before. The threads are a ``ReadPool``:
@@ -48,6 +54,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import os
 import sys
 import threading
@@ -113,6 +121,7 @@ class ReadPool:
         self._pid = -1
         self._lock = threading.Lock()
         self._gets = 0  # GETs of long reads in flight in process ``_gets_pid``
+        self._streams: set[_Stream] = set()  # their streams being read, in that process
         self._gets_pid = -1
         self._gets_lock = threading.Lock()
 
@@ -125,8 +134,24 @@ class ReadPool:
     def count_gets(self, change: int) -> None:
         if self._gets_pid != os.getpid():  # a fork child: the parent's count and lock are not ours
             self._gets_lock, self._gets, self._gets_pid = threading.Lock(), 0, os.getpid()
+            self._streams = set()
         with self._gets_lock:
             self._gets += change
+
+    def reading(self, stream: _Stream, now: bool) -> None:
+        """``stream`` is being read (``now``) or is done: ``rate`` sums those being read."""
+        self.count_gets(0)  # a fork child's own set
+        with self._gets_lock:
+            if now:
+                self._streams.add(stream)
+            else:
+                self._streams.discard(stream)
+
+    def rate(self) -> float:
+        """Bytes/s of this pool's long reads being read, together (NOTE [ Reads in parts ])."""
+        with self._gets_lock:
+            streams = list(self._streams) if self._gets_pid == os.getpid() else []
+        return sum(stream.rate() or 0.0 for stream in streams)
 
     def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         return self._executor().submit(fn, *args)
@@ -167,15 +192,48 @@ class Sink:
         """Nothing to do for a buffer that ``view`` sliced."""
 
 
+# NOTE [ Read buffers ]
+# A long read's buffer (``MemorySink``) is an anonymous private mapping, not a
+# ``bytearray``: a bytearray is zeroed when made, so its every page was in the RSS before
+# the first byte arrived (a window's reads at once: +75 MB at once for 3 whole shards of
+# 25 MB), and one of tens of MB freed by a read thread stayed in that thread's malloc
+# arena, RSS that was never given back. A mapping's pages come as its bytes arrive and go
+# when it is dropped (150 x 1 MB on moto: RSS growth in an epoch +178 MB against +220).
+# MAP_PRIVATE: a fork child's copy is its own (a shared anonymous mapping is not).
+# Each 4 KiB page of new memory costs a page fault as the first byte lands in it: for 1 MB
+# samples, more of a worker's CPU than the socket's copy (27 ms per 64 MB here, about
+# what cutting the samples out costs). A buffer of ``HUGE_BUFFER`` or more asks for
+# transparent huge pages (``MADV_HUGEPAGE``: one fault per 2 MiB; 9-15 ms per 64 MB where
+# the kernel has them, as is the default "madvise" mode; an epoch of 512 x 1 MB on
+# loopback moto, paired in one process: median CPU 0.56 s -> 0.44 s). Reusing buffers
+# would save as much but keeps memory that the next window's reads, started before this
+# one is decoded (NOTE [ Read budget ]), cannot use: a window's worth more RSS.
+
+
 class MemorySink(Sink):
-    """Into one buffer for the bytes of ``rng``, allocated up front (``buffer``)."""
+    """Into one buffer for the bytes of ``rng``, allocated up front (``buffer``; NOTE
+    [ Read buffers ])."""
 
     def __init__(self, rng: ByteRange) -> None:
         self.start = rng.start
-        self.buffer = memoryview(bytearray(rng.length))
+        self.buffer = memoryview(new_buffer(rng.length))
 
     def view(self, rng: ByteRange) -> memoryview:
         return self.buffer[rng.start - self.start : rng.end - self.start]
+
+
+# A buffer of at least this many bytes asks for huge pages (NOTE [ Read buffers ]).
+HUGE_BUFFER = 4 * 2**20
+_HUGE = getattr(mmap, "MADV_HUGEPAGE", None)
+
+
+def new_buffer(size: int) -> mmap.mmap:
+    """``size`` bytes of memory for a long read (NOTE [ Read buffers ])."""
+    buffer = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
+    if size >= HUGE_BUFFER and _HUGE is not None:
+        with contextlib.suppress(OSError):  # a kernel without transparent huge pages
+            buffer.madvise(_HUGE)
+    return buffer
 
 
 def read_parts(
@@ -216,6 +274,7 @@ def read_long(
     stream = _Stream(storage, path, rng, size, whole_object)
     if pool is not None:
         pool.count_gets(1)
+        pool.reading(stream, True)
     try:
         stream.read_to(min(rng.end, rng.start + PROBE), sink)
         if pool is None:
@@ -239,6 +298,7 @@ def read_long(
     finally:
         stream.close()
         if pool is not None:
+            pool.reading(stream, False)
             pool.count_gets(-1)
 
 
@@ -248,7 +308,7 @@ def _submit_part(
     """``_stream_part`` in ``pool``, counted among its GETs in flight until it is done or cancelled."""
     pool.count_gets(1)
     try:
-        future = pool.submit(_stream_part, storage, path, part, size, sink)
+        future = pool.submit(_stream_part, storage, path, part, size, sink, pool)
     except BaseException:
         pool.count_gets(-1)
         raise
@@ -266,6 +326,8 @@ def _cut(rest: ByteRange, stream: _Stream, pool: ReadPool | None) -> list[ByteRa
     room = GETS_IN_FLIGHT - pool.gets if pool is not None else 0
     if pool is None or room < 1 or stream.latency is None or rate is None or rate >= FAST_CONNECTION:
         return [rest]
+    if pool.rate() >= FAST_CONNECTION:  # the reads in flight together: CPU-bound, not the wire
+        return [rest]
     part = max(1.0, rate * PART_LATENCIES * stream.latency)
     count = min(PARTS, pool.threads, 1 + room, -(-rest.length // int(part)))
     if count < 2:  # a part would not last its latencies: the GET reads on
@@ -273,14 +335,18 @@ def _cut(rest: ByteRange, stream: _Stream, pool: ReadPool | None) -> list[ByteRa
     return split(rest, count, maximum=max(PART_MAX, -(-rest.length // count)))  # at most ``count``
 
 
-def _stream_part(storage: Storage, path: str, part: ByteRange, size: int | None, sink: Sink) -> None:
+def _stream_part(
+    storage: Storage, path: str, part: ByteRange, size: int | None, sink: Sink, pool: ReadPool
+) -> None:
     """A part as the first GET is read: into ``sink`` in pieces of ``CHUNK`` bytes as they
     arrive (a cache fill writes and hashes each while the next arrives, in buffers of one
     size it reuses), a failed try asking again for the rest only."""
     stream = _Stream(storage, path, part, size, False)
+    pool.reading(stream, True)
     try:
         stream.read_to(part.end, sink)
     finally:
+        pool.reading(stream, False)
         stream.close()
 
 
