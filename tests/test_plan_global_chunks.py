@@ -111,13 +111,16 @@ def test_a_state_of_the_earlier_global_sequence_is_refused():
     sizes = [40] * 10
     config = PlanConfig(seed=1, order="global", global_batch_size=8)
     state = EpochPlan(sizes, config, epoch=0, world_size=2, num_workers=2, batch_size=4).state_dict(3)
-    assert state["global_sequence"] == 2
+    assert state["global_sequence"] == 3
     EpochPlan.resume(sizes, config, state, world_size=1, batch_size=8)
     earlier = {key: value for key, value in state.items() if key != "global_sequence"}
-    with pytest.raises(StateError, match="order='global' sequence 1, this shardstream makes sequence 2"):
+    with pytest.raises(StateError, match="order='global' sequence 1, this shardstream makes sequence 3"):
         EpochPlan.resume(sizes, config, earlier, world_size=1, batch_size=8)
-    with pytest.raises(StateError, match="sequence 3"):
-        EpochPlan.resume(sizes, config, {**state, "global_sequence": 3}, world_size=1, batch_size=8)
+    # sequence 2 laid each lane's chunks on its own (NOTE [ Lane groups ])
+    with pytest.raises(StateError, match="order='global' sequence 2, this shardstream makes sequence 3"):
+        EpochPlan.resume(sizes, config, {**state, "global_sequence": 2}, world_size=1, batch_size=8)
+    with pytest.raises(StateError, match="sequence 4"):
+        EpochPlan.resume(sizes, config, {**state, "global_sequence": 4}, world_size=1, batch_size=8)
 
 
 @pytest.mark.parametrize(("where", "reads"), [("local", 2), ("memory", 1)])

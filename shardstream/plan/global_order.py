@@ -116,7 +116,7 @@ from shardstream.plan.shards import ShardOrder
 from shardstream.plan.state import make_global_state, read_global_state
 from shardstream.plan.windows import split_even
 
-__all__ = ["BLOCK_WORDS", "GlobalPlan", "GlobalSequence", "lanes_of"]
+__all__ = ["BLOCK_WORDS", "GROUP_LEVELS", "MAX_GROUP", "GlobalPlan", "GlobalSequence", "group_of", "lanes_of"]
 
 # Chunk permutations of a lane are drawn this many words per keyed stream (a block of
 # windows); a block's permutations are cached per lane while a worker reads them.
@@ -124,6 +124,17 @@ BLOCK_WORDS = 8192
 _CACHED_BLOCKS = 128  # 8 MiB at most (BLOCK_WORDS int64 each)
 # A worker's first Window holds about this many samples, then each one twice the last.
 _FIRST_WINDOW = 1024
+# NOTE [ Lane groups ]: at most this many lanes share a group, and a group's lanes share
+# the top GROUP_LEVELS levels of their chunk order (one range for up to 2**GROUP_LEVELS workers).
+MAX_GROUP = 8
+GROUP_LEVELS = 3
+
+
+def group_of(lanes: int, shards: int) -> int:
+    """Lanes per group (NOTE [ Lane groups ]): the largest power of two at most
+    ``MAX_GROUP`` and at most the lanes per non-empty shard, so a group lies in about one shard."""
+    most = min(MAX_GROUP, lanes // max(1, shards))
+    return 1 << (max(1, most).bit_length() - 1)
 
 
 def lanes_of(config: PlanConfig) -> int:
@@ -151,8 +162,22 @@ class GlobalSequence:
         # NOTE [ Padding in the last batch ]: the real entries of the last batch, and where
         # each lane starts among the epoch's positions
         self.last_real = min(self.size, total - (self.batches - 1) * self.size)
-        lengths = (self.batches - 1) * self.take + np.clip(self.last_real - self.entry[:-1], 0, self.take)
+        real = np.clip(self.last_real - self.entry[:-1], 0, self.take)  # of each lane's last chunk
+        lengths = (self.batches - 1) * self.take + real
         self.lane_start = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        # NOTE [ Lane groups ]: lane l's chunk c starts at its group's start + c * the
+        # group's take + the takes of the group's lanes before it (their real entries in
+        # the last chunk); with groups of one lane, lane_start + c * take
+        self.group = group_of(self.lanes, int(np.count_nonzero(shards.sizes)))
+        lead = np.arange(self.lanes, dtype=np.int64) // self.group * self.group
+        self.lead = lead  # each lane's group, by its first lane
+        ends = np.minimum(lead + self.group, self.lanes)
+        wide = np.concatenate([[0], np.cumsum(self.take)]).astype(np.int64)
+        self.group_take = wide[ends] - wide[lead]
+        self.before = wide[:-1] - wide[lead]  # takes of the group's lanes before each lane
+        short = np.concatenate([[0], np.cumsum(real)]).astype(np.int64)
+        self.before_last = short[:-1] - short[lead]
+        self.group_start = self.lane_start[lead]
         self.per_window = max(1, window // self.size)
         self.block = max(1, BLOCK_WORDS // self.per_window)  # windows per keyed stream
         self._blocks: dict[tuple[int, int], np.ndarray] = {}
@@ -161,6 +186,12 @@ class GlobalSequence:
     def run_length(self) -> float:
         """Samples per read of one lane's chunk (G / L)."""
         return self.size / self.lanes
+
+    def starts(self, lanes: np.ndarray, chunks: np.ndarray) -> np.ndarray:
+        """The position of the first sample of chunk ``chunks`` of lane ``lanes`` (broadcast)."""
+        last = chunks == self.batches - 1
+        before = np.where(last, self.before_last[lanes], self.before[lanes])
+        return self.group_start[lanes] + chunks * self.group_take[lanes] + before
 
     def pieces(self, lo: int, hi: int) -> list[tuple[int, int, int]]:
         """``(lane, a, b)``: entries ``[lo, hi)`` of a batch are entries ``[a, b)`` of those lanes' chunks."""
@@ -197,11 +228,18 @@ class GlobalSequence:
         per, first = self.per_window, number * self.block
         windows = min(self.block, -(-self.batches // per) - first)
         words = random_words(windows * per, (self.seed, self.epoch, TAG_GLOBAL, lane, number))
-        rows = nested_permutations(words.reshape(windows, per))
+        words = words.reshape(windows, per)
+        lead = int(self.lead[lane])  # NOTE [ Lane groups ]: the top levels are the group's first lane's
+        shared = words
+        if lead != lane:
+            key = (self.seed, self.epoch, TAG_GLOBAL, lead, number)
+            shared = random_words(windows * per, key).reshape(windows, per)
+        levels = GROUP_LEVELS if self.group > 1 else 0
+        rows = nested_permutations(words, shared, levels)
         last = self.batches - (first + windows - 1) * per  # the epoch's last window may be short
         moving = last - (self.last_real < self.size)  # a padded last batch keeps the last chunk
         if moving < per:  # the same words, a nested order of the moving chunks only
-            rows[-1, :moving] = nested_permutations(words.reshape(windows, per)[-1:, :moving])[0]
+            rows[-1, :moving] = nested_permutations(words[-1:, :moving], shared[-1:, :moving], levels)[0]
             rows[-1, moving:last] = np.arange(moving, last)
         if len(self._blocks) >= self.cached_blocks:
             self._blocks.pop(next(iter(self._blocks)))
@@ -217,7 +255,7 @@ class GlobalSequence:
         width = np.array([b - a for _, a, b in pieces], dtype=np.int64)
         first = self.entry[lanes] + a  # the batch entry of each piece's first sample
         chunk = np.stack([self.chunks(batches, lane) for lane in lanes.tolist()], axis=1)
-        start = self.lane_start[lanes] + chunk * self.take[lanes] + a
+        start = self.starts(lanes, chunk) + a
         real = np.repeat(width[None, :], batches.size, axis=0)
         if batches[-1] == self.batches - 1:  # the last batch: its entries from last_real on repeat
             real[-1] = np.clip(self.last_real - first, 0, width)
@@ -242,7 +280,7 @@ class GlobalSequence:
         for number in np.unique(lane).tolist():
             mine = lane == number
             chunk = self.chunks(batch[mine], number)
-            out[mine] = self.lane_start[number] + chunk * self.take[number] + entry[mine] - self.entry[number]
+            out[mine] = self.starts(np.int64(number), chunk) + entry[mine] - self.entry[number]
         return out
 
     def window_shards(self, lo: int, hi: int, pieces: list[tuple[int, int, int]]) -> tuple[int, ...]:
@@ -251,15 +289,16 @@ class GlobalSequence:
         per, total, real = self.per_window, self.shards.total, self.last_real
         first, stop = lo // per * per, min(-(-hi // per) * per, self.batches)
         found: dict[int, None] = {}
+        groups: set[int] = set()
         for lane, a, b in pieces:
-            start, end, take = (
-                int(self.lane_start[lane]),
-                int(self.lane_start[lane + 1]),
-                int(self.take[lane]),
-            )
-            spans = _wrap(start + first * take, min(start + stop * take, end), total)
-            for run in self.shards.runs(spans):
-                found[run.shard] = None
+            lead = int(self.lead[lane])
+            if lead not in groups:  # the group's chunks [first, stop): every lane's of it (NOTE [ Lane groups ])
+                groups.add(lead)
+                start, take = int(self.group_start[lane]), int(self.group_take[lane])
+                end = int(self.lane_start[min(lead + self.group, self.lanes)])
+                spans = _wrap(start + first * take, min(start + stop * take, end), total)
+                for run in self.shards.runs(spans):
+                    found[run.shard] = None
             entry = int(self.entry[lane])
             if stop == self.batches and entry + b > real:  # the last batch's repeats (at most G)
                 repeats = self.entries(np.arange(max(entry + a, real) - real, entry + b - real))
