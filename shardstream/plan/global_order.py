@@ -64,6 +64,31 @@ batch of 256 of ~300 B samples on moto S3, 128 lanes streamed at 0.79x of 64 lan
 user who knows the shards are mixed already passes ``read_lanes`` for longer runs. A state records its lanes, so one saved
 under another default is refused, naming both, and resumes with that ``read_lanes``.
 
+NOTE [ Lane groups ]
+A worker reads each of its rank's lanes in every window it takes (a batch holds a chunk
+of every lane), so its requests are about ``L / R`` per window whatever the shards
+are: on the bench's 10 shards of ~30 MB (``tools/bench_stream.py --only order``, 128
+lanes) a worker made ~190 GETs of ~1.6 MB to the local order's ~47 of ~3.5 MB, half
+of their bytes the other worker's (its part of a lane sat within the coalescing gap).
+Where a shard holds several lanes, nothing requires those lanes' chunks to lie apart:
+``group_of`` puts ``g`` consecutive lanes in a group (``g`` the largest power of two at
+most ``MAX_GROUP`` and at most the lanes per non-empty shard: 1, the layout above, on a
+dataset of more shards than lanes), and a group's positions are laid chunk by chunk,
+lane by lane within a chunk (chunk ``c`` of the group is chunk ``c`` of each of its
+lanes, ``T = sum(take)`` positions; the last chunk holds the real entries only). The
+lanes of a group share the flips of the top ``GROUP_LEVELS`` levels of their nested
+order (the words of the group's first lane: NOTE [ Nested chunk order ]), so for up
+to ``2 ** GROUP_LEVELS`` workers every lane of a group puts a worker's batches of a
+window in the same range of chunks, and the worker's part of the group is one range
+of positions: one read per group and window, not per lane (on the bench 72 GETs and
+171 MB for worker 0 of 2, local 48 GETs and 166 MB). The deeper levels stay each
+lane's, so a batch still takes its ``g`` chunks of a group at different chunks of the
+window, but within one of its ``2 ** GROUP_LEVELS`` ranges (a neighbourhood of about
+``M T / 8`` positions of one shard) rather than ``g`` lanes apart: a batch's runs are
+spread less within a shard, across shards as before. ``MAX_GROUP`` keeps a group
+inside one rank's lanes for ranks of 16 samples or more (a rank holding part of a
+group reads the whole group's range). Nothing here depends on ``R`` or ``W``.
+
 A resume state is the number of global batches taken (plus the parameters and the
 dataset's checksum): it resumes on any ``(R, W)`` with ``R`` dividing ``G``, and the
 rest of the epoch is the same batches. Memory is O(shards + window): a worker's
@@ -232,8 +257,8 @@ class GlobalSequence:
         lead = int(self.lead[lane])  # NOTE [ Lane groups ]: the top levels are the group's first lane's
         shared = words
         if lead != lane:
-            key = (self.seed, self.epoch, TAG_GLOBAL, lead, number)
-            shared = random_words(windows * per, key).reshape(windows, per)
+            shared = random_words(windows * per, (self.seed, self.epoch, TAG_GLOBAL, lead, number))
+            shared = shared.reshape(windows, per)
         levels = GROUP_LEVELS if self.group > 1 else 0
         rows = nested_permutations(words, shared, levels)
         last = self.batches - (first + windows - 1) * per  # the epoch's last window may be short
@@ -280,7 +305,7 @@ class GlobalSequence:
         for number in np.unique(lane).tolist():
             mine = lane == number
             chunk = self.chunks(batch[mine], number)
-            out[mine] = self.starts(np.int64(number), chunk) + entry[mine] - self.entry[number]
+            out[mine] = self.starts(np.full(chunk.size, number), chunk) + entry[mine] - self.entry[number]
         return out
 
     def window_shards(self, lo: int, hi: int, pieces: list[tuple[int, int, int]]) -> tuple[int, ...]:
@@ -292,7 +317,7 @@ class GlobalSequence:
         groups: set[int] = set()
         for lane, a, b in pieces:
             lead = int(self.lead[lane])
-            if lead not in groups:  # the group's chunks [first, stop): every lane's of it (NOTE [ Lane groups ])
+            if lead not in groups:  # every lane's chunks [first, stop) of the group (NOTE [ Lane groups ])
                 groups.add(lead)
                 start, take = int(self.group_start[lane]), int(self.group_take[lane])
                 end = int(self.lane_start[min(lead + self.group, self.lanes)])
