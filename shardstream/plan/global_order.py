@@ -247,29 +247,48 @@ class GlobalSequence:
 
     def _block(self, lane: int, number: int) -> np.ndarray:
         """The chunk permutations of the windows of one block of a lane, one row each."""
-        key = (lane, number)
-        if key in self._blocks:
-            return self._blocks[key]
+        if (lane, number) not in self._blocks:
+            self._fill([lane], number)
+        return self._blocks[(lane, number)]
+
+    def _prefill(self, batches: np.ndarray, lanes: list[int]) -> None:
+        """Make the blocks that ``chunks(batches, lane)`` needs for each of ``lanes`` at once."""
+        if self.shuffle and batches.size:
+            for number in np.unique(batches // self.per_window // self.block).tolist():
+                self._fill(lanes, number)
+
+    def _fill(self, lanes: list[int], number: int) -> None:
+        """The blocks ``number`` of ``lanes`` (those not cached, as many as the cache holds):
+        each lane's keyed words, in one nested order for all of them."""
+        missing = [lane for lane in dict.fromkeys(lanes) if (lane, number) not in self._blocks]
+        missing = missing[: self.cached_blocks]
+        if not missing:
+            return
         per, first = self.per_window, number * self.block
         windows = min(self.block, -(-self.batches // per) - first)
-        words = random_words(windows * per, (self.seed, self.epoch, TAG_GLOBAL, lane, number))
-        words = words.reshape(windows, per)
-        lead = int(self.lead[lane])  # NOTE [ Lane groups ]: the top levels are the group's first lane's
-        shared = words
-        if lead != lane:
-            shared = random_words(windows * per, (self.seed, self.epoch, TAG_GLOBAL, lead, number))
-            shared = shared.reshape(windows, per)
-        levels = GROUP_LEVELS if self.group > 1 else 0
-        rows = nested_permutations(words, shared, levels)
+
+        def words_of(lane: int) -> np.ndarray:
+            return random_words(windows * per, (self.seed, self.epoch, TAG_GLOBAL, lane, number))
+
+        made = {lane: words_of(lane) for lane in missing}
+        words = np.stack([made[lane] for lane in missing]).reshape(len(missing), windows, per)
+        shared, levels = words, 0
+        if self.group > 1:  # NOTE [ Lane groups ]: the top levels are the group's first lane's
+            leads = self.lead[missing].tolist()
+            made.update({lead: words_of(lead) for lead in set(leads) - made.keys()})
+            shared = np.stack([made[lead] for lead in leads]).reshape(words.shape)
+            levels = GROUP_LEVELS
+        rows = nested_permutations(words.reshape(-1, per), shared.reshape(-1, per), levels)
+        rows = rows.reshape(words.shape)
         last = self.batches - (first + windows - 1) * per  # the epoch's last window may be short
         moving = last - (self.last_real < self.size)  # a padded last batch keeps the last chunk
         if moving < per:  # the same words, a nested order of the moving chunks only
-            rows[-1, :moving] = nested_permutations(words[-1:, :moving], shared[-1:, :moving], levels)[0]
-            rows[-1, moving:last] = np.arange(moving, last)
-        if len(self._blocks) >= self.cached_blocks:
-            self._blocks.pop(next(iter(self._blocks)))
-        self._blocks[key] = rows
-        return rows
+            rows[:, -1, :moving] = nested_permutations(words[:, -1, :moving], shared[:, -1, :moving], levels)
+            rows[:, -1, moving:last] = np.arange(moving, last)
+        for lane, block in zip(missing, rows, strict=True):
+            if len(self._blocks) >= self.cached_blocks:
+                self._blocks.pop(next(iter(self._blocks)))
+            self._blocks[(lane, number)] = block
 
     def positions(self, batches: np.ndarray, pieces: list[tuple[int, int, int]]) -> np.ndarray:
         """Base positions of ``pieces`` of ``batches`` (ascending), in yield order."""
@@ -279,6 +298,7 @@ class GlobalSequence:
         a = np.array([a for _, a, _ in pieces], dtype=np.int64)
         width = np.array([b - a for _, a, b in pieces], dtype=np.int64)
         first = self.entry[lanes] + a  # the batch entry of each piece's first sample
+        self._prefill(batches, lanes.tolist())
         chunk = np.stack([self.chunks(batches, lane) for lane in lanes.tolist()], axis=1)
         start = self.starts(lanes, chunk) + a
         real = np.repeat(width[None, :], batches.size, axis=0)
@@ -302,6 +322,7 @@ class GlobalSequence:
         batch, entry = np.divmod(flat % self.shards.total, self.size)
         lane = np.searchsorted(self.entry, entry, side="right") - 1
         out = np.empty(flat.size, dtype=np.int64)
+        self._prefill(batch, np.unique(lane).tolist())
         for number in np.unique(lane).tolist():
             mine = lane == number
             chunk = self.chunks(batch[mine], number)
