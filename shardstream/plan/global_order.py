@@ -194,9 +194,8 @@ class GlobalSequence:
         # group's take + the takes of the group's lanes before it (their real entries in
         # the last chunk); with groups of one lane, lane_start + c * take
         self.group = group_of(self.lanes, int(np.count_nonzero(shards.sizes)))
-        lead = np.arange(self.lanes, dtype=np.int64) // self.group * self.group
-        self.lead = lead  # each lane's group, by its first lane
-        ends = np.minimum(lead + self.group, self.lanes)
+        lead, ends = self._groups(shards)
+        self.lead, self.group_end = lead, ends  # each lane's group: its first lane, the lane after it
         wide = np.concatenate([[0], np.cumsum(self.take)]).astype(np.int64)
         self.group_take = wide[ends] - wide[lead]
         self.before = wide[:-1] - wide[lead]  # takes of the group's lanes before each lane
@@ -207,6 +206,19 @@ class GlobalSequence:
         self.block = max(1, BLOCK_WORDS // self.per_window)  # windows per keyed stream
         self._blocks: dict[tuple[int, int], np.ndarray] = {}
         self.cached_blocks = _CACHED_BLOCKS  # a mixture's parts share this bound (parts.py)
+
+    def _groups(self, shards: ShardOrder) -> tuple[np.ndarray, np.ndarray]:
+        """Each lane's group, as its first lane and the lane after its last (NOTE [ Lane
+        groups ]): consecutive lanes of one shard, cut at every multiple of ``group``."""
+        index = np.arange(self.lanes, dtype=np.int64)
+        lo, hi = self.lane_start[:-1], self.lane_start[1:]
+        shard = np.searchsorted(shards.ends, lo, side="right")
+        inside = (hi > lo) & (shard == np.searchsorted(shards.ends, hi - 1, side="right"))
+        new = (index % self.group == 0) | ~inside
+        new[1:] |= ~inside[:-1] | (shard[1:] != shard[:-1])
+        firsts = index[new]
+        number = np.cumsum(new) - 1
+        return firsts[number], np.append(firsts[1:], self.lanes)[number]
 
     def run_length(self) -> float:
         """Samples per read of one lane's chunk (G / L)."""
@@ -341,7 +353,7 @@ class GlobalSequence:
             if lead not in groups:  # every lane's chunks [first, stop) of the group (NOTE [ Lane groups ])
                 groups.add(lead)
                 start, take = int(self.group_start[lane]), int(self.group_take[lane])
-                end = int(self.lane_start[min(lead + self.group, self.lanes)])
+                end = int(self.lane_start[self.group_end[lane]])
                 spans = _wrap(start + first * take, min(start + stop * take, end), total)
                 for run in self.shards.runs(spans):
                     found[run.shard] = None
