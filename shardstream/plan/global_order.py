@@ -15,7 +15,8 @@ workers only cut it:
   lane with ``shuffle=False``, so the sequence is manifest order). Lane ``l`` gives
   every global batch ``take[l]`` samples (``take`` splits ``G`` evenly): one chunk of
   ``take[l]`` consecutive positions, so a lane is read front to back and every read is
-  a run of about ``G / L`` samples (locality).
+  a run of about ``G / L`` samples (locality). Lanes inside one shard are laid chunk
+  by chunk, so that a worker reads them in one range (NOTE [ Lane groups ]).
 - Global batch ``k`` is its lanes' chunks in lane order. Within a window of
   ``M = shuffle_window // G`` global batches, which chunk of a lane each batch takes
   is a nested permutation (NOTE [ Nested chunk order ] in keys.py) drawn from the
@@ -68,26 +69,32 @@ NOTE [ Lane groups ]
 A worker reads each of its rank's lanes in every window it takes (a batch holds a chunk
 of every lane), so its requests are about ``L / R`` per window whatever the shards
 are: on the bench's 10 shards of ~30 MB (``tools/bench_stream.py --only order``, 128
-lanes) a worker made ~190 GETs of ~1.6 MB to the local order's ~47 of ~3.5 MB, half
-of their bytes the other worker's (its part of a lane sat within the coalescing gap).
-Where a shard holds several lanes, nothing requires those lanes' chunks to lie apart:
-``group_of`` puts ``g`` consecutive lanes in a group (``g`` the largest power of two at
-most ``MAX_GROUP`` and at most the lanes per non-empty shard: 1, the layout above, on a
-dataset of more shards than lanes), and a group's positions are laid chunk by chunk,
-lane by lane within a chunk (chunk ``c`` of the group is chunk ``c`` of each of its
-lanes, ``T = sum(take)`` positions; the last chunk holds the real entries only). The
-lanes of a group share the flips of the top ``GROUP_LEVELS`` levels of their nested
-order (the words of the group's first lane: NOTE [ Nested chunk order ]), so for up
-to ``2 ** GROUP_LEVELS`` workers every lane of a group puts a worker's batches of a
-window in the same range of chunks, and the worker's part of the group is one range
-of positions: one read per group and window, not per lane (on the bench 72 GETs and
-171 MB for worker 0 of 2, local 48 GETs and 166 MB). The deeper levels stay each
-lane's, so a batch still takes its ``g`` chunks of a group at different chunks of the
-window, but within one of its ``2 ** GROUP_LEVELS`` ranges (a neighbourhood of about
-``M T / 8`` positions of one shard) rather than ``g`` lanes apart: a batch's runs are
-spread less within a shard, across shards as before. ``MAX_GROUP`` keeps a group
-inside one rank's lanes for ranks of 16 samples or more (a rank holding part of a
-group reads the whole group's range). Nothing here depends on ``R`` or ``W``.
+lanes) worker 0 of 2 made ~200 GETs and read ~310 MB, the local order 48 and 166 MB
+(each lane's part of a window was apart, the other worker's part of it within the
+coalescing gap). Where a shard holds several lanes, nothing requires their chunks to
+lie apart: consecutive lanes that lie inside one shard form a group, cut at every
+multiple of ``group_of``'s size (the largest power of two at most ``MAX_GROUP`` and at
+most the lanes per non-empty shard: 1, the layout above, on a dataset of more shards
+than lanes); a lane across two shards is a group of its own. A group's positions are
+laid chunk by chunk, lane by lane within a chunk: chunk ``c`` of the group is chunk
+``c`` of each of its lanes, ``T = sum(take)`` positions (the last chunk its real
+entries only), so every lane keeps its shard and a batch's mix of shards is what it
+was (10 shards sorted by label, 128 lanes: a batch of 256 is 0.20x a perfect
+shuffle's label distance as before; groups across shards moved their lanes' chunks
+from one shard to the next over the epoch, 2.0x). The lanes of a group share the
+flips of the top ``GROUP_LEVELS`` levels of their nested order (the words of the
+group's first lane: NOTE [ Nested chunk order ]), so for up to ``2 ** GROUP_LEVELS``
+workers every lane of a group puts a worker's batches of a window in the same range
+of chunks, and the worker's part of the group is one range of positions: one read per
+group and window, not per lane (the bench: 104 GETs, 190 MB). The deeper levels stay
+each lane's, so a batch takes its chunks of a group at different chunks of the window,
+but within one of its ``2 ** GROUP_LEVELS`` ranges (about ``M T / 8`` positions of one
+shard) rather than a lane apart: within a shard a batch is spread less (10 shards, 128
+lanes, batch 256: 37 distinct 256-sample stretches of a shard per batch, 127 before),
+across shards as before. ``MAX_GROUP`` keeps a group inside one rank's lanes where a
+rank holds a multiple of 8 lanes (with runs of 2, rank batches of 16, 32, ...); a rank
+holding part of a group reads its chunks among the other lanes' (with them, where they
+are closer than the coalescing gap). Nothing here depends on ``R`` or ``W``.
 
 A resume state is the number of global batches taken (plus the parameters and the
 dataset's checksum): it resumes on any ``(R, W)`` with ``R`` dividing ``G``, and the
@@ -194,23 +201,33 @@ class GlobalSequence:
         # group's take + the takes of the group's lanes before it (their real entries in
         # the last chunk); with groups of one lane, lane_start + c * take
         self.group = group_of(self.lanes, int(np.count_nonzero(shards.sizes)))
-        lead, ends = self._groups(shards)
-        self.lead, self.group_end = lead, ends  # each lane's group: its first lane, the lane after it
-        wide = np.concatenate([[0], np.cumsum(self.take)]).astype(np.int64)
-        self.group_take = wide[ends] - wide[lead]
-        self.before = wide[:-1] - wide[lead]  # takes of the group's lanes before each lane
-        short = np.concatenate([[0], np.cumsum(real)]).astype(np.int64)
-        self.before_last = short[:-1] - short[lead]
-        self.group_start = self.lane_start[lead]
+        self._lay_groups(shards, real)
         self.per_window = max(1, window // self.size)
         self.block = max(1, BLOCK_WORDS // self.per_window)  # windows per keyed stream
         self._blocks: dict[tuple[int, int], np.ndarray] = {}
         self.cached_blocks = _CACHED_BLOCKS  # a mixture's parts share this bound (parts.py)
 
-    def _groups(self, shards: ShardOrder) -> tuple[np.ndarray, np.ndarray]:
-        """Each lane's group, as its first lane and the lane after its last (NOTE [ Lane
-        groups ]): consecutive lanes of one shard, cut at every multiple of ``group``."""
+    def _lay_groups(self, shards: ShardOrder, real: np.ndarray) -> None:
+        """Each lane's group (its first lane ``lead``, the lane after its last ``group_end``)
+        and where the lane's chunks lie in it (NOTE [ Lane groups ])."""
         index = np.arange(self.lanes, dtype=np.int64)
+        if self.group == 1:  # a lane each (the epoch's first sample waits for this: no search)
+            self.lead, self.group_end = index, index + 1
+            self.group_take, self.group_start = self.take, self.lane_start[:-1]
+            self.before = self.before_last = np.zeros(self.lanes, dtype=np.int64)
+            return
+        lead, ends = self._groups(shards, index)
+        self.lead, self.group_end = lead, ends
+        wide = np.concatenate([[0], np.cumsum(self.take)]).astype(np.int64)
+        self.group_take = wide[ends] - wide[lead]
+        self.before = wide[:-1] - wide[lead]  # takes of the group's lanes before each lane
+        short = np.concatenate([[0], np.cumsum(real)]).astype(np.int64)
+        self.before_last = short[:-1] - short[lead]  # their real entries of the last chunk
+        self.group_start = self.lane_start[lead]
+
+    def _groups(self, shards: ShardOrder, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each lane's first lane of its group and the lane after its last: consecutive
+        lanes inside one shard, cut at every multiple of ``group``."""
         lo, hi = self.lane_start[:-1], self.lane_start[1:]
         shard = np.searchsorted(shards.ends, lo, side="right")
         inside = (hi > lo) & (shard == np.searchsorted(shards.ends, hi - 1, side="right"))
