@@ -109,7 +109,7 @@ def test_a_workers_part_of_a_lane_group_in_a_window_is_one_range(drawn, data):
         for worker in range(workers):
             mine = batches[(batches - taken) % workers == worker]
             for lead in np.unique(sequence.lead).tolist():
-                lanes = range(lead, int(sequence.group_end[lead]))
+                lanes = range(lead, sequence.group_stop(lead))
                 assert len(lanes) <= sequence.group
                 pieces = [(lane, 0, int(sequence.take[lane])) for lane in lanes]
                 positions = sequence.positions(mine, pieces)

@@ -156,6 +156,9 @@ __all__ = ["BLOCK_WORDS", "GROUP_LEVELS", "MAX_GROUP", "GlobalPlan", "GlobalSequ
 # windows); a block's permutations are cached per lane while a worker reads them.
 BLOCK_WORDS = 8192
 _CACHED_BLOCKS = 128  # 8 MiB at most (BLOCK_WORDS int64 each)
+# The blocks of many lanes are made in one nested order of about this many words at most
+# (one call per lane cost ~0.7 ms each; all at once, their temporaries several MB).
+_FILL_WORDS = 1 << 14
 # A worker's first Window holds about this many samples, then each one twice the last.
 _FIRST_WINDOW = 1024
 # NOTE [ Lane groups ]: at most this many lanes share a group, and a group's lanes share
@@ -210,22 +213,18 @@ class GlobalSequence:
         self.cached_blocks = _CACHED_BLOCKS  # a mixture's parts share this bound (parts.py)
 
     def _lay_groups(self, shards: ShardOrder, real: np.ndarray) -> None:
-        """Each lane's group (its first lane ``lead``, the lane after its last ``group_end``)
-        and where the lane's chunks lie in it (NOTE [ Lane groups ])."""
+        """Each lane's group: its first lane ``lead`` and the lane after its last
+        ``group_end`` (None where every group is one lane), and ``short``, the real
+        entries of the last chunk laid end to end (NOTE [ Lane groups ])."""
         index = np.arange(self.lanes, dtype=np.int64)
-        if self.group == 1:  # a lane each (the epoch's first sample waits for this: no search)
-            self.lead, self.group_end = index, index + 1
-            self.group_take, self.group_start = self.take, self.lane_start[:-1]
-            self.before = self.before_last = np.zeros(self.lanes, dtype=np.int64)
-            return
-        lead, ends = self._groups(shards, index)
-        self.lead, self.group_end = lead, ends
-        wide = np.concatenate([[0], np.cumsum(self.take)]).astype(np.int64)
-        self.group_take = wide[ends] - wide[lead]
-        self.before = wide[:-1] - wide[lead]  # takes of the group's lanes before each lane
-        short = np.concatenate([[0], np.cumsum(real)]).astype(np.int64)
-        self.before_last = short[:-1] - short[lead]  # their real entries of the last chunk
-        self.group_start = self.lane_start[lead]
+        self.lead, self.group_end, self.short = index, None, None
+        if self.group > 1:  # else a lane each (the epoch's first sample waits for this: no search)
+            self.lead, self.group_end = self._groups(shards, index)
+            self.short = np.concatenate([[0], np.cumsum(real)]).astype(np.int64)
+
+    def group_stop(self, lane: int) -> int:
+        """The lane after the last of ``lane``'s group."""
+        return lane + 1 if self.group_end is None else int(self.group_end[lane])
 
     def _groups(self, shards: ShardOrder, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each lane's first lane of its group and the lane after its last: consecutive
@@ -245,9 +244,13 @@ class GlobalSequence:
 
     def starts(self, lanes: np.ndarray, chunks: np.ndarray) -> np.ndarray:
         """The position of the first sample of chunk ``chunks`` of lane ``lanes`` (broadcast)."""
-        last = chunks == self.batches - 1
-        before = np.where(last, self.before_last[lanes], self.before[lanes])
-        return self.group_start[lanes] + chunks * self.group_take[lanes] + before
+        if self.group_end is None or self.short is None:
+            return self.lane_start[lanes] + chunks * self.take[lanes]
+        lead, entry, short = self.lead[lanes], self.entry, self.short
+        width = entry[self.group_end[lanes]] - entry[lead]  # the group's take
+        # the takes of the group's lanes before this one (their real entries in the last chunk)
+        before = np.where(chunks == self.batches - 1, short[lanes] - short[lead], entry[lanes] - entry[lead])
+        return self.lane_start[lead] + chunks * width + before
 
     def pieces(self, lo: int, hi: int) -> list[tuple[int, int, int]]:
         """``(lane, a, b)``: entries ``[lo, hi)`` of a batch are entries ``[a, b)`` of those lanes' chunks."""
@@ -290,25 +293,33 @@ class GlobalSequence:
 
     def _fill(self, lanes: list[int], number: int) -> None:
         """The blocks ``number`` of ``lanes`` (those not cached, as many as the cache holds):
-        each lane's keyed words, in one nested order for all of them."""
+        each lane's keyed words, in one nested order for ``_FILL_WORDS`` words of them at once."""
         missing = [lane for lane in dict.fromkeys(lanes) if (lane, number) not in self._blocks]
         missing = missing[: self.cached_blocks]
-        if not missing:
-            return
         per, first = self.per_window, number * self.block
         windows = min(self.block, -(-self.batches // per) - first)
+        step = max(1, _FILL_WORDS // (windows * per))
+        for at in range(0, len(missing), step):
+            some = missing[at : at + step]
+            for lane, block in zip(some, self._made(some, number, windows), strict=True):
+                if len(self._blocks) >= self.cached_blocks:
+                    self._blocks.pop(next(iter(self._blocks)))
+                self._blocks[(lane, number)] = block
+
+    def _made(self, lanes: list[int], number: int, windows: int) -> np.ndarray:
+        """The chunk permutations of block ``number`` of ``lanes``: ``(lanes, windows, per)``."""
+        per, first = self.per_window, number * self.block
 
         def words_of(lane: int) -> np.ndarray:
             return random_words(windows * per, (self.seed, self.epoch, TAG_GLOBAL, lane, number))
 
-        made = {lane: words_of(lane) for lane in missing}
-        words = np.stack([made[lane] for lane in missing]).reshape(len(missing), windows, per)
+        words = np.stack([words_of(lane) for lane in lanes]).reshape(len(lanes), windows, per)
         shared, levels = words, 0
         if self.group > 1:  # NOTE [ Lane groups ]: the top levels are the group's first lane's
-            leads = self.lead[missing].tolist()
-            made.update({lead: words_of(lead) for lead in set(leads) - made.keys()})
-            shared = np.stack([made[lead] for lead in leads]).reshape(words.shape)
-            levels = GROUP_LEVELS
+            leads = self.lead[lanes].tolist()
+            made = {lane: words[k] for k, lane in enumerate(lanes)}
+            made.update({lead: words_of(lead).reshape(windows, per) for lead in set(leads) - made.keys()})
+            shared, levels = np.stack([made[lead] for lead in leads]), GROUP_LEVELS
         rows = nested_permutations(words.reshape(-1, per), shared.reshape(-1, per), levels)
         rows = rows.reshape(words.shape)
         last = self.batches - (first + windows - 1) * per  # the epoch's last window may be short
@@ -316,10 +327,7 @@ class GlobalSequence:
         if moving < per:  # the same words, a nested order of the moving chunks only
             rows[:, -1, :moving] = nested_permutations(words[:, -1, :moving], shared[:, -1, :moving], levels)
             rows[:, -1, moving:last] = np.arange(moving, last)
-        for lane, block in zip(missing, rows, strict=True):
-            if len(self._blocks) >= self.cached_blocks:
-                self._blocks.pop(next(iter(self._blocks)))
-            self._blocks[(lane, number)] = block
+        return rows
 
     def positions(self, batches: np.ndarray, pieces: list[tuple[int, int, int]]) -> np.ndarray:
         """Base positions of ``pieces`` of ``batches`` (ascending), in yield order."""
@@ -371,8 +379,9 @@ class GlobalSequence:
             lead = int(self.lead[lane])
             if lead not in groups:  # every lane's chunks [first, stop) of the group (NOTE [ Lane groups ])
                 groups.add(lead)
-                start, take = int(self.group_start[lane]), int(self.group_take[lane])
-                end = int(self.lane_start[self.group_end[lane]])
+                after = self.group_stop(lane)
+                start, take = int(self.lane_start[lead]), int(self.entry[after] - self.entry[lead])
+                end = int(self.lane_start[after])
                 spans = _wrap(start + first * take, min(start + stop * take, end), total)
                 for run in self.shards.runs(spans):
                     found[run.shard] = None
