@@ -62,8 +62,9 @@ means ``max(DEFAULT_LANES, ceil(G / DEFAULT_RUN))`` (at most ``G``): a function 
 batch of 256 of ~300 B samples on moto S3, 128 lanes streamed at 0.79x of 64 lanes
 (``tools/bench_stream.py --only order``); on SeaweedFS (``--s3-server seaweedfs``),
 32, 64 and 128 lanes streamed at about 0.9-1.0x, 0.7x and 0.55-0.6x the local order
-before NOTE [ Lane groups ]; with it 128 lanes stream at 0.91x on SeaweedFS and 0.56x on
-moto (from 0.57x and 0.36x, paired in one run: ``tools/bench_compare.py``). A user who
+before NOTE [ Lane groups ]; with it 128 lanes stream at 0.74-0.91x on SeaweedFS (the
+lower on a quieter machine) and 0.56x on moto (from 0.55-0.57x and 0.36x, paired in one
+run: ``tools/bench_compare.py``): still short of the local order's requests. A user who
 knows the shards are mixed already passes ``read_lanes`` for longer runs. A state records its lanes, so one saved
 under another default is refused, naming both, and resumes with that ``read_lanes``.
 
