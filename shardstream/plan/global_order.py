@@ -15,7 +15,8 @@ workers only cut it:
   lane with ``shuffle=False``, so the sequence is manifest order). Lane ``l`` gives
   every global batch ``take[l]`` samples (``take`` splits ``G`` evenly): one chunk of
   ``take[l]`` consecutive positions, so a lane is read front to back and every read is
-  a run of about ``G / L`` samples (locality).
+  a run of about ``G / L`` samples (locality). Lanes inside one shard are laid chunk
+  by chunk, so that a worker reads them in one range (NOTE [ Lane groups ]).
 - Global batch ``k`` is its lanes' chunks in lane order. Within a window of
   ``M = shuffle_window // G`` global batches, which chunk of a lane each batch takes
   is a nested permutation (NOTE [ Nested chunk order ] in keys.py) drawn from the
@@ -60,9 +61,43 @@ means ``max(DEFAULT_LANES, ceil(G / DEFAULT_RUN))`` (at most ``G``): a function 
 ``G`` alone, so still the same on every topology. Shorter runs cost reads: with a
 batch of 256 of ~300 B samples on moto S3, 128 lanes streamed at 0.79x of 64 lanes
 (``tools/bench_stream.py --only order``); on SeaweedFS (``--s3-server seaweedfs``),
-32, 64 and 128 lanes streamed at about 0.9-1.0x, 0.7x and 0.55-0.6x the local order. A
-user who knows the shards are mixed already passes ``read_lanes`` for longer runs. A state records its lanes, so one saved
+32, 64 and 128 lanes streamed at about 0.9-1.0x, 0.7x and 0.55-0.6x the local order
+before NOTE [ Lane groups ]; with it 128 lanes stream at 0.74-0.91x on SeaweedFS (the
+lower on a quieter machine) and 0.56x on moto (from 0.55-0.57x and 0.36x, paired in one
+run: ``tools/bench_compare.py``): still short of the local order's requests. A user who
+knows the shards are mixed already passes ``read_lanes`` for longer runs. A state records its lanes, so one saved
 under another default is refused, naming both, and resumes with that ``read_lanes``.
+
+NOTE [ Lane groups ]
+A worker reads each of its rank's lanes in every window it takes (a batch holds a chunk
+of every lane), so its requests are about ``L / R`` per window whatever the shards
+are: on the bench's 10 shards of ~30 MB (``tools/bench_stream.py --only order``, 128
+lanes) worker 0 of 2 made ~200 GETs and read ~310 MB, the local order 48 and 166 MB
+(each lane's part of a window was apart, the other worker's part of it within the
+coalescing gap). Where a shard holds several lanes, nothing requires their chunks to
+lie apart: consecutive lanes that lie inside one shard form a group, cut at every
+multiple of ``group_of``'s size (the largest power of two at most ``MAX_GROUP`` and at
+most the lanes per non-empty shard: 1, the layout above, on a dataset of more shards
+than lanes); a lane across two shards is a group of its own. A group's positions are
+laid chunk by chunk, lane by lane within a chunk: chunk ``c`` of the group is chunk
+``c`` of each of its lanes, ``T = sum(take)`` positions (the last chunk its real
+entries only), so every lane keeps its shard and a batch's mix of shards is what it
+was (10 shards sorted by label, 128 lanes: a batch of 256 is 0.20x a perfect
+shuffle's label distance as before; groups across shards moved their lanes' chunks
+from one shard to the next over the epoch, 2.0x). The lanes of a group share the
+flips of the top ``GROUP_LEVELS`` levels of their nested order (the words of the
+group's first lane: NOTE [ Nested chunk order ]), so for up to ``2 ** GROUP_LEVELS``
+workers every lane of a group puts a worker's batches of a window in the same range
+of chunks, and the worker's part of the group is one range of positions: one read per
+group and window, not per lane (the bench: 104 GETs, 190 MB). The deeper levels stay
+each lane's, so a batch takes its chunks of a group at different chunks of the window,
+but within one of its ``2 ** GROUP_LEVELS`` ranges (about ``M T / 8`` positions of one
+shard) rather than a lane apart: within a shard a batch is spread less (10 shards, 128
+lanes, batch 256: 37 distinct 256-sample stretches of a shard per batch, 127 before),
+across shards as before. ``MAX_GROUP`` keeps a group inside one rank's lanes where a
+rank holds a multiple of 8 lanes (with runs of 2, rank batches of 16, 32, ...); a rank
+holding part of a group reads its chunks among the other lanes' (with them, where they
+are closer than the coalescing gap). Nothing here depends on ``R`` or ``W``.
 
 A resume state is the number of global batches taken (plus the parameters and the
 dataset's checksum): it resumes on any ``(R, W)`` with ``R`` dividing ``G``, and the
@@ -116,14 +151,28 @@ from shardstream.plan.shards import ShardOrder
 from shardstream.plan.state import make_global_state, read_global_state
 from shardstream.plan.windows import split_even
 
-__all__ = ["BLOCK_WORDS", "GlobalPlan", "GlobalSequence", "lanes_of"]
+__all__ = ["BLOCK_WORDS", "GROUP_LEVELS", "MAX_GROUP", "GlobalPlan", "GlobalSequence", "group_of", "lanes_of"]
 
 # Chunk permutations of a lane are drawn this many words per keyed stream (a block of
 # windows); a block's permutations are cached per lane while a worker reads them.
 BLOCK_WORDS = 8192
 _CACHED_BLOCKS = 128  # 8 MiB at most (BLOCK_WORDS int64 each)
+# The blocks of many lanes are made in one nested order of about this many words at most
+# (one call per lane cost ~0.7 ms each; all at once, their temporaries several MB).
+_FILL_WORDS = 1 << 14
 # A worker's first Window holds about this many samples, then each one twice the last.
 _FIRST_WINDOW = 1024
+# NOTE [ Lane groups ]: at most this many lanes share a group, and a group's lanes share
+# the top GROUP_LEVELS levels of their chunk order (one range for up to 2**GROUP_LEVELS workers).
+MAX_GROUP = 8
+GROUP_LEVELS = 3
+
+
+def group_of(lanes: int, shards: int) -> int:
+    """Lanes per group (NOTE [ Lane groups ]): the largest power of two at most
+    ``MAX_GROUP`` and at most the lanes per non-empty shard, so a group lies in about one shard."""
+    most = min(MAX_GROUP, lanes // max(1, shards))
+    return 1 << (max(1, most).bit_length() - 1)
 
 
 def lanes_of(config: PlanConfig) -> int:
@@ -151,16 +200,58 @@ class GlobalSequence:
         # NOTE [ Padding in the last batch ]: the real entries of the last batch, and where
         # each lane starts among the epoch's positions
         self.last_real = min(self.size, total - (self.batches - 1) * self.size)
-        lengths = (self.batches - 1) * self.take + np.clip(self.last_real - self.entry[:-1], 0, self.take)
+        real = np.clip(self.last_real - self.entry[:-1], 0, self.take)  # of each lane's last chunk
+        lengths = (self.batches - 1) * self.take + real
         self.lane_start = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        # NOTE [ Lane groups ]: lane l's chunk c starts at its group's start + c * the
+        # group's take + the takes of the group's lanes before it (their real entries in
+        # the last chunk); with groups of one lane, lane_start + c * take
+        self.group = group_of(self.lanes, int(np.count_nonzero(shards.sizes)))
+        self._lay_groups(shards, real)
         self.per_window = max(1, window // self.size)
         self.block = max(1, BLOCK_WORDS // self.per_window)  # windows per keyed stream
         self._blocks: dict[tuple[int, int], np.ndarray] = {}
         self.cached_blocks = _CACHED_BLOCKS  # a mixture's parts share this bound (parts.py)
 
+    def _lay_groups(self, shards: ShardOrder, real: np.ndarray) -> None:
+        """Each lane's group: its first lane ``lead`` and the lane after its last
+        ``group_end`` (None where every group is one lane), and ``short``, the real
+        entries of the last chunk laid end to end (NOTE [ Lane groups ])."""
+        index = np.arange(self.lanes, dtype=np.int64)
+        self.lead, self.group_end, self.short = index, None, None
+        if self.group > 1:  # else a lane each (the epoch's first sample waits for this: no search)
+            self.lead, self.group_end = self._groups(shards, index)
+            self.short = np.concatenate([[0], np.cumsum(real)]).astype(np.int64)
+
+    def group_stop(self, lane: int) -> int:
+        """The lane after the last of ``lane``'s group."""
+        return lane + 1 if self.group_end is None else int(self.group_end[lane])
+
+    def _groups(self, shards: ShardOrder, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each lane's first lane of its group and the lane after its last: consecutive
+        lanes inside one shard, cut at every multiple of ``group``."""
+        lo, hi = self.lane_start[:-1], self.lane_start[1:]
+        shard = np.searchsorted(shards.ends, lo, side="right")
+        inside = (hi > lo) & (shard == np.searchsorted(shards.ends, hi - 1, side="right"))
+        new = (index % self.group == 0) | ~inside
+        new[1:] |= ~inside[:-1] | (shard[1:] != shard[:-1])
+        firsts = index[new]
+        number = np.cumsum(new) - 1
+        return firsts[number], np.append(firsts[1:], self.lanes)[number]
+
     def run_length(self) -> float:
         """Samples per read of one lane's chunk (G / L)."""
         return self.size / self.lanes
+
+    def starts(self, lanes: np.ndarray, chunks: np.ndarray) -> np.ndarray:
+        """The position of the first sample of chunk ``chunks`` of lane ``lanes`` (broadcast)."""
+        if self.group_end is None or self.short is None:
+            return self.lane_start[lanes] + chunks * self.take[lanes]
+        lead, entry, short = self.lead[lanes], self.entry, self.short
+        width = entry[self.group_end[lanes]] - entry[lead]  # the group's take
+        # the takes of the group's lanes before this one (their real entries in the last chunk)
+        before = np.where(chunks == self.batches - 1, short[lanes] - short[lead], entry[lanes] - entry[lead])
+        return self.lane_start[lead] + chunks * width + before
 
     def pieces(self, lo: int, hi: int) -> list[tuple[int, int, int]]:
         """``(lane, a, b)``: entries ``[lo, hi)`` of a batch are entries ``[a, b)`` of those lanes' chunks."""
@@ -191,21 +282,52 @@ class GlobalSequence:
 
     def _block(self, lane: int, number: int) -> np.ndarray:
         """The chunk permutations of the windows of one block of a lane, one row each."""
-        key = (lane, number)
-        if key in self._blocks:
-            return self._blocks[key]
+        if (lane, number) not in self._blocks:
+            self._fill([lane], number)
+        return self._blocks[(lane, number)]
+
+    def _prefill(self, batches: np.ndarray, lanes: list[int]) -> None:
+        """Make the blocks that ``chunks(batches, lane)`` needs for each of ``lanes`` at once."""
+        if self.shuffle and batches.size:
+            for number in np.unique(batches // self.per_window // self.block).tolist():
+                self._fill(lanes, number)
+
+    def _fill(self, lanes: list[int], number: int) -> None:
+        """The blocks ``number`` of ``lanes`` (those not cached, as many as the cache holds):
+        each lane's keyed words, in one nested order for ``_FILL_WORDS`` words of them at once."""
+        missing = [lane for lane in dict.fromkeys(lanes) if (lane, number) not in self._blocks]
+        missing = missing[: self.cached_blocks]
         per, first = self.per_window, number * self.block
         windows = min(self.block, -(-self.batches // per) - first)
-        words = random_words(windows * per, (self.seed, self.epoch, TAG_GLOBAL, lane, number))
-        rows = nested_permutations(words.reshape(windows, per))
+        step = max(1, _FILL_WORDS // (windows * per))
+        for at in range(0, len(missing), step):
+            some = missing[at : at + step]
+            for lane, block in zip(some, self._made(some, number, windows), strict=True):
+                if len(self._blocks) >= self.cached_blocks:
+                    self._blocks.pop(next(iter(self._blocks)))
+                self._blocks[(lane, number)] = block
+
+    def _made(self, lanes: list[int], number: int, windows: int) -> np.ndarray:
+        """The chunk permutations of block ``number`` of ``lanes``: ``(lanes, windows, per)``."""
+        per, first = self.per_window, number * self.block
+
+        def words_of(lane: int) -> np.ndarray:
+            return random_words(windows * per, (self.seed, self.epoch, TAG_GLOBAL, lane, number))
+
+        words = np.stack([words_of(lane) for lane in lanes]).reshape(len(lanes), windows, per)
+        shared, levels = words, 0
+        if self.group > 1:  # NOTE [ Lane groups ]: the top levels are the group's first lane's
+            leads = self.lead[lanes].tolist()
+            made = {lane: words[k] for k, lane in enumerate(lanes)}
+            made.update({lead: words_of(lead).reshape(windows, per) for lead in set(leads) - made.keys()})
+            shared, levels = np.stack([made[lead] for lead in leads]), GROUP_LEVELS
+        rows = nested_permutations(words.reshape(-1, per), shared.reshape(-1, per), levels)
+        rows = rows.reshape(words.shape)
         last = self.batches - (first + windows - 1) * per  # the epoch's last window may be short
         moving = last - (self.last_real < self.size)  # a padded last batch keeps the last chunk
         if moving < per:  # the same words, a nested order of the moving chunks only
-            rows[-1, :moving] = nested_permutations(words.reshape(windows, per)[-1:, :moving])[0]
-            rows[-1, moving:last] = np.arange(moving, last)
-        if len(self._blocks) >= self.cached_blocks:
-            self._blocks.pop(next(iter(self._blocks)))
-        self._blocks[key] = rows
+            rows[:, -1, :moving] = nested_permutations(words[:, -1, :moving], shared[:, -1, :moving], levels)
+            rows[:, -1, moving:last] = np.arange(moving, last)
         return rows
 
     def positions(self, batches: np.ndarray, pieces: list[tuple[int, int, int]]) -> np.ndarray:
@@ -216,8 +338,9 @@ class GlobalSequence:
         a = np.array([a for _, a, _ in pieces], dtype=np.int64)
         width = np.array([b - a for _, a, b in pieces], dtype=np.int64)
         first = self.entry[lanes] + a  # the batch entry of each piece's first sample
+        self._prefill(batches, lanes.tolist())
         chunk = np.stack([self.chunks(batches, lane) for lane in lanes.tolist()], axis=1)
-        start = self.lane_start[lanes] + chunk * self.take[lanes] + a
+        start = self.starts(lanes, chunk) + a
         real = np.repeat(width[None, :], batches.size, axis=0)
         if batches[-1] == self.batches - 1:  # the last batch: its entries from last_real on repeat
             real[-1] = np.clip(self.last_real - first, 0, width)
@@ -239,10 +362,11 @@ class GlobalSequence:
         batch, entry = np.divmod(flat % self.shards.total, self.size)
         lane = np.searchsorted(self.entry, entry, side="right") - 1
         out = np.empty(flat.size, dtype=np.int64)
+        self._prefill(batch, np.unique(lane).tolist())
         for number in np.unique(lane).tolist():
             mine = lane == number
             chunk = self.chunks(batch[mine], number)
-            out[mine] = self.lane_start[number] + chunk * self.take[number] + entry[mine] - self.entry[number]
+            out[mine] = self.starts(np.full(chunk.size, number), chunk) + entry[mine] - self.entry[number]
         return out
 
     def window_shards(self, lo: int, hi: int, pieces: list[tuple[int, int, int]]) -> tuple[int, ...]:
@@ -251,15 +375,17 @@ class GlobalSequence:
         per, total, real = self.per_window, self.shards.total, self.last_real
         first, stop = lo // per * per, min(-(-hi // per) * per, self.batches)
         found: dict[int, None] = {}
+        groups: set[int] = set()
         for lane, a, b in pieces:
-            start, end, take = (
-                int(self.lane_start[lane]),
-                int(self.lane_start[lane + 1]),
-                int(self.take[lane]),
-            )
-            spans = _wrap(start + first * take, min(start + stop * take, end), total)
-            for run in self.shards.runs(spans):
-                found[run.shard] = None
+            lead = int(self.lead[lane])
+            if lead not in groups:  # every lane's chunks [first, stop) of the group (NOTE [ Lane groups ])
+                groups.add(lead)
+                after = self.group_stop(lane)
+                start, take = int(self.lane_start[lead]), int(self.entry[after] - self.entry[lead])
+                end = int(self.lane_start[after])
+                spans = _wrap(start + first * take, min(start + stop * take, end), total)
+                for run in self.shards.runs(spans):
+                    found[run.shard] = None
             entry = int(self.entry[lane])
             if stop == self.batches and entry + b > real:  # the last batch's repeats (at most G)
                 repeats = self.entries(np.arange(max(entry + a, real) - real, entry + b - real))

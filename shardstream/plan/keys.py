@@ -100,21 +100,25 @@ def row_permutations(words: np.ndarray) -> np.ndarray:
     return keys
 
 
-def nested_permutations(words: np.ndarray) -> np.ndarray:
+def nested_permutations(words: np.ndarray, shared: np.ndarray | None = None, levels: int = 0) -> np.ndarray:
     """Each row of ``words`` (uint64, 2-D, raw words of keyed streams) made a permutation
     ``p`` of ``range(columns)`` under which, for every power of two ``W``, the indices of
-    one residue class modulo ``W`` go to one contiguous range (NOTE [ Nested chunk order ])."""
+    one residue class modulo ``W`` go to one contiguous range (NOTE [ Nested chunk order ]).
+    With ``shared`` (words of the same shape), the flips of the top ``levels`` levels are
+    ``shared``'s: rows made with the same ``shared`` put each residue class modulo
+    ``2**levels`` in the same range (NOTE [ Lane groups ] in global_order.py)."""
     rows, n = words.shape
     signed = words.view(np.int64)
+    common = signed if shared is None else shared.view(np.int64)
     index = np.arange(n, dtype=np.int64)
     # Level i of the tree: the node is j's low i bits (< 2**i < n: a column of the row,
     # whose bit i + 1 is its flip); j's key bit is bit i of j, flipped. A key bit of 1
     # ranks j after the node's other subtree: the j < n whose low i + 1 bits are the
     # node's then the flip, ceil((n - those bits) / 2**(i + 1)) of them (0 past n). So
     # j gains ``unflipped`` unless its node flips, then ``flipped``.
-    levels = range((n - 1).bit_length())
+    depths = range((n - 1).bit_length())
     gains = []
-    for level in levels:
+    for level in depths:
         node, half = index & ((1 << level) - 1), 1 << level
         bit = (index >> level) & 1
         unflipped = bit * ((n - node + 2 * half - 1) >> (level + 1))
@@ -122,8 +126,8 @@ def nested_permutations(words: np.ndarray) -> np.ndarray:
         gains.append((node, unflipped, flipped - unflipped))
     out = np.zeros((rows, n), dtype=np.int64)
     out += sum((gain[1] for gain in gains), np.zeros(n, dtype=np.int64))
-    for level, (node, _, change) in zip(levels, gains, strict=True):
-        flips = signed[:, node] >> (level + 1)
+    for level, (node, _, change) in zip(depths, gains, strict=True):
+        flips = (common if level < levels else signed)[:, node] >> (level + 1)
         flips &= 1
         flips *= change
         out += flips

@@ -40,8 +40,9 @@ __all__ = [
 STATE_VERSION = 1  # of a plan state (and so of a ShardSampler's)
 RESUME_VERSION = 1  # of a dataset's (and DataLoader's) state around a plan state
 # of order="global"'s sequence: 2 took its chunks in a nested order (NOTE [ Nested chunk
-# order ]); states of 1 carry no such field, and resume a sequence this one no longer makes
-GLOBAL_SEQUENCE = 2
+# order ]); 3 lays the chunks of a lane group together (NOTE [ Lane groups ]); states of 1
+# carry no such field; the earlier ones resume a sequence this one no longer makes
+GLOBAL_SEQUENCE = 3
 
 
 class Key:
@@ -230,7 +231,8 @@ def read_global_state(
         raise StateError(
             f"the state is of order='global' sequence {shown(state.get(Key.GLOBAL_SEQUENCE, 1))}, "
             f"this shardstream makes sequence {GLOBAL_SEQUENCE} (its batches take their chunks of "
-            "a lane in another order, NOTE [ Nested chunk order ]): the rest of that epoch is not "
+            "a lane in another order and place, NOTE [ Nested chunk order ] and [ Lane groups ]): the "
+            "rest of that epoch is not "
             "this one's; resume it with the shardstream that saved it, or start the epoch again"
         )
     _check_same(
