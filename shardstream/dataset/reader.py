@@ -226,7 +226,7 @@ class WindowReader:
     def _whole_shards(self, window: Any) -> list[int]:
         """The shards of ``window`` to GET whole while their sidecars are read (NOTE [ Whole
         shards at once ]), or none."""
-        runs = window.known_runs
+        runs = getattr(window, "known_runs", None)  # a MapDataset batch has none
         if self.budget is None or not runs:
             return []
         shards = [run.shard for run in runs]
