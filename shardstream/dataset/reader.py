@@ -80,7 +80,9 @@ WHOLE_SHARD_SLACK = 64 * 1024
 # takes before any GET, so a manifest that lies about a shard cannot make the reader
 # allocate more than the budget before its sidecar is checked; and only where some
 # sidecar is not in the LRU yet (else there is no round trip to save). Through the WAN
-# proxy (30 ms, 40 MB/s), ~250 B samples: one round trip less per such window.
+# proxy (30 ms, 40 MB/s), 20k samples of ~250 B in 4 shards (one window, shuffle=False),
+# cold epochs paired with the previous head in 8 rounds: Parquet 1.28x, tar 1.12x (tar
+# moves ~3 KB per sample, so its epoch is mostly the shards' GETs themselves).
 
 # On object storage, windows fetched ahead at most, and the threads fetching them (their
 # GETs share the worker's read_concurrency; NOTE [ Read budget ] bounds their bytes).
