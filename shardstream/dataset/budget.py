@@ -5,7 +5,8 @@
 # that one (NOTE [ Getting the bytes ] in fetch.py), as far ahead as the budget allows:
 # the bytes of every window fetched or being fetched and not yet decoded (in flight plus
 # buffered) stay within ``read_budget``. A window takes its share in window order (a
-# ticket each), after its sidecars are read and before its first shard byte is asked
+# ticket each), after its sidecars are read (a window of whole shards: before, NOTE
+# [ Whole shards at once ] in reader.py) and before its first shard byte is asked
 # for, so a later window never takes the room an earlier one waits for. A window larger
 # than the budget still goes when at most one other window holds bytes (today's
 # one-window prefetch), so the bound is max(budget, two windows) and the stream never

@@ -36,7 +36,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, wait
 from types import MappingProxyType
+from typing import Any
 
 from shardstream.errors import StorageError
 from shardstream.manifest import Manifest
@@ -44,7 +46,7 @@ from shardstream.storage import Expected, ReadPool, Storage
 from shardstream.storage.parts import split
 from shardstream.types import ByteRange
 
-__all__ = ["READ_THREADS", "ByteFetcher", "expectations"]
+__all__ = ["READ_THREADS", "ByteFetcher", "Reads", "expectations"]
 
 READ_THREADS = 16  # requests in flight per DataLoader worker, on object storage
 
@@ -67,6 +69,26 @@ def _expectations(manifest: Manifest) -> dict[str, Expected]:
             size = info.index_bytes or None  # 0: a manifest from before sidecars were sized
             expected.setdefault(info.index, Expected(size, version=f"{info.sha256}|{info.index}"))
     return expected
+
+
+class Reads:
+    """Reads begun by ``ByteFetcher.start``: ``result()`` their bytes in order, or
+    ``cancel()`` them (those running are waited for)."""
+
+    def __init__(self, collect: Callable[[], list[bytes | memoryview]], futures: list[Future[Any]]) -> None:
+        self._collect, self._futures = collect, futures
+
+    def result(self) -> list[bytes | memoryview]:
+        try:
+            return self._collect()
+        finally:
+            for future in self._futures:
+                future.cancel()
+
+    def cancel(self) -> None:
+        for future in self._futures:
+            future.cancel()
+        wait(self._futures)
 
 
 class ByteFetcher:
@@ -110,6 +132,11 @@ class ByteFetcher:
         """The bytes of every item, in order; a ``StorageError`` is passed through
         ``on_error`` (which names the shard and samples) and raised. The reads run in
         the pool's threads at once; a long one may be cut into parts that do too."""
+        return self.start(items, on_error).result()
+
+    def start(self, items: Sequence[Item], on_error: Callable[[StorageError, Item], Exception]) -> Reads:
+        """``read_all`` begun: the reads are in the pool's threads (where there is a pool)
+        when this returns, and ``result()`` waits for their bytes."""
 
         def one(item: Item) -> bytes | memoryview:
             try:
@@ -119,13 +146,9 @@ class ByteFetcher:
 
         pool = self._pool
         if pool is None or not items:
-            return [one(item) for item in items]
+            return Reads(lambda: [one(item) for item in items], [])
         futures = [pool.submit(one, item) for item in items]
-        try:
-            return [future.result() for future in futures]
-        finally:
-            for future in futures:
-                future.cancel()
+        return Reads(lambda: [future.result() for future in futures], futures)
 
     def _is_long(self, path: str, rng: ByteRange | None) -> bool:
         """Whether a read may be cut into parts (NOTE [ Reads in parts ])."""

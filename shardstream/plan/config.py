@@ -155,24 +155,33 @@ class Window:
     yield order, as indices into the concatenation of the runs' samples. ``shards`` are
     the shards it reads: a window made by :meth:`lazy` knows them before it lays out its
     runs and order (O(window) memory), so a reader checks those shards' sample counts
-    against their sidecars first.
+    against their sidecars first. ``known_runs`` are its runs where the plan knew them
+    without laying anything out (O(runs)), else None.
     """
 
-    __slots__ = ("_build", "_order", "_runs", "shards")
+    __slots__ = ("_build", "_order", "_runs", "known_runs", "shards")
 
     def __init__(self, runs: Sequence[Run], order: np.ndarray) -> None:
         self._runs: tuple[Run, ...] | None = tuple(runs)
         self._order: np.ndarray | None = order
         self._build: Callable[[], tuple[tuple[Run, ...], np.ndarray]] | None = None
         self.shards: tuple[int, ...] = tuple(dict.fromkeys(run.shard for run in self._runs))
+        self.known_runs: tuple[Run, ...] | None = self._runs
 
     @classmethod
-    def lazy(cls, shards: Sequence[int], build: Callable[[], tuple[tuple[Run, ...], np.ndarray]]) -> Window:
-        """A window reading only ``shards``, whose ``(runs, order)`` ``build`` makes on first use."""
+    def lazy(
+        cls,
+        shards: Sequence[int],
+        build: Callable[[], tuple[tuple[Run, ...], np.ndarray]],
+        runs: Sequence[Run] | None = None,
+    ) -> Window:
+        """A window reading only ``shards``, whose ``(runs, order)`` ``build`` makes on first
+        use; ``runs``: the runs ``build`` will give, where the plan has them already."""
         window = cls.__new__(cls)
         window._runs = window._order = None
         window._build = build
         window.shards = tuple(shards)
+        window.known_runs = None if runs is None else tuple(runs)
         return window
 
     def _made(self) -> tuple[tuple[Run, ...], np.ndarray]:

@@ -199,7 +199,8 @@ class EpochPlan:
             runs = current.runs(shift(spans, start))
             skip = used if index == first else 0
             build = functools.partial(_window_parts, current, rank, worker, index, spans, start, runs, skip)
-            yield Window.lazy(tuple(dict.fromkeys(run.shard for run in runs)), build)
+            known = None if skip else runs  # a window resumed part way lays its runs out again
+            yield Window.lazy(tuple(dict.fromkeys(run.shard for run in runs)), build, known)
 
     def worker_samples(self, rank: int, worker: int) -> Iterator[tuple[int, int]]:
         """``(shard, index in shard)`` of every sample of one worker, in yield order."""
