@@ -18,7 +18,7 @@ import pytest
 from shardstream.errors import StorageError
 from shardstream.storage import RetryPolicy, Storage
 from shardstream.storage.expect import Expected
-from shardstream.storage.s3lean import GET_OBJECT_PARAMETERS, LeanClient, signature
+from shardstream.storage.s3lean import ERROR_BODY, GET_OBJECT_PARAMETERS, LeanClient, _client_error, signature
 from shardstream.storage.s3read import S3Reader, s3_options
 from shardstream.types import ByteRange
 from tests.faultproxy import FaultProxy
@@ -331,3 +331,28 @@ def test_a_streamed_body_that_ends_early_raises(moto_store, moto_server, s3):
             _stream_all(storage._s3, bucket, key, ByteRange(1000, 101_000))
         storage.close()
     assert proxy.stats["truncate"] == 1
+
+
+class _HugeErrorResponse:
+    """An error response whose body never ends, as a hostile or broken endpoint may send."""
+
+    status, reason, headers = 500, "Internal Server Error", {"content-type": "text/plain"}
+
+    def __init__(self) -> None:
+        self.asked: list[int | None] = []
+        self.closed = False
+
+    def read(self, amt: int | None = None) -> bytes:
+        self.asked.append(amt)
+        return b"x" * (amt if amt is not None else 1 << 30)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_an_error_body_is_read_only_as_far_as_an_s3_error_goes():
+    response = _HugeErrorResponse()
+    error = _client_error(response)
+    assert response.asked == [ERROR_BODY]
+    assert response.closed  # the rest unread: the connection is not reused
+    assert error.response["Error"]["Code"] == "500"

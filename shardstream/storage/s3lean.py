@@ -32,7 +32,9 @@
 #   undecoded with its Content-Length enforced by urllib3; a status of 300 or more
 #   raises botocore's ``ClientError`` with the fields of the XML error body (Code,
 #   Message, ActualObjectSize...; the status as the code where there is no body), so
-#   s3read's 404/403/416 mapping and retry.py's classification apply unchanged.
+#   s3read's 404/403/416 mapping and retry.py's classification apply unchanged. Of an
+#   error body only ``ERROR_BODY`` bytes are read (an endpoint that answers a GET with an
+#   endless error body must not fill memory); the connection of a longer one is closed.
 #   botocore's checksum validation of whole GETs (x-amz-checksum-mode) is not asked
 #   for: shard bytes are checked against the manifest's checksums instead.
 # - One pool per process: a fork child makes its own and never uses or closes the
@@ -107,6 +109,7 @@ _CLIENT_KEYS = frozenset(
     }
 )
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+ERROR_BODY = 1 << 16  # bytes of an error response read at most, for its XML fields
 _SUCCESS = (200, 206)
 
 
@@ -362,10 +365,12 @@ def _client_error(response: Any) -> Exception:
     from botocore.exceptions import ClientError
 
     try:
-        body = bytes(response.read())
+        body = bytes(response.read(ERROR_BODY))
     except Exception:  # the status says enough; the connection is not reused
         response.close()
         body = b""
+    if len(body) >= ERROR_BODY:  # not an S3 error body (a few hundred bytes): the rest stays unread
+        response.close()
     error = {"Code": str(response.status), "Message": response.reason or ""}
     if body.lstrip().startswith(b"<"):
         import xml.etree.ElementTree as ElementTree
