@@ -383,6 +383,34 @@ def test_the_cache_is_filled_on_the_cold_epoch_and_read_on_the_warm_one(
 
 
 @pytest.mark.s3
+def test_a_cache_fill_of_a_whole_shard_read_with_its_sidecar_is_cut_into_parts(
+    s3, moto_server, tmp_path, monkeypatch
+):
+    # A window of whole shards GETs them beside their sidecars (NOTE [ Whole shards at
+    # once ]); with cache_dir that read fills the entry, in parts where the wire is slow,
+    # as any other fill (it went to Storage.read, which has no pool: one GET per shard)
+    from shardstream.storage import parts
+
+    monkeypatch.setattr(parts, "FAST_CONNECTION", float("inf"))  # every rate counts as slow
+    monkeypatch.setattr(parts, "PART_LATENCIES", 0)  # parts of PART_MIN, however long the latency
+    base, options = s3
+    payloads = _pack(base + "/ds", options, shards=2, samples=3, size=2 * MB)
+    with Recorder(moto_server.endpoint) as proxy:
+        dataset = shardstream.StreamingDataset(
+            base + "/ds",
+            storage_options=dict(options, endpoint_url=proxy.endpoint),
+            shuffle=False,
+            cache_dir=str(tmp_path / "cache"),
+        )
+        got = {s["__key__"]: s["bin"] for s in dataset}
+        dataset.storage.close()
+    assert got == payloads
+    ranges = [rng for _, rng in proxy.shard_gets()]
+    assert sorted(ranges)[:2] == ["", ""]  # each shard's first GET, whole
+    assert len(ranges) > 2  # and parts beside them
+
+
+@pytest.mark.s3
 @pytest.mark.parametrize("cut", [False, True])
 def test_a_cache_fill_hashes_the_bytes_as_they_pass_and_reads_nothing_back(s3, tmp_path, monkeypatch, cut):
     import builtins

@@ -159,6 +159,10 @@ class ByteFetcher:
 
     def read(self, path: str, rng: ByteRange | None) -> bytes | memoryview:
         expect = self._expected.get(path)
+        if rng is None and self.storage.cached and expect is not None and expect.size:
+            # a whole object (NOTE [ Whole shards at once ]): its cache entry, filled in
+            # parts where the connection is slow (NOTE [ Filling the cache ]), as a range's
+            rng = ByteRange(0, expect.size)
         if rng is not None and rng.length and self.storage.cached:
             # the cache entry, checked against expect
             return self.storage.map(path, rng, expect=expect, pool=self._part_pool)
