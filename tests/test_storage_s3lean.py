@@ -19,7 +19,7 @@ from shardstream.errors import StorageError
 from shardstream.storage import RetryPolicy, Storage
 from shardstream.storage.expect import Expected
 from shardstream.storage.s3lean import ERROR_BODY, GET_OBJECT_PARAMETERS, LeanClient, _client_error, signature
-from shardstream.storage.s3read import S3Reader, s3_options
+from shardstream.storage.s3read import S3Reader, client_arguments, s3_options
 from shardstream.types import ByteRange
 from tests.faultproxy import FaultProxy
 
@@ -53,6 +53,12 @@ def aws_env(monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
     return tmp_path
+
+
+def _lean(options: dict) -> LeanClient | None:
+    """The LeanClient that S3Reader would make for these storage options, or None."""
+    resolved = s3_options(options)
+    return LeanClient.create(resolved, *client_arguments(resolved))
 
 
 # -- the signature -----------------------------------------------------------------------
@@ -152,7 +158,7 @@ def test_options_it_cannot_honour_fall_back_to_botocore(aws_env, options):
     options = {"endpoint_url": ENDPOINT, **options}
     if options["endpoint_url"] is None:
         del options["endpoint_url"]
-    assert LeanClient.create(s3_options(options)) is None
+    assert _lean(options) is None
     if options.get("key") == "only-a-key":
         return  # botocore refuses partial credentials itself, when it makes its client
     client = _client_for(options)
@@ -162,15 +168,15 @@ def test_options_it_cannot_honour_fall_back_to_botocore(aws_env, options):
 
 def test_a_proxy_in_the_environment_falls_back(aws_env, monkeypatch):
     monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:3128")
-    assert LeanClient.create(s3_options({"endpoint_url": "http://minio.example:9000"})) is None
+    assert _lean({"endpoint_url": "http://minio.example:9000"}) is None
     monkeypatch.setenv("NO_PROXY", "minio.example")
-    assert LeanClient.create(s3_options({"endpoint_url": "http://minio.example:9000"})) is not None
+    assert _lean({"endpoint_url": "http://minio.example:9000"}) is not None
 
 
 def test_virtual_hosts_in_the_profile_fall_back(aws_env):
     (aws_env / "config").write_text("[profile team]\ns3 =\n    addressing_style = virtual\n")
-    assert LeanClient.create(s3_options({"endpoint_url": ENDPOINT, "profile": "team"})) is None
-    assert LeanClient.create(s3_options({"endpoint_url": ENDPOINT})) is not None
+    assert _lean({"endpoint_url": ENDPOINT, "profile": "team"}) is None
+    assert _lean({"endpoint_url": ENDPOINT}) is not None
 
 
 @pytest.mark.parametrize(
@@ -193,7 +199,7 @@ def test_options_it_honours_keep_it_lean(aws_env, options):
 
 def test_region_and_credentials_come_as_botocore_takes_them(aws_env, monkeypatch):
     def lean(**options):
-        client = LeanClient.create(s3_options({"endpoint_url": ENDPOINT, **options}))
+        client = _lean({"endpoint_url": ENDPOINT, **options})
         assert client is not None
         return client.region, client.credentials and client.credentials.access_key
 
@@ -213,8 +219,8 @@ def test_region_and_credentials_come_as_botocore_takes_them(aws_env, monkeypatch
         "http://[::1]:9000": "[::1]:9000",
     }
     for endpoint, host in hosts.items():  # as botocore signs Host: no port where it is the scheme's
-        assert LeanClient.create(s3_options({"endpoint_url": endpoint})).host == host
-    assert LeanClient.create(s3_options({"endpoint_url": "http://user:pw@minio:9000"})) is None
+        assert _lean({"endpoint_url": endpoint}).host == host
+    assert _lean({"endpoint_url": "http://user:pw@minio:9000"}) is None
 
 
 # -- against moto --------------------------------------------------------------------------

@@ -126,7 +126,7 @@ def stub(request, monkeypatch):
     """The stub server; each test runs with a LeanClient and with the botocore client
     (NOTE [ Lean GETs ]): both must send and read the same."""
     if request.param == "botocore":
-        monkeypatch.setattr(s3lean.LeanClient, "create", classmethod(lambda cls, options: None))
+        monkeypatch.setattr(s3lean.LeanClient, "create", classmethod(lambda cls, *given: None))
     for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "env-key")

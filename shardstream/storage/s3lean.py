@@ -14,7 +14,9 @@
 #   (``http://host:port/bucket/key``). AWS itself (no endpoint: virtual hosts, region
 #   redirects), ``addressing_style="virtual"`` and other ``s3`` settings (in
 #   config_kwargs or the profile), proxies, client certificates stay on botocore.
-# - Credentials as botocore takes them: client_kwargs, then key/secret/token (or
+# - Endpoint, credentials, region, timeouts and pool size from the botocore client's own
+#   arguments (s3read's ``client_arguments``, one definition for both clients).
+#   Credentials as botocore takes them: client_kwargs, then key/secret/token (or
 #   username/password), else the botocore Session's chain (environment, profile, config
 #   files, container and instance metadata), resolved once per process and read frozen
 #   per request (refreshable ones renew themselves). ``anon``: unsigned requests. The
@@ -141,11 +143,6 @@ def _static_ok(options: Mapping[str, Any]) -> bool:
     )
 
 
-def _endpoint(options: Mapping[str, Any]) -> str | None:
-    client = options.get("client_kwargs") or {}
-    return client.get("endpoint_url") or options.get("endpoint_url") or None
-
-
 class _Body:
     """A response body as botocore's StreamingBody shows it to s3read: ``read`` all of it
     (urllib3 enforces its Content-Length), or its ``_raw_stream`` to ``readinto``."""
@@ -215,10 +212,14 @@ class LeanClient:
         self._keys: dict[tuple[str, str], bytes] = {}  # (secret, date) -> signing key
 
     @classmethod
-    def create(cls, options: Mapping[str, Any]) -> LeanClient | None:
+    def create(
+        cls, options: Mapping[str, Any], arguments: Mapping[str, Any], config: Mapping[str, Any]
+    ) -> LeanClient | None:
         """A client for these options (as ``s3_options`` gives them), or None where only
-        botocore does what they ask."""
-        endpoint = _endpoint(options)
+        botocore does what they ask; ``arguments`` and ``config``: the botocore client's
+        (s3read's ``client_arguments``), whose endpoint, credentials, region, timeouts and
+        pool size it takes as that client would."""
+        endpoint = arguments.get("endpoint_url")
         if not endpoint or not _static_ok(options):
             return None
         parts = urlsplit(endpoint)
@@ -238,19 +239,15 @@ class LeanClient:
         session = botocore.session.Session(profile=options.get("profile"))
         if not _path_style(session.get_scoped_config().get("s3")):
             return None
-        config = options.get("config_kwargs") or {}
-        client = options.get("client_kwargs") or {}
         region = (
-            client.get("region_name") or config.get("region_name") or session.get_config_variable("region")
+            arguments.get("region_name") or config.get("region_name") or session.get_config_variable("region")
         )
-        credentials = None if options.get("anon") else _credentials(options, session)
+        credentials = None if options.get("anon") else _credentials(arguments, session)
         if credentials is False:
             return None
-        connect = float(config.get("connect_timeout", 5))
-        read = float(config.get("read_timeout", 15))
-        pool = _pool(
-            parts, client.get("verify"), session, int(config.get("max_pool_connections", 10)), connect, read
-        )
+        connect, read = float(config["connect_timeout"]), float(config["read_timeout"])
+        size = int(config.get("max_pool_connections", 10))
+        pool = _pool(parts, arguments.get("verify"), session, size, connect, read)
         # The Host header as botocore signs it: no port where it is the scheme's own.
         netloc = parts.netloc
         if parts.port in (None, {"http": 80, "https": 443}[parts.scheme]):
@@ -326,15 +323,13 @@ def signature(frozen: Any, region: str, path: str, headers: Mapping[str, str], s
     return f"AWS4-HMAC-SHA256 Credential={frozen.access_key}/{scope}, SignedHeaders={signed}, Signature={mac}"
 
 
-def _credentials(options: Mapping[str, Any], session: Any) -> Any:
-    """The credentials botocore's client would sign with; False where only it can tell
-    (a key without its secret)."""
+def _credentials(arguments: Mapping[str, Any], session: Any) -> Any:
+    """The credentials botocore's client would sign with, given its ``arguments``; False
+    where only it can tell (a key without its secret)."""
     import botocore.credentials
 
-    client = options.get("client_kwargs") or {}
-    access = client.get("aws_access_key_id") or options.get("key") or options.get("username")
-    secret = client.get("aws_secret_access_key") or options.get("secret") or options.get("password")
-    token = client.get("aws_session_token") or options.get("token")
+    access, secret = arguments.get("aws_access_key_id"), arguments.get("aws_secret_access_key")
+    token = arguments.get("aws_session_token")
     if access or secret:
         if not (access and secret):
             return False

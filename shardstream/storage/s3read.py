@@ -48,7 +48,7 @@ from shardstream.storage.s3lean import LeanClient
 from shardstream.storage.streams import Body
 from shardstream.types import ByteRange
 
-__all__ = ["S3Reader", "s3_options", "timeouts_of"]
+__all__ = ["S3Reader", "client_arguments", "s3_options", "timeouts_of"]
 
 # s3fs options that do not change how one object is read: the fast path ignores them.
 _FS_ONLY = frozenset(
@@ -156,7 +156,7 @@ def _client_parameters() -> frozenset[str]:
     }
 
 
-def _client_arguments(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def client_arguments(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(create_client keyword arguments, Config keyword arguments)``, as s3fs builds them."""
     client_kwargs = dict(options.get("client_kwargs") or {})
     credentials = {
@@ -229,10 +229,10 @@ class S3Reader:
         import botocore.session
 
         options = s3_options(self._options)
-        lean = LeanClient.create(options)  # NOTE [ Lean GETs ] in s3lean.py
+        arguments, config = client_arguments(options)
+        lean = LeanClient.create(options, arguments, config)  # NOTE [ Lean GETs ] in s3lean.py
         if lean is not None:
             return lean, {}
-        arguments, config = _client_arguments(options)
         session = botocore.session.Session(profile=options.get("profile"))
         session.register_component("data_loader", _loader(session.get_config_variable("data_path")))
         client = session.create_client("s3", config=botocore.config.Config(**config), **arguments)
