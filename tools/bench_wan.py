@@ -52,7 +52,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 from bench_stream import MB, MotoProcess, Rates, small_sample
-from bench_wan_runs import BUCKET, first_sample, large_sample, run_one, storage_options, write_corpus
+from bench_wan_runs import BUCKET, ONE_READ, first_sample, large_sample, run_one, storage_options, write_corpus
 
 from shardstream.pack import ShardWriter
 
@@ -95,7 +95,7 @@ def runner():  # type: ignore[no-untyped-def]
 
 def measure_runs(pool, specs: dict[str, dict], repeat: int, scale: float) -> tuple[Rates, dict]:  # type: ignore[no-untyped-def]
     """Rounds of every run (rotating order): rates (items/s x scale) by name, and the last
-    round's epoch details (RSS, GETs, peak in flight) by name."""
+    round's epoch details (RSS, GETs, peak in flight; every round's RSS growth) by name."""
     names, rounds, details = list(specs), [], {}
     for number in range(max(1, repeat)):
         rates: dict[str, float] = {}
@@ -104,6 +104,7 @@ def measure_runs(pool, specs: dict[str, dict], repeat: int, scale: float) -> tup
             for epoch in result["epochs"]:
                 label = f"{name} warm" if epoch["name"] == "warm" else name
                 rates[label] = epoch["items"] * scale / epoch["seconds"]
+                epoch["rss_growths"] = [*details.get(label, {}).get("rss_growths", []), epoch["rss_growth"]]
                 details[label] = epoch
         rounds.append(rates)
     order = [n for name in names for n in (name, f"{name} warm") if n in rounds[0]]
@@ -138,9 +139,19 @@ def target(rates: Rates, ours: str, others: list[str], goal: float, what: str) -
     print(f"  {what}: {ours} / {' | '.join(others)} = {ratio:.2f}x{state}")
 
 
+def memory_target(details: dict, ours: str) -> None:
+    """Issue 9's memory target: ``ours`` grows at most 64 MB more in an epoch than the
+    reader before issue 9 (``ONE_READ``), medians over the rounds."""
+    if ours not in details or ONE_READ not in details:
+        return
+    extra = (statistics.median(details[ours]["rss_growths"]) - statistics.median(details[ONE_READ]["rss_growths"])) / MB
+    state = "met" if extra <= 64 else "MISSED"
+    print(f"  memory: {ours} grows {extra:+,.0f} MB more than {ONE_READ} in an epoch; target <= +64 MB: {state}")
+
+
 def bench_corpus(pool, name: str, where: dict, base: dict, repeat: int, large: bool) -> None:  # type: ignore[no-untyped-def]
     tools = ["shardstream tar", "shardstream parquet", "shardstream tar cache", "local disk"]
-    tools += ["boto3 x16", "boto3"] if large else []
+    tools += ["boto3 x16", "boto3", ONE_READ] if large else [ONE_READ]
     tools += [peer for peer in PEERS if peer in where or peer == "webdataset"]
     tools = [tool for tool in tools if not base["tools"] or tool in base["tools"]]
     specs = {tool: dict(base, tool=tool, where=where) for tool in tools}
@@ -155,6 +166,7 @@ def bench_corpus(pool, name: str, where: dict, base: dict, repeat: int, large: b
     else:
         target(rates, "shardstream tar", cold_peers, 1.5, "~250 B cold, tar, vs the best peer")
         target(rates, "shardstream parquet", cold_peers, 2.5, "~250 B cold, Parquet, vs the best peer")
+    memory_target(details, "shardstream tar")
     target(rates, "shardstream tar cache", ["shardstream tar"], 0.95, "cache, cold vs uncached cold")
     target(rates, "shardstream tar cache warm", ["local disk warm"], 0.9, "cache, warm vs local disk")
     target(rates, "shardstream tar cache warm", ["litdata warm", "mosaic warm"], 0, "warm vs the best peer")
@@ -162,9 +174,11 @@ def bench_corpus(pool, name: str, where: dict, base: dict, repeat: int, large: b
 
 def bench_loopback(pool, where: dict, base: dict, repeat: int) -> None:  # type: ignore[no-untyped-def]
     loop = dict(base, endpoint=base["env"]["AWS_ENDPOINT_URL"], proxy="")
-    specs = {f"{t} (loopback)": dict(loop, tool=t, where=where) for t in ("shardstream tar", "boto3")}
+    tools = ("shardstream tar", "boto3", ONE_READ)
+    specs = {f"{t} (loopback)": dict(loop, tool=t, where=where) for t in tools}
     rates, details = measure_runs(pool, specs, repeat, MB / 1e6)
     show("large, loopback (no proxy), cold epoch", rates, details, "MB/s")
+    memory_target({name.removesuffix(" (loopback)"): d for name, d in details.items()}, "shardstream tar")
     target(
         rates, "shardstream tar (loopback)", ["boto3 (loopback)"], 0.9, "loopback 1 MB vs sequential boto3"
     )

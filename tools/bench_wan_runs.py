@@ -135,6 +135,10 @@ def storage_options(endpoint: str, env: dict) -> dict:
 # -- one run, in a fresh process --------------------------------------------------------------
 
 
+# shardstream as it read before issue 9 (one read at a time): the memory figure's baseline
+ONE_READ = "shardstream tar one read"
+
+
 def epochs(spec: dict, cache: str) -> list:  # type: ignore[type-arg]
     """The iterables of this run's epochs: cold, then warm (the same dataset again) if the
     tool has a cache. The cold one opens the dataset inside the timing, for every tool."""
@@ -146,7 +150,7 @@ def epochs(spec: dict, cache: str) -> list:  # type: ignore[type-arg]
     opener = {"litdata": litdata_dataset, "mosaic": mosaic_dataset}.get(tool, shardstream_dataset)
     opened: list = []  # type: ignore[type-arg]
     cold = Lazy(lambda: opened.append(opener(spec, cache)) or opened[0])
-    if tool in ("shardstream tar", "shardstream parquet"):
+    if tool in ("shardstream tar", "shardstream parquet", ONE_READ):
         return [cold]
     return [cold, Lazy(lambda: opened[0])]  # "local disk" too: what a warm cache must match
 
@@ -156,7 +160,9 @@ def shardstream_dataset(spec: dict, cache: str):  # type: ignore[no-untyped-def]
     local = tool == "local disk"
     corpus = {"shardstream parquet": "parquet"}.get(tool, "tar")  # the tar corpus unless named
     url = where["local"] if local else where[corpus]
-    extra = {"cache_dir": cache} if tool.endswith("cache") else {}
+    extra: dict = {"cache_dir": cache} if tool.endswith("cache") else {}
+    if tool == ONE_READ:
+        extra["read_concurrency"] = 1  # the reader before issue 9: one read, one window ahead
     options = None if local else storage_options(spec["endpoint"], spec["env"])
     return shardstream.StreamingDataset(url, storage_options=options, shuffle=False, decode=False, **extra)
 
