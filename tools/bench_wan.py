@@ -54,7 +54,15 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 from bench_stream import MB, MotoProcess, Rates, small_sample
-from bench_wan_runs import BUCKET, ONE_READ, first_sample, large_sample, run_one, storage_options, write_corpus
+from bench_wan_runs import (
+    BUCKET,
+    ONE_READ,
+    first_sample,
+    large_sample,
+    run_one,
+    storage_options,
+    write_corpus,
+)
 
 from shardstream.pack import ShardWriter
 
@@ -146,9 +154,13 @@ def memory_target(details: dict, ours: str) -> None:
     reader before issue 9 (``ONE_READ``), medians over the rounds."""
     if ours not in details or ONE_READ not in details:
         return
-    extra = (statistics.median(details[ours]["rss_growths"]) - statistics.median(details[ONE_READ]["rss_growths"])) / MB
+    extra = (
+        statistics.median(details[ours]["rss_growths"]) - statistics.median(details[ONE_READ]["rss_growths"])
+    ) / MB
     state = "met" if extra <= 64 else "MISSED"
-    print(f"  memory: {ours} grows {extra:+,.0f} MB more than {ONE_READ} in an epoch; target <= +64 MB: {state}")
+    print(
+        f"  memory: {ours} grows {extra:+,.0f} MB more than {ONE_READ} in an epoch; target <= +64 MB: {state}"
+    )
 
 
 def bench_corpus(pool, name: str, where: dict, base: dict, repeat: int, large: bool) -> None:  # type: ignore[no-untyped-def]

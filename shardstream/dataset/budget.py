@@ -94,7 +94,11 @@ class ReadBudget:
             self._cond.notify_all()
 
     def _fits(self, size: int) -> bool:
-        return self.held + size <= self.limit or self._windows == 0 or (self._windows == 1 and not self._arriving)
+        return (
+            self.held + size <= self.limit
+            or self._windows == 0
+            or (self._windows == 1 and not self._arriving)
+        )
 
     def arrived(self) -> None:
         """A window holding bytes has all of them now (its fetch returned)."""
