@@ -153,10 +153,9 @@ def fetch_in_turn(
         else:
             budget.skip(ticket)
         raise
-    if held:
-        budget.arrived()
-        return fetched, held[0]
-    return fetched, 0
+    (size,) = held  # every fetch takes its share before it reads
+    budget.arrived()
+    return fetched, size
 
 
 def fetched_in_order(
