@@ -16,6 +16,8 @@ import multiprocessing
 import os
 import pickle
 import random
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +26,7 @@ import pytest
 from aiobotocore.session import AioSession
 from botocore import UNSIGNED
 
+import shardstream
 from shardstream.errors import StorageError, TransientStorageError
 from shardstream.storage import RetryPolicy, Storage, s3lean, s3read
 from shardstream.storage import retry as retry_module
@@ -362,6 +365,23 @@ def test_reads_through_faults_on_the_botocore_path(s3, moto_server, error, reset
 
 
 # -- processes, threads, pickling ----------------------------------------------------
+
+
+def test_a_new_process_streams_s3_without_importing_s3fs(s3):
+    # s3fs brings aiobotocore and aiohttp: 1-2 s of a spawned DataLoader worker's start
+    base, options = s3
+    with shardstream.ShardWriter(
+        base + "/ds", format="tar", samples_per_shard=4, storage_options=options
+    ) as w:
+        for i in range(10):
+            w.write({"__key__": f"k{i}", "bin": bytes([i]) * 100})
+    code = (
+        "import sys, shardstream\n"
+        f"dataset = shardstream.StreamingDataset({base + '/ds'!r}, storage_options={options!r}, shuffle=False)\n"
+        "print(len(list(dataset)), 's3fs' in sys.modules, 'aiohttp' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["10", "False", "False"]
 
 
 @pytest.fixture
