@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -314,6 +315,30 @@ def test_a_window_over_the_limit_waits_until_the_other_has_arrived():
     budget.give_back(60, arrived=False)  # window 1 failed before its bytes were in
     budget.take(2, 150)  # alone: goes whatever its size
     assert budget.peak == 150
+
+
+@pytest.mark.s3
+def test_the_window_being_taken_keeps_its_share_until_the_next_is_asked_for(s3):
+    # A slow caller holds a window's samples (about its bytes) while later windows are
+    # fetched: with them, at most two windows, as the reader before issue 9 held.
+    base, options = s3
+    _pack(base + "/ds", options, shards=6, samples=10, size=64 * 1024)
+    storage = Storage(base + "/ds", options)
+    dataset = shardstream.StreamingDataset(
+        base + "/ds", storage_options=options, shuffle=False, shuffle_window=5
+    )
+    plan = dataset.make_plan(num_workers=1, consume=False)
+    reader = WindowReader(storage, storage.read_manifest(), read_budget=1, read_concurrency=4)
+    assert reader.budget is not None
+    windows = 0
+    for _, samples, _ in reader.stream(plan.worker_windows(0, 0)):
+        windows += 1
+        time.sleep(0.3)  # the fetches ahead go as far as the budget lets them
+        assert reader.budget._windows <= 2
+        assert reader.budget.held >= sum(len(s["bin"]) for s in samples)
+    assert windows == 12
+    assert reader.budget.held == 0
+    storage.close()
 
 
 @pytest.mark.s3

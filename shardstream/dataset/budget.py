@@ -1,21 +1,27 @@
-"""``ReadBudget``: how many bytes of later windows a worker may fetch ahead.
+"""``ReadBudget``: the bytes of windows a worker holds, the one being taken and those fetched ahead.
 
 # NOTE [ Read budget ]
-# On object storage a worker fetches the windows after the current one while it decodes
-# that one (NOTE [ Getting the bytes ] in fetch.py), as far ahead as the budget allows:
-# the bytes of every window fetched or being fetched and not yet decoded (in flight plus
-# buffered) stay within ``read_budget``. A window takes its share in window order (a
-# ticket each), after its sidecars are read (a window of whole shards: before, NOTE
-# [ Whole shards at once ] in reader.py) and before its first shard byte is asked
-# for, so a later window never takes the room an earlier one waits for. A window larger
-# than the budget still goes when no other window holds bytes, or one other whose bytes
-# have all arrived (today's one-window prefetch: one window decoded while the next is
-# read), so the bound is max(budget, two windows) and the stream never stalls. It used to
-# go as soon as at most one other held bytes: then both windows' reads were in flight at
-# once, and where the decoder keeps up, both were in memory when the first was decoded
-# (150 x 1 MB, two windows of 75 MB, loopback moto, RSS growth in the epoch: +150-156 MB
-# against +77 MB for the reader before issue 9, read_concurrency=1; with the rule +123).
-# The decoded window gives its share back.
+# On object storage a worker fetches the windows after the current one while its samples
+# are taken (NOTE [ Getting the bytes ] in fetch.py), as far ahead as the budget allows:
+# the bytes of every window fetched or being fetched, and of the window whose samples
+# the caller is taking (in flight plus buffered), stay within ``read_budget``. A window
+# takes its share in window order (a ticket each), after its sidecars are read (a
+# window of whole shards: before, NOTE [ Whole shards at once ] in reader.py) and before
+# its first shard byte is asked for, so a later window never takes the room an earlier
+# one waits for. It gives the share back when the caller asks for the next window: its
+# decoded samples hold about its bytes until then (they are views of its reads, or
+# copies of them), and a slow caller (a training step) holds them longest. A window
+# larger than the budget still goes when no other window holds bytes, or one other
+# whose bytes have all arrived: today's one-window prefetch, one window taken while the
+# next is read, so the bound is max(budget, two windows) and the stream never stalls.
+# Two looser rules held more than the reader before issue 9 (``read_concurrency=1``),
+# measured as RSS growth in an epoch of 1 MB samples on loopback moto:
+# - The share went back when the window was decoded, before its samples were taken:
+#   with a caller slower than the wire, two windows were fetched ahead of the one being
+#   taken (600 samples, windows of 120 MB: +334 MB against +211 MB; now +221 MB).
+# - An oversized window went beside another still in flight: both windows' reads ran at
+#   once, and where the caller keeps up, both were in memory when the first was taken
+#   (150 samples, two windows of 75 MB: +150-156 MB against +77 MB; now +122 MB).
 #
 # A fetch waiting for room must not outlive its process: a script that exits holding an
 # iterator it never finished (``batch = next(iter(loader))``) left a fetch waiting for a
@@ -166,23 +172,29 @@ def fetched_in_order(
     decode: Callable[[Any, F], D],
 ) -> Iterator[Any]:
     """``(window, *decode(window, fetched))`` for each window, fetched ``ahead`` windows
-    ahead by ``prefetcher`` (items ``(ticket, window)``); a decoded window's bytes go
-    back to ``budget``."""
+    ahead by ``prefetcher`` (items ``(ticket, window)``); a window's bytes go back to
+    ``budget`` once the caller asks for the next one (its samples are all taken)."""
     pending: collections.deque[Any] = collections.deque()
+    taken: list[int] = []  # the bytes of the window the caller is taking samples of
+
+    def give_back() -> None:
+        if budget is not None and taken:
+            budget.give_back(taken.pop())
 
     def claim() -> tuple[Any, Any]:
+        give_back()
         window = pending.popleft()
         fetched, held = prefetcher.next()
-        try:
-            return (window, *decode(window, fetched))  # type: ignore[misc]
-        finally:
-            if budget is not None:
-                budget.give_back(held)
+        taken.append(held)
+        return (window, *decode(window, fetched))  # type: ignore[misc]
 
-    for ticket, window in enumerate(windows):
-        pending.append(window)
-        prefetcher.submit((ticket, window))
-        if len(pending) > ahead:
+    try:
+        for ticket, window in enumerate(windows):
+            pending.append(window)
+            prefetcher.submit((ticket, window))
+            if len(pending) > ahead:
+                yield claim()
+        while pending:
             yield claim()
-    while pending:
-        yield claim()
+    finally:
+        give_back()
