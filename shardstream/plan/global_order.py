@@ -376,6 +376,7 @@ class GlobalSequence:
         first, stop = lo // per * per, min(-(-hi // per) * per, self.batches)
         found: dict[int, None] = {}
         groups: set[int] = set()
+        repeats: list[np.ndarray] = []
         for lane, a, b in pieces:
             lead = int(self.lead[lane])
             if lead not in groups:  # every lane's chunks [first, stop) of the group (NOTE [ Lane groups ])
@@ -388,9 +389,10 @@ class GlobalSequence:
                     found[run.shard] = None
             entry = int(self.entry[lane])
             if stop == self.batches and entry + b > real:  # the last batch's repeats (at most G)
-                repeats = self.entries(np.arange(max(entry + a, real) - real, entry + b - real))
-                for run in self.shards.runs(from_points(np.unique(repeats))):
-                    found[run.shard] = None
+                repeats.append(np.arange(max(entry + a, real) - real, entry + b - real))
+        if repeats:  # in one call: its chunk orders are made for all their lanes at once
+            for run in self.shards.runs(from_points(np.unique(self.entries(np.concatenate(repeats))))):
+                found[run.shard] = None
         return tuple(found)
 
 
