@@ -5,12 +5,14 @@ GETs on object storage (NOTE [ Whole shards ]) and the per-Storage sidecar cache
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import io
 import mmap
 import os
 import signal
 import tarfile
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -408,6 +410,28 @@ def test_sidecars_are_read_once_for_two_epochs(tmp_path, monkeypatch):
     # Another dataset has another Storage, and reads them again.
     assert len(list(shardstream.StreamingDataset(url, decode=False))) == len(keys)
     assert len(reads.paths) == 6
+
+
+def test_windows_fetched_at_once_read_each_sidecar_once(tmp_path, monkeypatch):
+    """NOTE [ One read per sidecar ]: a sidecar being read is waited for, not read again."""
+    url = str(tmp_path / "ds")
+    write_dataset(url, [5, 7, 4])
+    reads = SidecarReads(monkeypatch)
+    slow = Storage.read
+
+    def read(storage, path, rng=None, **kwargs):
+        time.sleep(0.2 if path.endswith(".idx") else 0)  # both windows ask while the first reads
+        return slow(storage, path, rng, **kwargs)
+
+    monkeypatch.setattr(Storage, "read", read)
+    storage = Storage(url)
+    reader = WindowReader(storage, storage.read_manifest())
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(reader.load_indexes, [[0, 1, 2], [2, 1]]))
+    assert sorted(reads.paths) == [f"shard-{i:06d}.tar.idx" for i in range(3)]
+    assert [index.num_samples for index in got[0].values()] == [5, 7, 4]
+    assert got[1] == {2: got[0][2], 1: got[0][1]}
+    reader.close()
 
 
 def test_sidecar_cache_is_keyed_by_the_manifest_entry(tmp_path):

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import collections
 import logging
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any, cast
@@ -154,6 +156,9 @@ class WindowReader:
         self.coalesce_gap = coalesce_gap
         self._holes = 0  # samples the format could not decode, replaced by None
         self._indexes = indexes if indexes is not None else IndexCache()
+        # sidecars being read, by shard, for the windows fetched at once (NOTE [ One read per sidecar ])
+        self._loading: dict[int, Future[SampleIndex]] = {}
+        self._loading_lock = threading.Lock()
         self._prefetcher: Prefetcher[Any, tuple[list[Fetched], int]] | None = None
         # reads are checked against the manifest
         self.bytes = ByteFetcher(
@@ -199,14 +204,42 @@ class WindowReader:
         The window keeps them: a window of more shards than the LRU holds would otherwise
         read its first sidecars again, one by one, while it is planned and decoded.
         """
-        found = {shard: self._cached_index(shard) for shard in dict.fromkeys(shards)}
-        missing = [shard for shard, index in found.items() if index is None]
+        # NOTE [ One read per sidecar ]
+        # On object storage the first windows of an epoch are fetched at once (AHEAD_THREADS),
+        # and each reads the sidecars of its shards that are not in the LRU yet: where two
+        # windows share shards, as every window of order="global" shares all of a worker's,
+        # both read them, and each sidecar was read (and parsed) twice per worker and epoch
+        # (the bench's small samples, tools/bench_stream.py --only order: 10 sidecars of
+        # ~0.9 MB each again per worker, 5 in the local order). A sidecar being read is a
+        # Future that the other windows wait for; a failed read fails them all.
+        found: dict[int, SampleIndex | Future[SampleIndex] | None] = {
+            shard: self._cached_index(shard) for shard in dict.fromkeys(shards)
+        }
+        with self._loading_lock:  # NOTE [ One read per sidecar ]
+            for shard in [shard for shard, index in found.items() if index is None]:
+                found[shard] = self._loading.get(shard) or self._cached_index(shard)
+            mine = [shard for shard, index in found.items() if index is None]
+            loading = {shard: self._loading.setdefault(shard, Future()) for shard in mine}
+        found.update(loading)
         items: list[tuple[str, ByteRange | None]] = [
-            (self.manifest.shards[shard].index, None) for shard in missing
+            (self.manifest.shards[shard].index, None) for shard in mine
         ]
-        for shard, data in zip(missing, self.bytes.read_all(items, self._storage_error), strict=True):
-            found[shard] = self._keep_index(shard, data)
-        return cast(dict[int, SampleIndex], found)
+        try:
+            for shard, data in zip(mine, self.bytes.read_all(items, self._storage_error), strict=True):
+                loading[shard].set_result(self._keep_index(shard, data))
+        except BaseException as error:
+            for future in loading.values():
+                if not future.done():
+                    future.set_exception(error)
+            raise
+        finally:
+            with self._loading_lock:
+                for shard in mine:
+                    del self._loading[shard]
+        return {
+            shard: got.result() if isinstance(got, Future) else cast(SampleIndex, got)
+            for shard, got in found.items()
+        }
 
     # -- one window ----------------------------------------------------------------------
 

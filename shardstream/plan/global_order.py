@@ -98,6 +98,17 @@ across shards as before. ``MAX_GROUP`` keeps a group inside one rank's lanes whe
 rank holds a multiple of 8 lanes (with runs of 2, rank batches of 16, 32, ...); a rank
 holding part of a group reads its chunks among the other lanes' (with them, where they
 are closer than the coalescing gap). Nothing here depends on ``R`` or ``W``.
+What is left of the bench's requests (worker 0 of 2, moto, in-process): 92 GETs, 180 MB
+of shards (local: 36, 156 MB). The first Window (one window) has one read per group and
+shard: 20 groups of 3-8 lanes (1.5-3.9 MB) and 15 pieces of lanes across a shard edge
+(0.07-0.6 MB); the second (the other 1.5 windows) has about two per group inside a shard
+(a worker's parts of two windows are one other worker's part apart, 1.5-3.9 MB), one per
+lane across an edge (its parts are 0.5 MB apart) and ~6 for the last batch's repeats.
+One Window for the whole epoch (2.5x the window's memory) would still make 55: the rest
+is this layout's, not the reader's. Groups of all a shard's lanes (57 GETs) would cross
+rank boundaries; a lane across a shard edge in the group of the shard that holds its
+middle (84 GETs) mixed 10 label-sorted shards at 0.31x a perfect shuffle's label
+distance (0.18x now).
 
 A resume state is the number of global batches taken (plus the parameters and the
 dataset's checksum): it resumes on any ``(R, W)`` with ``R`` dividing ``G``, and the
@@ -376,6 +387,7 @@ class GlobalSequence:
         first, stop = lo // per * per, min(-(-hi // per) * per, self.batches)
         found: dict[int, None] = {}
         groups: set[int] = set()
+        repeats: list[np.ndarray] = []
         for lane, a, b in pieces:
             lead = int(self.lead[lane])
             if lead not in groups:  # every lane's chunks [first, stop) of the group (NOTE [ Lane groups ])
@@ -388,9 +400,10 @@ class GlobalSequence:
                     found[run.shard] = None
             entry = int(self.entry[lane])
             if stop == self.batches and entry + b > real:  # the last batch's repeats (at most G)
-                repeats = self.entries(np.arange(max(entry + a, real) - real, entry + b - real))
-                for run in self.shards.runs(from_points(np.unique(repeats))):
-                    found[run.shard] = None
+                repeats.append(np.arange(max(entry + a, real) - real, entry + b - real))
+        if repeats:  # in one call: its chunk orders are made for all their lanes at once
+            for run in self.shards.runs(from_points(np.unique(self.entries(np.concatenate(repeats))))):
+                found[run.shard] = None
         return tuple(found)
 
 
