@@ -15,6 +15,7 @@ import webdataset as wds
 
 from shardstream.errors import FormatError, PackError
 from shardstream.formats import TarFormat
+from shardstream.formats._sidecar import pack_strings, unpack_strings
 from shardstream.formats.tar.header import BLOCK
 from shardstream.types import ByteRange
 from tests.test_formats import write_shard
@@ -314,3 +315,24 @@ def test_corrupt_tars_name_the_shard_and_offset(mutate, message):
         FMT.build_index(io.BytesIO(mutate(data)), name="bad.tar")
     assert error.value.shard == "bad.tar"
     assert error.value.offset is not None
+
+
+@pytest.mark.parametrize(
+    "strings",
+    [
+        ["k0", "é", "", "k\udcff"],
+        [f"{i:06d}" for i in range(50)],
+        ["ab", "cd", "é"],
+        ["a\0", "b\0"],
+        [""] * 3,
+    ],
+)
+def test_a_sidecar_string_table_is_decoded_on_first_use(strings):
+    """NOTE [ Keys on first use ]: loading a sidecar checks its string tables and keeps
+    them as stored; their strings (surrogates too) are decoded once, when first asked."""
+    blob, ends = pack_strings(strings)
+    table = unpack_strings(memoryview(blob), memoryview(ends), len(strings), name="t.tar", what="keys")
+    assert len(table) == len(strings)
+    assert table.sections() == (blob, ends)
+    assert table.strings() == strings
+    assert table.strings() is table.strings()

@@ -17,9 +17,9 @@ import pyarrow.parquet as pq
 
 from shardstream.errors import FormatError, UsageError
 from shardstream.formats._sidecar import (
+    StringTable,
     array_section,
     pack_sidecar,
-    pack_strings,
     read_array,
     unpack_strings,
     unpack_versioned,
@@ -72,13 +72,20 @@ class ParquetIndex(SampleIndex):
     """Row groups of one Parquet shard, its footer, and the sample keys when it has a key column."""
 
     def __init__(
-        self, *, name: str, file_size: int, footer: bytes, spans: np.ndarray, keys: list[str] | None
+        self,
+        *,
+        name: str,
+        file_size: int,
+        footer: bytes,
+        spans: np.ndarray,
+        keys: list[str] | StringTable | None,
     ) -> None:
         self._name = name
         self._file_size = int(file_size)
         self._footer = bytes(footer)
         self._spans = np.asarray(spans, dtype=np.int64).reshape(-1, 4)
-        self._keys = keys
+        # NOTE [ Keys on first use ] (in _sidecar.py): a loaded sidecar's keys stay a table
+        self._keys = keys if keys is None or isinstance(keys, StringTable) else StringTable.of(list(keys))
         rows = self._spans[:, 1]
         problems = []
         if len(rows) and (int(rows.min()) < 0 or sum(rows.tolist()) > _MAX_ROWS):
@@ -110,12 +117,12 @@ class ParquetIndex(SampleIndex):
     @property
     def keys(self) -> list[str]:
         if self._keys is not None:
-            return list(self._keys)
+            return list(self._keys.strings())
         return [f"{self._name}:{row}" for row in range(self._num_samples)]
 
     def key_slice(self, start: int, stop: int) -> list[str]:
         if self._keys is not None:
-            return self._keys[start:stop]
+            return self._keys.strings()[start:stop]
         return [f"{self._name}:{row}" for row in range(start, stop)]
 
     @property
@@ -191,7 +198,7 @@ class ParquetIndex(SampleIndex):
     def keys_at(self, rows: np.ndarray) -> list[str]:
         """The keys of the samples at ``rows``, in that order."""
         if self._keys is not None:
-            return list(map(self._keys.__getitem__, rows.tolist()))
+            return list(map(self._keys.strings().__getitem__, rows.tolist()))
         return [f"{self._name}:{row}" for row in rows.tolist()]
 
     def byte_ranges(self, starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -224,8 +231,8 @@ class ParquetIndex(SampleIndex):
 
     def to_bytes(self, *, with_checks: bool = True) -> bytes:
         checks = self._checks if with_checks else None
-        keys = self._keys or []
-        key_blob, key_ends = pack_strings(keys)
+        keys = self._keys if self._keys is not None else StringTable.of([])
+        key_blob, key_ends = keys.sections()
         counts = [len(self._spans), self._file_size, int(self._keys is not None), len(keys)]
         return pack_sidecar(
             _KIND,

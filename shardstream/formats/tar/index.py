@@ -14,6 +14,7 @@ import numpy as np
 
 from shardstream.errors import FormatError, UsageError
 from shardstream.formats._sidecar import (
+    StringTable,
     array_section,
     pack_sidecar,
     pack_strings,
@@ -52,7 +53,7 @@ class TarIndex(SampleIndex):
         self,
         *,
         name: str,
-        keys: list[str],
+        keys: list[str] | StringTable,
         sample_start: np.ndarray,
         member_first: np.ndarray,
         fields: list[str],
@@ -62,7 +63,7 @@ class TarIndex(SampleIndex):
         archive_end: int,
     ) -> None:
         self._name = name
-        self._keys = keys
+        self._keys = keys if isinstance(keys, StringTable) else StringTable.of(keys)
         self._sample_start = sample_start
         self._member_first = member_first
         self._fields = fields
@@ -147,7 +148,7 @@ class TarIndex(SampleIndex):
 
     @property
     def keys(self) -> list[str]:
-        return list(self._keys)
+        return list(self._keys.strings())
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -199,11 +200,11 @@ class TarIndex(SampleIndex):
         return self._sample_start, self._member_first, self._member_offset, self._member_size
 
     def key_slice(self, start: int, stop: int) -> list[str]:
-        return self._keys[start:stop]
+        return self._keys.strings()[start:stop]
 
     def keys_at(self, positions: np.ndarray) -> list[str]:
         """The keys of the samples at ``positions``, in that order."""
-        return list(map(self._keys.__getitem__, positions.tolist()))
+        return list(map(self._keys.strings().__getitem__, positions.tolist()))
 
     def members(self, start: int, stop: int) -> tuple[int, int]:
         """The flat member positions ``[m0, m1)`` of samples ``[start, stop)``."""
@@ -250,7 +251,7 @@ class TarIndex(SampleIndex):
 
     def to_bytes(self, *, with_checks: bool = True) -> bytes:
         checks = self._checks if with_checks else None
-        key_blob, key_ends = pack_strings(self._keys)
+        key_blob, key_ends = self._keys.sections()
         field_blob, field_ends = pack_strings(self._fields)
         counts = np.array([len(self._keys), len(self._fields), len(self._member_offset), self._archive_end])
         return pack_sidecar(
@@ -289,7 +290,7 @@ class TarIndex(SampleIndex):
         index = cls(
             name=name,
             keys=unpack_strings(sections[1], sections[2], n, name=name, what="keys"),
-            fields=unpack_strings(sections[3], sections[4], nfields, name=name, what="fields"),
+            fields=unpack_strings(sections[3], sections[4], nfields, name=name, what="fields").strings(),
             sample_start=read_array(sections[5], "<i8", n, name=name, what="sample starts"),
             member_first=read_array(sections[6], "<i8", n + 1, name=name, what="member ranges"),
             member_field=read_array(sections[7], "<u4", m, name=name, what="member fields"),
