@@ -275,8 +275,7 @@ def test_parts_are_byte_identical_when_requests_fail(s3, moto_server, monkeypatc
 def test_budget_hands_out_bytes_in_ticket_order_and_close_wakes_waiters():
     budget = ReadBudget(100)
     budget.take(0, 60)
-    budget.arrived()
-    budget.take(1, 60)  # over the limit, but only one other window holds bytes, all arrived
+    budget.take(1, 60)  # over the limit, but only one other window holds bytes
     order: list[int] = []
 
     def late(ticket: int, size: int) -> None:
@@ -299,22 +298,6 @@ def test_budget_hands_out_bytes_in_ticket_order_and_close_wakes_waiters():
     waiter.join(5)
     assert order == [2, 3, -4]
     assert budget.peak == 120
-
-
-def test_a_window_over_the_limit_waits_until_the_other_has_arrived():
-    budget = ReadBudget(100)
-    budget.take(0, 60)
-    taken = threading.Event()
-    waiter = threading.Thread(target=lambda: (budget.take(1, 60), taken.set()))
-    waiter.start()
-    assert not taken.wait(0.2)  # window 0's bytes are still in flight: both would be
-    budget.arrived()
-    assert taken.wait(5)
-    waiter.join(5)
-    budget.give_back(60)
-    budget.give_back(60, arrived=False)  # window 1 failed before its bytes were in
-    budget.take(2, 150)  # alone: goes whatever its size
-    assert budget.peak == 150
 
 
 @pytest.mark.s3

@@ -10,18 +10,20 @@
 # its first shard byte is asked for, so a later window never takes the room an earlier
 # one waits for. It gives the share back when the caller asks for the next window: its
 # decoded samples hold about its bytes until then (they are views of its reads, or
-# copies of them), and a slow caller (a training step) holds them longest. A window
-# larger than the budget still goes when no other window holds bytes, or one other
-# whose bytes have all arrived: today's one-window prefetch, one window taken while the
-# next is read, so the bound is max(budget, two windows) and the stream never stalls.
-# Two looser rules held more than the reader before issue 9 (``read_concurrency=1``),
-# measured as RSS growth in an epoch of 1 MB samples on loopback moto:
-# - The share went back when the window was decoded, before its samples were taken:
-#   with a caller slower than the wire, two windows were fetched ahead of the one being
-#   taken (600 samples, windows of 120 MB: +334 MB against +211 MB; now +221 MB).
-# - An oversized window went beside another still in flight: both windows' reads ran at
-#   once, and where the caller keeps up, both were in memory when the first was taken
-#   (150 samples, two windows of 75 MB: +150-156 MB against +77 MB; now +122 MB).
+# copies of them), and a slow caller (a training step) holds them longest. It used to go
+# back when the window was decoded, before its samples were taken: with a caller slower
+# than the wire, two windows were fetched ahead of the one being taken (600 x 1 MB on
+# loopback moto, windows of 120 MB: RSS growth in the epoch +334 MB against +211 MB for
+# the reader before issue 9, ``read_concurrency=1``; now +221 MB). A window larger than
+# the budget still goes when at most one other window holds bytes (today's one-window
+# prefetch: one window taken while the next is read), so the bound is max(budget, two
+# windows) and the stream never stalls. Where the caller keeps up and the epoch is two
+# such windows, both are read at once and both are in memory when the first is taken
+# (150 x 1 MB, windows of 75 MB: +150 MB against +77 MB). Letting the second go only once
+# the first's bytes were all in held +122 MB, but cost the wire its overlap: through the
+# WAN proxy (tools/bench_wan.py --only large,loopback, 3 rounds, trees alternated) 1 MB
+# tar fell from 1.92x to 1.69x of LitData and 0.84x to 0.77x of boto3 in 16 threads. So
+# it goes with the one before, as the reader before issue 9 fetched its next window.
 #
 # A fetch waiting for room must not outlive its process: a script that exits holding an
 # iterator it never finished (``batch = next(iter(loader))``) left a fetch waiting for a
@@ -78,7 +80,6 @@ class ReadBudget:
         self.peak = 0  # the most ``held`` ever was: at most max(limit, 2 * largest)
         self.largest = 0  # the most one window took
         self._windows = 0  # windows holding bytes
-        self._arriving = 0  # of those, windows whose reads are not all in yet
         self._turn = 0  # the ticket whose turn it is
         self._closed = False
         self._cond = threading.Condition()
@@ -95,22 +96,11 @@ class ReadBudget:
             self.peak = max(self.peak, self.held)
             self.largest = max(self.largest, size)
             self._windows += 1
-            self._arriving += 1
             self._turn += 1
             self._cond.notify_all()
 
     def _fits(self, size: int) -> bool:
-        return (
-            self.held + size <= self.limit
-            or self._windows == 0
-            or (self._windows == 1 and not self._arriving)
-        )
-
-    def arrived(self) -> None:
-        """A window holding bytes has all of them now (its fetch returned)."""
-        with self._cond:
-            self._arriving -= 1
-            self._cond.notify_all()
+        return self.held + size <= self.limit or self._windows <= 1
 
     def skip(self, ticket: int) -> None:
         """``ticket`` takes nothing (its fetch failed first): let the next one go."""
@@ -120,12 +110,10 @@ class ReadBudget:
             self._turn = max(self._turn, ticket + 1)
             self._cond.notify_all()
 
-    def give_back(self, size: int, *, arrived: bool = True) -> None:
-        """A window's ``size`` bytes are free again (``arrived``: its fetch had returned)."""
+    def give_back(self, size: int) -> None:
         with self._cond:
             self.held -= size
             self._windows -= 1
-            self._arriving -= not arrived
             self._cond.notify_all()
 
     def close(self) -> None:
@@ -155,12 +143,11 @@ def fetch_in_turn(
         fetched = fetch(window, take)
     except BaseException:
         if held:
-            budget.give_back(held[0], arrived=False)
+            budget.give_back(held[0])
         else:
             budget.skip(ticket)
         raise
     (size,) = held  # every fetch takes its share before it reads
-    budget.arrived()
     return fetched, size
 
 
