@@ -14,7 +14,7 @@
 # back when the window was decoded, before its samples were taken: with a caller slower
 # than the wire, two windows were fetched ahead of the one being taken (600 x 1 MB on
 # loopback moto, windows of 120 MB: RSS growth in the epoch +334 MB against +211 MB for
-# the reader before issue 9, ``read_concurrency=1``; now +221 MB). A window larger than
+# the reader before issue 9, ``read_concurrency=1``; now +245 MB). A window larger than
 # the budget still goes when at most one other window holds bytes (today's one-window
 # prefetch: one window taken while the next is read), so the bound is max(budget, two
 # windows) and the stream never stalls. Where the caller keeps up and the epoch is two
