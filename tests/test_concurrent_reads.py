@@ -376,6 +376,15 @@ def test_an_epoch_through_the_wan_proxy_is_exact_with_requests_in_flight(s3, mot
     assert proxy.stats.peak_in_flight >= 2
 
 
+def _cached_through(
+    proxy: Recorder, url: str, options: dict, cache: os.PathLike
+) -> shardstream.StreamingDataset:
+    """``url`` unshuffled, read through ``proxy`` into the cache at ``cache``."""
+    return shardstream.StreamingDataset(
+        url, storage_options=dict(options, endpoint_url=proxy.endpoint), shuffle=False, cache_dir=str(cache)
+    )
+
+
 @pytest.mark.s3
 def test_the_cache_is_filled_on_the_cold_epoch_and_read_on_the_warm_one(
     s3, moto_server, tmp_path, monkeypatch
@@ -386,12 +395,7 @@ def test_the_cache_is_filled_on_the_cold_epoch_and_read_on_the_warm_one(
     base, options = s3
     payloads = _pack(base + "/ds", options, shards=3, samples=10, size=300 * 1024)
     with Recorder(moto_server.endpoint) as proxy:
-        dataset = shardstream.StreamingDataset(
-            base + "/ds",
-            storage_options=dict(options, endpoint_url=proxy.endpoint),
-            shuffle=False,
-            cache_dir=str(tmp_path / "cache"),
-        )
+        dataset = _cached_through(proxy, base + "/ds", options, tmp_path / "cache")
         cold = {s["__key__"]: s["bin"] for s in dataset}
         cold_gets = proxy.shard_gets()
         proxy.gets.clear()
@@ -421,12 +425,7 @@ def test_a_cache_fill_of_a_whole_shard_read_with_its_sidecar_is_cut_into_parts(
     base, options = s3
     payloads = _pack(base + "/ds", options, shards=2, samples=3, size=2 * MB)
     with Recorder(moto_server.endpoint) as proxy:
-        dataset = shardstream.StreamingDataset(
-            base + "/ds",
-            storage_options=dict(options, endpoint_url=proxy.endpoint),
-            shuffle=False,
-            cache_dir=str(tmp_path / "cache"),
-        )
+        dataset = _cached_through(proxy, base + "/ds", options, tmp_path / "cache")
         got = {s["__key__"]: s["bin"] for s in dataset}
         dataset.storage.close()
     assert got == payloads
