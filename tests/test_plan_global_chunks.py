@@ -223,3 +223,57 @@ def test_a_composed_mixtures_state_of_the_earlier_sequence_is_refused(mix):
     earlier = {key: value for key, value in state.items() if key != "global_sequence"}
     with pytest.raises(StateError, match="order='global' sequence 1"):
         MixturePlan.resume(mixture, config, earlier, world_size=2, batch_size=3)
+
+
+@PROPERTY
+@given(
+    st.lists(st.integers(0, 60), min_size=1, max_size=12),
+    st.integers(1, 64),
+    st.integers(1, 400),
+    st.integers(0, 2**20),
+)
+def test_chunks_of_many_lanes_at_once_are_each_lanes_chunks(sizes, size, window, seed):
+    """``chunks_of`` (one gather for all the lanes of a window) gives ``chunks`` of each lane."""
+    from shardstream.plan.global_order import GlobalSequence
+    from shardstream.plan.shards import ShardOrder
+
+    if sum(sizes) == 0:
+        return
+    config = PlanConfig(seed=seed, order="global", global_batch_size=size)
+    shards = ShardOrder(np.array(sizes, dtype=np.int64), shuffle=True, seed=seed, epoch=1)
+    sequence = GlobalSequence(shards, config, epoch=1, window=window)
+    batches = np.arange(0, sequence.batches, 3, dtype=np.int64)
+    lanes = np.arange(sequence.lanes, dtype=np.int64)[::-1]
+    table = sequence.chunks_of(batches[:, None], lanes[None, :])
+    for column, lane in enumerate(lanes.tolist()):
+        assert np.array_equal(table[:, column], sequence.chunks(batches, lane))
+    picked = np.resize(lanes, batches.size)  # one lane per batch
+    assert np.array_equal(
+        sequence.chunks_of(batches, picked),
+        [
+            int(sequence.chunks(np.array([b]), lane)[0])
+            for b, lane in zip(batches, picked.tolist(), strict=True)
+        ],
+    )
+
+
+@PROPERTY
+@given(st.lists(st.integers(0, 30), min_size=1, max_size=10), st.data())
+def test_shards_in_are_the_shards_of_the_runs_interval_by_interval(sizes, data):
+    """``ShardOrder.shards_in``: the shards each interval's runs read, in the order given."""
+    from shardstream.plan.shards import ShardOrder
+
+    shards = ShardOrder(np.array(sizes, dtype=np.int64), shuffle=True, seed=3, epoch=0)
+    if shards.total == 0:
+        return
+    cuts = data.draw(
+        st.lists(st.tuples(st.integers(0, shards.total), st.integers(0, shards.total)), max_size=6)
+    )
+    starts = np.array([min(a, b) for a, b in cuts], dtype=np.int64)
+    stops = np.array([max(a, b) for a, b in cuts], dtype=np.int64)
+    expected = [
+        run.shard
+        for lo, hi in zip(starts.tolist(), stops.tolist(), strict=True)
+        for run in shards.runs((np.array([lo]), np.array([hi])))
+    ]
+    assert shards.shards_in((starts, stops)) == expected
