@@ -105,7 +105,13 @@ shard: 20 groups of 3-8 lanes (1.5-3.9 MB) and 15 pieces of lanes across a shard
 (a worker's parts of two windows are one other worker's part apart, 1.5-3.9 MB), one per
 lane across an edge (its parts are 0.5 MB apart) and ~6 for the last batch's repeats.
 One Window for the whole epoch (2.5x the window's memory) would still make 55: the rest
-is this layout's, not the reader's. Groups of all a shard's lanes (57 GETs) would cross
+is this layout's, not the reader's. Those figures joined parts up to 1 MiB apart; at the
+coalescing gap of NOTE [ Coalescing gap ] (256 KiB) the second Window reads the parts of
+a lane across an edge, and of the last window's last chunks, apart: 114 GETs of 165 MB
+(92 of 180 MB joined), faster on a real S3 server, where the holes' bytes cost more than
+the requests (figures in that NOTE). Where the time goes on SeaweedFS: a worker's plan is
+~12 ms an epoch (a /tmp harness, worker 0 of 2 alone); the rest is the server's and the
+client's work per request and per byte, which a worker of the local order does less of. Groups of all a shard's lanes (57 GETs) would cross
 rank boundaries; a lane across a shard edge in the group of the shard that holds its
 middle (84 GETs) mixed 10 label-sorted shards at 0.31x a perfect shuffle's label
 distance (0.18x now).
