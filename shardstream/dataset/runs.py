@@ -41,15 +41,28 @@ __all__ = [
 
 # NOTE [ Coalescing gap ]
 # Runs of one shard closer than this share a read, the bytes between them read and let
-# go: on object storage a request costs more than REMOTE_COALESCE_GAP bytes of transfer
-# (tens of ms of latency times tens of MB/s per connection, plus the client's and the
-# server's work per request); local reads cost a syscall, so their gap only keeps a read
-# from being split by small holes. The runs of order="global" are where it matters: a
-# worker's chunks of a lane in two windows of the sequence sit one other worker's part
-# apart (NOTE [ Nested chunk order ]), ~0.5 MB on the bench corpus; joined, a worker
-# makes ~0.65x the requests for ~1.4x the bytes (tools/bench_stream.py --only order).
+# go. Local reads cost a syscall, so their gap only keeps a read from being split by small
+# holes. On object storage the trade is a request against the hole's bytes, which the
+# server reads and sends and the client receives all the same: the runs of order="global"
+# are where it matters (a worker's parts of a lane group in two windows of the sequence
+# lie one other worker's part apart, NOTE [ Nested chunk order ]). At 1 MiB, set when
+# moto was the bench's server (moto copies the whole object for every ranged GET, so a
+# request cost more than any hole), worker 0 of 2 on the bench's small samples
+# (tools/bench_stream.py --only order, 128 lanes in groups) made 92 GETs of 180 MB, 17 MB
+# of them holes (local order: 36 GETs, 156 MB); at 256 KiB, as local files, 114 GETs of
+# 165 MB. On SeaweedFS (a real S3 server, --s3-server seaweedfs) the holes cost more than
+# the requests they saved: global / local order 0.79x -> 0.89x and 0.59x -> 0.82x in two
+# paired runs on a loaded machine (head / base 1.14x and 1.26x; tools/bench_compare.py
+# main . --rounds 3 -- tools/bench_stream.py --only order --s3-server seaweedfs
+# --repeat 3); in a /tmp harness of 12 alternated DataLoader epochs each, gaps of 0,
+# 256 KiB, 512 KiB, 2 MiB and 3 MiB gave 1.15x, 1.07x, 1.07x, 0.85x and 0.84x of 1 MiB's
+# rate. Through the WAN proxy (shardstream.testing.wanproxy, 30 ms, 40 MB/s per
+# response; worker 0 of 2 in one process, 6 alternated epochs) 1 MiB and 256 KiB read
+# an epoch in the same time (0.97 s and 0.92 s medians): with 16 GETs in flight the
+# requests' latencies overlap, and a hole's bytes take its connection's time as a
+# request's latency would. On moto 0.63x -> 0.75x (one paired run beside the test suite).
 COALESCE_GAP = 256 * 1024
-REMOTE_COALESCE_GAP = 1024 * 1024
+REMOTE_COALESCE_GAP = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)

@@ -105,7 +105,13 @@ shard: 20 groups of 3-8 lanes (1.5-3.9 MB) and 15 pieces of lanes across a shard
 (a worker's parts of two windows are one other worker's part apart, 1.5-3.9 MB), one per
 lane across an edge (its parts are 0.5 MB apart) and ~6 for the last batch's repeats.
 One Window for the whole epoch (2.5x the window's memory) would still make 55: the rest
-is this layout's, not the reader's. Groups of all a shard's lanes (57 GETs) would cross
+is this layout's, not the reader's. Those figures joined parts up to 1 MiB apart; at the
+coalescing gap of NOTE [ Coalescing gap ] (256 KiB) the second Window reads the parts of
+a lane across an edge, and of the last window's last chunks, apart: 114 GETs of 165 MB
+(92 of 180 MB joined), faster on a real S3 server, where the holes' bytes cost more than
+the requests (figures in that NOTE). Where the time goes on SeaweedFS: a worker's plan is
+~12 ms an epoch (a /tmp harness, worker 0 of 2 alone); the rest is the server's and the
+client's work per request and per byte, which a worker of the local order does less of. Groups of all a shard's lanes (57 GETs) would cross
 rank boundaries; a lane across a shard edge in the group of the shard that holds its
 middle (84 GETs) mixed 10 label-sorted shards at 0.31x a perfect shuffle's label
 distance (0.18x now).
@@ -279,16 +285,23 @@ class GlobalSequence:
 
     def chunks(self, batches: np.ndarray, lane: int) -> np.ndarray:
         """Which chunk of ``lane`` each of ``batches`` takes (indices in the lane)."""
+        return self.chunks_of(batches, np.array([lane], dtype=np.int64))
+
+    def chunks_of(self, batches: np.ndarray, lanes: np.ndarray) -> np.ndarray:
+        """Which chunk of lane ``lanes`` batch ``batches`` takes (broadcast together): one
+        gather per block of windows for all the lanes, not one call per lane."""
+        batches, lanes = np.broadcast_arrays(np.asarray(batches, dtype=np.int64), lanes)
         if not self.shuffle:
-            return batches
+            return batches.copy()
         per = self.per_window
         window, within = np.divmod(batches, per)
         block = window // self.block
-        out = np.empty(batches.size, dtype=np.int64)
+        out = np.empty(batches.shape, dtype=np.int64)
         for number in np.unique(block).tolist():
             mine = block == number
-            rows = self._block(lane, number)
-            out[mine] = window[mine] * per + rows[window[mine] - number * self.block, within[mine]]
+            used, slot = np.unique(lanes[mine], return_inverse=True)
+            rows = np.stack([self._block(lane, number) for lane in used.tolist()])
+            out[mine] = window[mine] * per + rows[slot, window[mine] - number * self.block, within[mine]]
         return out
 
     def _block(self, lane: int, number: int) -> np.ndarray:
@@ -350,7 +363,7 @@ class GlobalSequence:
         width = np.array([b - a for _, a, b in pieces], dtype=np.int64)
         first = self.entry[lanes] + a  # the batch entry of each piece's first sample
         self._prefill(batches, lanes.tolist())
-        chunk = np.stack([self.chunks(batches, lane) for lane in lanes.tolist()], axis=1)
+        chunk = self.chunks_of(batches[:, None], lanes[None, :])
         start = self.starts(lanes, chunk) + a
         real = np.repeat(width[None, :], batches.size, axis=0)
         if batches[-1] == self.batches - 1:  # the last batch: its entries from last_real on repeat
@@ -372,21 +385,16 @@ class GlobalSequence:
         ``e`` being entry ``e % G`` of batch ``e // G``: what the last batch's repeats are."""
         batch, entry = np.divmod(flat % self.shards.total, self.size)
         lane = np.searchsorted(self.entry, entry, side="right") - 1
-        out = np.empty(flat.size, dtype=np.int64)
         self._prefill(batch, np.unique(lane).tolist())
-        for number in np.unique(lane).tolist():
-            mine = lane == number
-            chunk = self.chunks(batch[mine], number)
-            out[mine] = self.starts(np.full(chunk.size, number), chunk) + entry[mine] - self.entry[number]
-        return out
+        return self.starts(lane, self.chunks_of(batch, lane)) + entry - self.entry[lane]
 
     def window_shards(self, lo: int, hi: int, pieces: list[tuple[int, int, int]]) -> tuple[int, ...]:
         """The shards the lanes of ``pieces`` hold in the windows of batches ``[lo, hi)``:
         every shard a worker reading some of those batches may read."""
         per, total, real = self.per_window, self.shards.total, self.last_real
         first, stop = lo // per * per, min(-(-hi // per) * per, self.batches)
-        found: dict[int, None] = {}
         groups: set[int] = set()
+        spans: list[tuple[np.ndarray, np.ndarray]] = []
         repeats: list[np.ndarray] = []
         for lane, a, b in pieces:
             lead = int(self.lead[lane])
@@ -395,16 +403,23 @@ class GlobalSequence:
                 after = self.group_stop(lane)
                 start, take = int(self.lane_start[lead]), int(self.entry[after] - self.entry[lead])
                 end = int(self.lane_start[after])
-                spans = _wrap(start + first * take, min(start + stop * take, end), total)
-                for run in self.shards.runs(spans):
-                    found[run.shard] = None
+                spans.append(_wrap(start + first * take, min(start + stop * take, end), total))
             entry = int(self.entry[lane])
             if stop == self.batches and entry + b > real:  # the last batch's repeats (at most G)
                 repeats.append(np.arange(max(entry + a, real) - real, entry + b - real))
+        # the groups' shards in one call, in group order (not one per group)
+        found = dict.fromkeys(self.shards.shards_in(_joined(spans)))
         if repeats:  # in one call: its chunk orders are made for all their lanes at once
             for run in self.shards.runs(from_points(np.unique(self.entries(np.concatenate(repeats))))):
                 found[run.shard] = None
         return tuple(found)
+
+
+def _joined(spans: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Intervals one after another, in the order given (not merged)."""
+    if not spans:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    return np.concatenate([lo for lo, _ in spans]), np.concatenate([hi for _, hi in spans])
 
 
 def _wrap(lo: int, hi: int, total: int) -> tuple[np.ndarray, np.ndarray]:

@@ -32,6 +32,22 @@ class ShardOrder:
         """Positions are the base of every pass: the identity."""
         return spans
 
+    def shards_in(self, spans: Intervals) -> list[int]:
+        """The shards holding positions of ``spans`` (in ``[0, total)``), interval by
+        interval in the order given, each in position order, empty shards left out: the
+        shards of :meth:`runs` without merging the intervals or making the runs."""
+        starts, stops = spans
+        keep = stops > starts
+        starts, stops = starts[keep], stops[keep]
+        if starts.size == 0:
+            return []
+        first = np.searchsorted(self.ends, starts, side="right")
+        count = np.searchsorted(self.ends, stops - 1, side="right") - first + 1
+        owner = np.repeat(np.arange(starts.size), count)
+        slot = first[owner] + (np.arange(int(count.sum())) - (np.cumsum(count) - count)[owner])
+        slot = slot[self.ends[slot] > self.starts[slot]]
+        return self.order[slot].tolist()
+
     def runs(self, spans: Intervals) -> tuple[Run, ...]:
         """Position intervals (in ``[0, total)``) cut at shard boundaries, as runs, in order."""
         starts, stops = merge(spans)
