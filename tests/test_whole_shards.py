@@ -118,3 +118,18 @@ def test_a_manifest_that_miscounts_a_whole_shard_fails_on_its_sidecar_before_all
         tracemalloc.stop()
     assert caught.value.shard == data["shards"][1]["path"]
     assert peak < 64 << 20, f"{peak / 2**20:.0f} MiB allocated before the check"
+
+
+@pytest.mark.s3
+def test_the_whole_shards_of_a_window_that_also_reads_part_of_one_go_with_the_sidecars(s3, moto_server):
+    base, options = s3
+    written = _pack(base + "/ds", options, "tar")
+    # windows of 45 samples: shard 0 and the first half of shard 1, then the rest of
+    # shard 1 and shard 2, ...: shard 0 is GET whole with the sidecars, shard 1's half after
+    with SidecarsHeld(moto_server.endpoint, ".tar", hold=5) as proxy:
+        got = _stream(
+            base + "/ds", dict(options, endpoint_url=proxy.endpoint), shuffle=False, shuffle_window=45
+        )
+    assert got == written
+    assert proxy.timed_out == 0  # before: the first window's sidecars came before any shard
+    assert proxy.shards[0] == "shard-000000.tar"

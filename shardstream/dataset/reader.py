@@ -72,14 +72,17 @@ WHOLE_SHARD_SLACK = 64 * 1024
 # NOTE [ Whole shards at once ]
 # A window's reads are planned from its shards' sidecars, so on object storage the first
 # window waited for three round trips in a row: the manifest, the sidecars, the shards.
-# Where the plan knows a window's runs up front (``Window.known_runs``) and each run is all
-# of its shard, as the manifest counts them (``shuffle=False``, or a dataset no larger than
-# a window), every read of the window lies in those shards: their GETs (whole objects, as
+# Where the plan knows a window's runs up front (``Window.known_runs``: ``shuffle=False``,
+# or a dataset no larger than a window), the runs that are all of their shard, as the
+# manifest counts them, need no sidecar to be read: those shards' GETs (whole objects, as
 # NOTE [ Whole shards ] makes such reads) go out with the sidecars' GETs, and each planned
-# read takes its bytes from its shard's. The sidecars are still read and checked (counts,
-# the shard they index) before the window is laid out or anything decoded. Only while the
-# shards' manifest sizes fit in the read budget (NOTE [ Read budget ]), which the window
-# takes before any GET, so a manifest that lies about a shard cannot make the reader
+# read in them takes its bytes from its shard's. The window's other runs (a window cut
+# inside a shard, as ``shuffle=False`` cuts one at each end) are read once the sidecars
+# say where they lie. The sidecars are still read and checked (counts, the shard they
+# index) before the window is laid out or anything decoded. The window takes its budget
+# (NOTE [ Read budget ]) before any GET, counting a part of a shard as all of it (its
+# bytes are not known yet). Only while the whole shards' manifest sizes fit in the
+# budget, so a manifest that lies about a shard cannot make the reader
 # allocate more than the budget before its sidecar is checked; only where some sidecar
 # is not in the LRU yet (else there is no round trip to save); and only while no earlier
 # window holds bytes of the budget (the first window of an epoch, or a reader whose
@@ -270,38 +273,47 @@ class WindowReader:
         if self.budget is None or self.budget.held or not runs:
             return []
         shards = [run.shard for run in runs]
-        infos = [self.manifest.shards[shard] for shard in shards]
-        if (
-            len(set(shards)) != len(shards)
-            or any(run.start or run.stop != info.samples for run, info in zip(runs, infos, strict=True))
-            or sum(info.bytes for info in infos) > self.budget.limit
-            or all(self._cached_index(shard) is not None for shard in shards)
-        ):
+        if len(set(shards)) != len(shards) or all(self._cached_index(shard) is not None for shard in shards):
             return []
-        return shards
+        infos = self.manifest.shards
+        whole = [run.shard for run in runs if not run.start and run.stop == infos[run.shard].samples]
+        if not whole or sum(infos[shard].bytes for shard in whole) > self.budget.limit:
+            return []
+        return whole
 
     def _fetch_whole(
         self, window: Any, shards: list[int], take: Callable[[int], None] | None
     ) -> list[Fetched]:
         """:meth:`fetch` of a window that reads all of each of ``shards``: their GETs and
-        their sidecars' at once; each read then takes its bytes from its shard's."""
-        infos = [self.manifest.shards[shard] for shard in shards]
-        if take is not None:
-            take(sum(info.bytes for info in infos))  # what the reads hold at most
-        reads = self.bytes.start([(info.path, None) for info in infos], self._storage_error)
+        their sidecars' at once; each read in them then takes its bytes from its shard's,
+        and the window's runs of part of a shard are read once the sidecars are in."""
+        if take is not None:  # what the reads hold at most: the parts of shards as if whole
+            take(sum(self.manifest.shards[run.shard].bytes for run in window.known_runs))
+        paths = [self.manifest.shards[shard].path for shard in shards]
+        reads = self.bytes.start([(path, None) for path in paths], self._storage_error)
+        others = None
         try:
             indexes = self.load_indexes(list(window.shards))
             planned = self.plan_fetch(window.runs, indexes)
+            rest = [i for i, read in enumerate(planned.reads) if read.shard not in shards]
+            others = self.bytes.start([planned.items[i] for i in rest], self._storage_error)
+            objects = dict(zip(shards, reads.result(), strict=True))
+            fetched: list[bytes | memoryview] = [b""] * len(planned.reads)
+            for i, data in zip(rest, others.result(), strict=True):
+                fetched[i] = data
         except BaseException:
             reads.cancel()
+            if others is not None:
+                others.cancel()
             raise
-        objects = dict(zip(shards, reads.result(), strict=True))
-        fetched: list[bytes | memoryview] = []
-        for read, item in zip(planned.reads, planned.items, strict=True):
-            data = objects[read.shard]
-            if len(data) < read.rng.end:
+        for i, (read, item) in enumerate(zip(planned.reads, planned.items, strict=True)):
+            whole = read.shard in objects
+            data = objects[read.shard] if whole else fetched[i]
+            if (whole or item[1] is None) and len(data) < read.rng.end:
                 self._too_short(read, len(data))
-            fetched.append(data if item[1] is None else memoryview(data)[read.rng.start : read.rng.end])
+            fetched[i] = (
+                memoryview(data)[read.rng.start : read.rng.end] if whole and item[1] is not None else data
+            )
         return self._checked(planned, fetched)
 
     def plan_fetch(self, runs: Sequence[Any], indexes: dict[int, SampleIndex]) -> WindowReads:

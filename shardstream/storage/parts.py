@@ -33,13 +33,18 @@
 #   cores shared with the client) 8 whole-shard GETs at once each read ~20 MB/s and
 #   looked slow, and their parts (each a copy of the whole 64 MB object on the server)
 #   made an epoch 0.57x of sequential boto3 GETs; uncut it was 1.0x (the rule below on
-#   FAST_CONNECTION now keeps such reads whole too). 16, as the pool's threads: at 8,
-#   150 x 1 MB in 5 shards through the WAN proxy (30 ms, 40 MB/s) had 8 GETs in flight at
-#   most, against 16 for boto3 in 16 threads; at 16, tar 1.13x, Parquet 1.32x, ~250 B tar
-#   1.15-1.17x (tools/bench_compare.py, 2-3 rounds, the peers within 5%), peak RSS the
-#   same: parts fill the buffer their read already has. A read left whole is looked at
-#   again after each MiB, so the last reads of a window, once the others are done, may
-#   still be cut.
+#   FAST_CONNECTION now keeps such reads whole too). 24: at 8, 150 x 1 MB in 5 shards
+#   through the WAN proxy (30 ms, 40 MB/s) had 8 GETs in flight at most, against 16 for
+#   boto3 in 16 threads; at 16, tar 1.13x, Parquet 1.32x, ~250 B tar 1.15-1.17x
+#   (tools/bench_compare.py, 2-3 rounds, the peers within 5%), peak RSS the same: parts
+#   fill the buffer their read already has. At 16 the window's first GETs (in the reads'
+#   pool) took most of the room before their probes were in, and the reads probed last
+#   were cut into two long pieces or none, the end of an epoch on one or two
+#   connections; 24 leaves room for them (the parts' own pool still has 16 threads):
+#   the same epoch alternated with boto3 x16 in one process, 30 rounds, median time
+#   711 -> 686 ms, 1.00x -> 1.12x of boto3's (32: 1.00x in that run). A read left
+#   whole is looked at again after each MiB, so the last reads of a window, once the
+#   others are done, may still be cut.
 # - Only while the pool's long reads being read carry less than ``FAST_CONNECTION``
 #   together (the sum of their rates, each as above): then it is the connections that
 #   are slow, not this process or the server that is busy. Without it, 3 or 4 whole-shard
@@ -97,7 +102,7 @@ CHUNK = PART_MIN  # the first GET's body is read in pieces of this many bytes
 PROBE = 2 * CHUNK  # its bytes before it may be cut (NOTE [ Reads in parts ])
 FAST_CONNECTION = 256 * 2**20  # bytes/s: a GET this fast is never cut
 PART_LATENCIES = 2  # a part lasts about this many latencies at the measured rate
-GETS_IN_FLIGHT = 16  # a pool's long reads are cut only while they have fewer GETs in flight
+GETS_IN_FLIGHT = 24  # a pool's long reads are cut only while they have fewer GETs in flight
 
 T = TypeVar("T")
 
