@@ -111,10 +111,14 @@ a lane across an edge, and of the last window's last chunks, apart: 114 GETs of 
 (92 of 180 MB joined), faster on a real S3 server, where the holes' bytes cost more than
 the requests (figures in that NOTE). Where the time goes on SeaweedFS: a worker's plan is
 ~12 ms an epoch (a /tmp harness, worker 0 of 2 alone); the rest is the server's and the
-client's work per request and per byte, which a worker of the local order does less of. Groups of all a shard's lanes (57 GETs) would cross
-rank boundaries; a lane across a shard edge in the group of the shard that holds its
-middle (84 GETs) mixed 10 label-sorted shards at 0.31x a perfect shuffle's label
-distance (0.18x now).
+client's work per request and per byte, which a worker of the local order does less of.
+Groups of all a shard's lanes (57 GETs) would cross rank boundaries; a lane across a
+shard edge in the group of the shard that holds its middle (84 GETs) mixed 10
+label-sorted shards at 0.31x a perfect shuffle's label distance (0.18x now). On the
+machine alone, paired with the tree before the gap and these plan changes
+(``tools/bench_compare.py 4c77788 . --rounds 2 -- tools/bench_stream.py --only order
+--s3-server seaweedfs --repeat 3``): small samples 0.82x -> 0.85x of the local order
+(rounds 0.75-0.95), large 0.86x -> 1.05x; the target, 0.9x, is still missed.
 
 A resume state is the number of global batches taken (plus the parameters and the
 dataset's checksum): it resumes on any ``(R, W)`` with ``R`` dividing ``G``, and the
