@@ -56,33 +56,3 @@ def test_every_damaged_block_of_a_read_is_named_and_none_other(data, block, boun
         got[at] ^= 0x5A
         damaged.add(rng.start + at - at % block)
     assert checks.bad_blocks(bytes(got), rng) == sorted(damaged)
-
-
-def test_copied_local_reads_are_checked_by_the_caller_and_mapped_ones_ahead(tmp_path, monkeypatch):
-    import threading
-
-    import shardstream
-    from shardstream.pack import ShardWriter
-
-    with ShardWriter(str(tmp_path / "ds"), samples_per_shard=50) as writer:
-        for i in range(200):
-            writer.write({"__key__": f"{i:05d}", "bin": bytes([i % 256]) * 3000})
-    where: list[str] = []
-    checked = _checks.ShardChecks.bad_blocks
-
-    def bad_blocks(self, data, rng):  # type: ignore[no-untyped-def]
-        where.append(threading.current_thread().name)
-        return checked(self, data, rng)
-
-    monkeypatch.setattr(_checks.ShardChecks, "bad_blocks", bad_blocks)
-    caller = threading.current_thread().name
-    for reads, on_caller in (("auto", True), ("map", False)):
-        where.clear()
-        dataset = shardstream.StreamingDataset(
-            str(tmp_path / "ds"), shuffle=False, decode=False, local_reads=reads
-        )
-        assert sum(1 for _ in dataset) == 200
-        assert where
-        # copies: the prefetch thread's reads are the slower side, so the CRCs go to the
-        # caller's decode; maps: the CRC is the pages' first touch, ahead of decode
-        assert all((name == caller) == on_caller for name in where), (reads, where)

@@ -105,9 +105,7 @@ AHEAD_THREADS = 4
 
 # What a window's fetch gives per read: the read, its bytes, the shard's index, and the
 # offsets of check blocks that failed (left for decode to skip with on_error="skip").
-Fetched = tuple[
-    "Read", "bytes | memoryview", SampleIndex, "tuple[int, ...] | None"
-]  # None: checked in decode
+Fetched = tuple["Read", "bytes | memoryview", SampleIndex, tuple[int, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,13 +336,8 @@ class WindowReader:
         return self._checked(planned, fetched)
 
     def _checked(self, planned: WindowReads, fetched: list[bytes | memoryview]) -> list[Fetched]:
-        """Each read with its bytes, its shard's index and its failed check blocks (None
-        where decode checks them: local files copied, NOTE [ Checksummed reads ])."""
+        """Each read with its bytes, its shard's index and its failed check blocks."""
         reads, indexes = planned.reads, planned.indexes
-        if self.bytes.local and not self.bytes.mapped:
-            return [
-                (read, data, indexes[read.shard], None) for read, data in zip(reads, fetched, strict=True)
-            ]
         return [
             (read, data, indexes[read.shard], self._bad_blocks(read, data, indexes[read.shard]))
             for read, data in zip(reads, fetched, strict=True)
@@ -440,15 +433,12 @@ class WindowReader:
         read: Read,
         data: bytes | memoryview,
         index: SampleIndex,
-        bad: tuple[int, ...] | None,
+        bad: tuple[int, ...],
         starts: np.ndarray,
         stops: np.ndarray,
     ) -> SampleColumns | list[Sample | None]:
         """The samples of ``read``'s runs (``starts``, ``stops``) in one format call; run by
-        run, as ever, where a check block failed or that call raised (NOTE [ One call per read ]).
-        ``bad`` None: the read's check blocks are checked here first."""
-        if bad is None:
-            bad = self._bad_blocks(read, data, index)
+        run, as ever, where a check block failed or that call raised (NOTE [ One call per read ])."""
         name = self.manifest.shards[read.shard].path
         if not bad:
             try:
