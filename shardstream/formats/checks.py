@@ -30,6 +30,13 @@
 # small tar samples too) nor the ~400 GIL hand-overs of a 25 MB read's per-block calls
 # showed in paired measurements (one joined CRC per read measured the same, and left
 # damage to several blocks of a read 2^-32 likely to pass rather than 2^-32 per block).
+# Two more tries measured no gain (``tools/bench_compare.py`` on ``tools/bench_stream.py
+# --only small --repeat 5``, copies / mapped checked over unchecked): one CRC per read
+# checked against its blocks' CRCs joined with crc32_combine (0.83-0.93x / 0.91-0.99x
+# against main's 0.88-0.94x / 0.94-0.95x in four runs on a loaded machine); copied local
+# reads checked in decode, on the caller's side, since the prefetch thread's reads are the
+# slower side there (0.90x -> 0.88x). A small-sample epoch from copied files stays about
+# 0.9x of an unchecked one (target 0.95x); mapped, about 0.95x.
 # Sidecars of version 1 have none of this: they load and stream unchecked, ``verify``
 # names them, and ``shardstream index`` rewrites them.
 """
