@@ -301,22 +301,20 @@ class WindowReader:
             rest = [i for i, read in enumerate(planned.reads) if read.shard not in shards]
             others = self.bytes.start([planned.items[i] for i in rest], self._storage_error)
             objects = dict(zip(shards, reads.result(), strict=True))
-            fetched: list[bytes | memoryview] = [b""] * len(planned.reads)
-            for i, data in zip(rest, others.result(), strict=True):
-                fetched[i] = data
+            own = dict(zip(rest, others.result(), strict=True))  # reads of part of a shard
         except BaseException:
             reads.cancel()
             if others is not None:
                 others.cancel()
             raise
+        fetched: list[bytes | memoryview] = []
         for i, (read, item) in enumerate(zip(planned.reads, planned.items, strict=True)):
-            whole = read.shard in objects
-            data = objects[read.shard] if whole else fetched[i]
-            if (whole or item[1] is None) and len(data) < read.rng.end:
+            data = own[i] if i in own else objects[read.shard]
+            if (item[1] is None or i not in own) and len(data) < read.rng.end:
                 self._too_short(read, len(data))
-            fetched[i] = (
-                memoryview(data)[read.rng.start : read.rng.end] if whole and item[1] is not None else data
-            )
+            if i not in own and item[1] is not None:  # its range of the shard's bytes
+                data = memoryview(data)[read.rng.start : read.rng.end]
+            fetched.append(data)
         return self._checked(planned, fetched)
 
     def plan_fetch(self, runs: Sequence[Any], indexes: dict[int, SampleIndex]) -> WindowReads:
