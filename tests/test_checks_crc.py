@@ -56,3 +56,16 @@ def test_every_damaged_block_of_a_read_is_named_and_none_other(data, block, boun
         got[at] ^= 0x5A
         damaged.add(rng.start + at - at % block)
     assert checks.bad_blocks(bytes(got), rng) == sorted(damaged)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=20_000), block=st.sampled_from([512, 1000, 4096]))
+def test_block_crcs_join_into_the_crc_of_their_bytes(data, block):
+    """NOTE [ One CRC per read ]: a read's whole blocks are checked by one CRC against
+    their CRCs joined, and a cache fill by the shard's CRC joined from all of them."""
+    hasher = _checks.BlockHasher(block)
+    hasher.update(data)
+    checks = hasher.checks()
+    full = len(data) // block
+    assert _checks.joined_crc(checks.crcs[:full].tolist(), block) == zlib.crc32(data[: full * block])
+    assert checks.whole_crc() == zlib.crc32(data)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 
 import pytest
 
@@ -545,14 +546,16 @@ def test_pack_says_when_tar_members_are_small_and_names_parquet(tmp_path):
     assert advise_format(parquet) is None
 
 
-def test_a_cache_fill_hashes_pieces_in_order_and_uses_their_buffers_again(tmp_path):
-    from shardstream.storage.cached import _FileSink
+@pytest.mark.parametrize("summed_by", ["sha256", "crc32"])
+def test_a_cache_fill_sums_pieces_in_order_and_uses_their_buffers_again(tmp_path, summed_by):
+    from shardstream.storage.cached import _Crc32, _FileSink
     from shardstream.storage.parts import CHUNK
 
     data = os.urandom(3 * CHUNK + 100)
     pieces = [ByteRange(start, min(start + CHUNK, len(data))) for start in range(0, len(data), CHUNK)]
     fd = os.open(tmp_path / "entry", os.O_WRONLY | os.O_CREAT)
-    sink = _FileSink(fd, hashing=True, disk_error=lambda error, url: StorageError(str(error)), url="u")
+    summing = hashlib.sha256() if summed_by == "sha256" else _Crc32()
+    sink = _FileSink(fd, summing=summing, disk_error=lambda error, url: StorageError(str(error)), url="u")
     buffers = []
     for piece in [pieces[1], pieces[0], pieces[3], pieces[2]]:  # out of order, as parts arrive
         view = sink.view(piece)
@@ -561,8 +564,11 @@ def test_a_cache_fill_hashes_pieces_in_order_and_uses_their_buffers_again(tmp_pa
         sink.done(piece, view)
     os.close(fd)
     assert (tmp_path / "entry").read_bytes() == data
-    assert sink.hexdigest() == hashlib.sha256(data).hexdigest()
-    # pieces 1 and 0 were hashed once 0 came: piece 3 took one of their buffers, not new memory
+    if isinstance(summing, _Crc32):
+        assert summing.value == zlib.crc32(data)
+    else:
+        assert summing.hexdigest() == hashlib.sha256(data).hexdigest()
+    # pieces 1 and 0 were summed once 0 came: piece 3 took one of their buffers, not new memory
     assert any(buffers[2] is b for b in buffers[:2])
 
 

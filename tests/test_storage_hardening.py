@@ -93,6 +93,97 @@ def test_a_cached_download_is_checked_against_the_manifest_sha256(tmp_path):
         storage.delete("a.tar")
 
 
+def test_a_cached_download_is_checked_by_its_sidecars_crc_where_known_else_by_sha256(tmp_path, monkeypatch):
+    """NOTE [ Filling the cache ]: with the sidecar's CRC-32 known when the bytes are in,
+    the fill sums them with it (no sha256); without it, the sha256 is still checked."""
+    import hashlib
+    import zlib
+
+    from shardstream.storage import cached
+
+    storage = Storage(f"memory://hardening-{uuid.uuid4().hex[:8]}", cache_dir=str(tmp_path))
+    data = b"x" * 5000
+    storage.write("a.tar", data)
+    digest = hashlib.sha256(data).hexdigest()
+    hashed = []
+    real_sha256 = cached.hashlib.sha256
+
+    def counted_sha256(*args):  # type: ignore[no-untyped-def]
+        if not args:  # a fill's running hash (the cache's entry names hash their keys)
+            hashed.append("fill")
+        return real_sha256(*args)
+
+    real_file_sha256 = cached._file_sha256
+    monkeypatch.setattr(cached.hashlib, "sha256", counted_sha256)
+    monkeypatch.setattr(cached, "_file_sha256", lambda *a: hashed.append("file") or real_file_sha256(*a))
+    try:
+        wrong = Expected(5000, sha256=digest, crc32=lambda: zlib.crc32(data) ^ 1)
+        with pytest.raises(StorageError, match=r"its CRC-32 is .*, its sample index says .* changed since"):
+            storage.read("a.tar", ByteRange(0, 10), expect=wrong)
+        assert not [
+            n for n in os.listdir(tmp_path) if n.startswith(("sscache-", ".sscache-tmp")) and ".lock" not in n
+        ]
+        right = Expected(5000, sha256=digest, crc32=lambda: zlib.crc32(data))
+        assert storage.read("a.tar", ByteRange(0, 10), expect=right) == b"x" * 10
+        assert hashed == []  # the CRC was the check
+    finally:
+        storage.delete("a.tar")
+    storage.write("b.tar", data)
+    try:  # the sidecar had not come when the bytes had: the sha256, of the file read back
+        late = Expected(5000, sha256="0" * 64, crc32=lambda: None)
+        with pytest.raises(StorageError, match=r"its sha256 is .*, the manifest says"):
+            storage.read("b.tar", ByteRange(0, 10), expect=late)
+        assert hashed == ["file"]
+        assert (
+            storage.read("b.tar", ByteRange(0, 10), expect=Expected(5000, digest, crc32=lambda: None))
+            == b"x" * 10
+        )
+    finally:
+        storage.delete("b.tar")
+
+
+@pytest.mark.s3
+def test_a_cache_fill_checks_the_shard_by_its_sidecars_crc(s3, tmp_path, monkeypatch):
+    """A shard changed on the store after its sidecar was written (same size, one byte)
+    fails its fill by the CRC-32 the sidecar gives (known: the dataset keeps its sidecars
+    across epochs), no sha256 is taken, and nothing of it is kept."""
+    from shardstream.storage import cached
+
+    base, options = s3
+    url, cache = f"{base}/ds", tmp_path / "cache"
+    write(url, 1, options)
+    dataset = shardstream.StreamingDataset(
+        url, decode=False, shuffle=False, storage_options=options, cache_dir=str(cache)
+    )
+    try:
+        assert {s["bin"] for s in dataset} == {b"\x01" * 1000}
+        storage = Storage(url, options)
+        shard = storage.read_manifest().shards[1].path
+        data = bytearray(storage.read(shard))
+        data[700] ^= 1  # in the first sample's data
+        storage.write(shard, bytes(data))
+        for entry in cache.glob("sscache-*"):
+            entry.unlink()
+        summed_by = []
+        real_init = cached._FileSink.__init__
+
+        def spy_init(self, fd, *, summing, **kwargs):  # type: ignore[no-untyped-def]
+            summed_by.append(type(summing).__name__)
+            real_init(self, fd, summing=summing, **kwargs)
+
+        monkeypatch.setattr(cached._FileSink, "__init__", spy_init)
+        monkeypatch.setattr(cached, "_file_sha256", None)  # never read back
+        with pytest.raises(StorageError, match=r"its CRC-32 is .*, its sample index says") as info:
+            list(dataset)
+        assert info.value.shard == shard
+        assert "_Crc32" in summed_by
+        assert "sha256" not in str(summed_by).lower()
+        kept = [p for p in cache.iterdir() if p.name.startswith(("sscache-", ".sscache-tmp"))]
+        assert not [p for p in kept if p.name.startswith(".sscache-tmp") or p.read_bytes() == bytes(data)]
+    finally:
+        dataset.storage.close()
+
+
 # -- 5: every read checks the object's size -----------------------------------------------
 
 

@@ -35,6 +35,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, wait
 from types import MappingProxyType
@@ -118,6 +120,9 @@ class ByteFetcher:
         if expected is None:  # what ``expectations(manifest)`` gives; a dataset passes its own
             expected = expectations(manifest) if manifest is not None else {}
         self._expected: Mapping[str, Expected] = expected
+        # a shard's CRC-32 (its sidecar's, once loaded: ``know_checks``), what its cache
+        # fill is checked against where it is known in time (NOTE [ Filling the cache ])
+        self._crcs: dict[str, Callable[[], int]] = {}
         # The reads of a window run at once in one pool, long ones too (a cached dataset's
         # fill their entries on first use), and the parts a long read is cut into in
         # another (NOTE [ Reads in parts ], [ Filling the cache ]): a pool's thread never
@@ -157,8 +162,19 @@ class ByteFetcher:
             rng = ByteRange(0, expect.size) if expect is not None and expect.size is not None else None
         return rng is not None and not self.storage.cached and len(split(rng)) > 1
 
+    def know_checks(self, path: str, whole_crc: Callable[[], int]) -> None:
+        """``path``'s CRC-32 (computed when a fill asks), from its sidecar's checks."""
+        if path not in self._crcs:
+            self._crcs[path] = functools.cache(whole_crc)
+
+    def _crc_of(self, path: str) -> int | None:
+        known = self._crcs.get(path)
+        return known() if known is not None else None
+
     def read(self, path: str, rng: ByteRange | None) -> bytes | memoryview:
         expect = self._expected.get(path)
+        if self.storage.cached and expect is not None and expect.sha256:
+            expect = dataclasses.replace(expect, crc32=functools.partial(self._crc_of, path))
         if rng is None and self.storage.cached and expect is not None and expect.size:
             # a whole object (NOTE [ Whole shards at once ]): its cache entry, filled in
             # parts where the connection is slow (NOTE [ Filling the cache ]), as a range's

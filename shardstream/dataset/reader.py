@@ -185,7 +185,11 @@ class WindowReader:
         return self._keep_index(shard, self.bytes.read(info.index, None))
 
     def _cached_index(self, shard: int) -> SampleIndex | None:
-        return self._indexes.get(self.manifest.shards[shard])
+        info = self.manifest.shards[shard]
+        index = self._indexes.get(info)
+        if index is not None and index.checks is not None:  # kept by an earlier iteration's reader
+            self.bytes.know_checks(info.path, index.checks.whole_crc)
+        return index
 
     def _keep_index(self, shard: int, data: bytes | memoryview) -> SampleIndex:
         info = self.manifest.shards[shard]
@@ -201,6 +205,8 @@ class WindowReader:
         other = index.checks.other_shard(info.bytes, info.sha256) if index.checks is not None else None
         if other is not None:
             raise FormatError(other, url=self.storage.full_url(info.index), shard=info.path)
+        if index.checks is not None:  # what the shard's cache fill is checked against
+            self.bytes.know_checks(info.path, index.checks.whole_crc)
         self._indexes.put(info, index)
         return index
 

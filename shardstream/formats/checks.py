@@ -19,45 +19,46 @@
 # touches the mapped pages that decoding reads next (tools/bench_stream.py). A 64 KiB
 # block holds ~20 small tar samples; a per-sample Python CRC would cost more than
 # decoding them. The CRC is CRC-32 (zlib's polynomial), computed by ISA-L (``isal``, a
-# dependency: ~40 GB/s with carry-less multiply) and by zlib where isal cannot load
-# (~3 GB/s): the same values either way, so any reader checks any sidecar. With zlib
+# dependency: ~10 GB/s on this machine, 4-5x zlib) and by zlib where isal cannot load
+# (~2 GB/s): the same values either way, so any reader checks any sidecar. With zlib
 # alone a small-sample tar epoch spent ~25% of its time in the check (each ~250 B sample
 # is ~3 KiB of tar); with ISA-L the arithmetic is cheap and what remains is reading every
 # byte of a read once more (decoding a ~300 B sample touches ~300 B of its ~3 KiB): ~3-10%
 # of an epoch's CPU time (more where shards are mapped than copied, as a copy has just
 # brought the bytes into the cache), hidden behind decoding only where a core is free.
-# Neither the page faults (the same count checked or not: decoding touches every page of
-# small tar samples too) nor the ~400 GIL hand-overs of a 25 MB read's per-block calls
-# showed in paired measurements (one joined CRC per read measured the same, and left
-# damage to several blocks of a read 2^-32 likely to pass rather than 2^-32 per block).
-# Two more tries measured no gain (``tools/bench_compare.py`` on ``tools/bench_stream.py
-# --only small --repeat 5``, copies / mapped checked over unchecked): one CRC per read
-# checked against its blocks' CRCs joined with crc32_combine (0.83-0.93x / 0.91-0.99x
-# against main's 0.88-0.94x / 0.94-0.95x in four runs on a loaded machine); copied local
-# reads checked in decode, on the caller's side, since the prefetch thread's reads are the
-# slower side there (0.90x -> 0.88x). A small-sample epoch from copied files stays about
-# 0.9x of an unchecked one (target 0.95x); mapped, about 0.95x.
+# What the check costs is reading every byte of a read again (~10 GB/s here, memory
+# bound: isal's arithmetic on hot data is no faster), and how it sits beside decoding:
+# see NOTE [ One CRC per read ].
+#
+# NOTE [ One CRC per read ]
+# A read's whole blocks are checked by one CRC-32 of all of them, compared with their
+# CRCs joined (zlib's crc32_combine: a fixed linear map per block length, applied by
+# four tables of 256; ~0.5 us a block in Python); only where that fails are the blocks
+# checked one by one, to name them (damage to several blocks of one read passes with
+# odds 2^-32, as one block's would). One call releases the GIL once for the whole read,
+# so the check runs beside decoding: a call per 64 KiB block made ~470 hand-overs of the
+# GIL per 30 MB read, each waiting for the decoding thread to give it back.
+# Tried with no gain: block sums by xxh3-64 instead of CRC-32 (a sidecar version 3):
+# ~4x faster on data in cache, but the check thread's CPU per small-sample epoch went
+# only from 45 to 42 ms (307 MB, copies; 51 to 48 mapped): the bytes come from memory
+# either way, and xxhash holds the GIL.
 # Sidecars of version 1 have none of this: they load and stream unchecked, ``verify``
 # names them, and ``shardstream index`` rewrites them.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
+from shardstream.crc import crc32
 from shardstream.errors import FormatError, UsageError
 from shardstream.types import ByteRange
 
 __all__ = ["BLOCK", "BlockHasher", "ShardChecks", "crc32"]
-
-try:  # NOTE [ Checksummed reads ]: the same CRC-32 as zlib's, ~15x faster
-    from isal.isal_zlib import crc32
-except ImportError:  # pragma: no cover - isal has wheels for the usual platforms
-    crc32 = zlib.crc32
 
 BLOCK = 64 << 10  # bytes per CRC block, see NOTE [ Checksummed reads ]
 _MIN_BLOCK, _MAX_BLOCK = 512, 1 << 30
@@ -118,6 +119,18 @@ class ShardChecks:
             )
         return cls(size, bytes(digest).hex(), block, np.frombuffer(crcs, dtype="<u4"))
 
+    def whole_crc(self) -> int:
+        """The CRC-32 of the whole shard, joined from its block CRCs (what a cache fill
+        checks its download against: NOTE [ Filling the cache ] in storage/cached.py)."""
+        full = self.size // self.block
+        crcs = self.crcs.tolist()
+        joined = joined_crc(crcs[:full], self.block)
+        if full == len(crcs):
+            return joined
+        tail = self.size - full * self.block  # the short last block: any length, so no tables
+        zeros = bytes(tail)
+        return crc32(zeros, joined) ^ crc32(zeros) ^ crcs[-1]
+
     def widen(self, rng: ByteRange) -> ByteRange:
         """``rng`` grown to the blocks that cover it (the last one ends at the shard's end)."""
         if rng.end > self.size:
@@ -142,7 +155,9 @@ class ShardChecks:
 
     def bad_blocks(self, data: bytes | memoryview, rng: ByteRange) -> list[int]:
         """Offsets of the blocks of ``rng`` whose bytes in ``data`` (those of ``rng``, from
-        ``rng.start``) fail their CRC; ``rng`` must be one that :meth:`widen` gives."""
+        ``rng.start``) fail their CRC; ``rng`` must be one that :meth:`widen` gives. Its
+        whole blocks are checked at once (NOTE [ One CRC per read ]), one by one only
+        where that fails, to name them."""
         if self.widen(rng) != rng:
             raise UsageError(f"bytes [{rng.start}, {rng.end}) do not start and end at check blocks")
         view = memoryview(data).cast("B")
@@ -150,14 +165,64 @@ class ShardChecks:
             raise FormatError(
                 f"got {len(view)} bytes for the {rng.length} of [{rng.start}, {rng.end})", offset=rng.start
             )
-        block, bad = self.block, []
-        first = rng.start // block
+        block = self.block
+        first, whole = rng.start // block, rng.length // block
         expected = self.crcs[first : -(-rng.end // block)].tolist()
-        for number, want in enumerate(expected):
+        if whole and crc32(view[: whole * block]) == joined_crc(expected[:whole], block):
+            expected, skipped = expected[whole:], whole  # only a short last block is left
+        else:
+            skipped = 0
+        bad = []
+        for number, want in enumerate(expected, skipped):
             lo = number * block
             if crc32(view[lo : lo + block if lo + block < rng.length else rng.length]) != want:
                 bad.append(rng.start + lo)
         return bad
+
+
+def joined_crc(crcs: list[int], length: int) -> int:
+    """The CRC-32 of pieces of ``length`` bytes laid end to end, from the CRC of each
+    (zlib's ``crc32_combine``, for pieces of one length: NOTE [ One CRC per read ])."""
+    if not crcs:
+        return 0
+    t0, t1, t2, t3 = _shift_tables(length)
+    joined = crcs[0]
+    for crc in crcs[1:]:
+        joined = (
+            t0[joined & 0xFF] ^ t1[(joined >> 8) & 0xFF] ^ t2[(joined >> 16) & 0xFF] ^ t3[joined >> 24] ^ crc
+        )
+    return joined
+
+
+@functools.lru_cache(maxsize=8)
+def _shift_tables(length: int) -> tuple[list[int], list[int], list[int], list[int]]:
+    """What ``length`` zero bytes do to a CRC-32, a linear map over GF(2), as four tables
+    of 256 (one per byte of the CRC), as zlib's ``crc32_combine`` builds it from the
+    operator for one zero bit."""
+    bit = [0xEDB88320] + [1 << n for n in range(31)]  # one zero bit (the reflected polynomial)
+    power = _square(_square(_square(bit)))  # one zero byte
+    shift = [1 << n for n in range(32)]  # the identity: no zero bytes yet
+    while length:
+        if length & 1:
+            shift = [_times(power, column) for column in shift]
+        power = _square(power)
+        length >>= 1
+    return tuple([_times(shift, b << (8 * k)) for b in range(256)] for k in range(4))  # type: ignore[return-value]
+
+
+def _times(matrix: list[int], vector: int) -> int:
+    """``matrix`` (32 columns) times ``vector`` over GF(2)."""
+    out, n = 0, 0
+    while vector:
+        if vector & 1:
+            out ^= matrix[n]
+        vector >>= 1
+        n += 1
+    return out
+
+
+def _square(matrix: list[int]) -> list[int]:
+    return [_times(matrix, column) for column in matrix]
 
 
 class BlockHasher:

@@ -11,7 +11,8 @@
 # - The shard cache keys an entry by the object's content (the shard's sha256; a
 #   sidecar by its shard's sha256, its path and its size, as the manifest holds no hash
 #   of its own), so an overwritten dataset never hits the old one's entries, and a
-#   downloaded shard is hashed and checked against the manifest before it is kept.
+#   downloaded shard is checked before it is kept: by its sidecar's CRC-32 where the
+#   reader knows it, else by the manifest's sha256 (NOTE [ Filling the cache ]).
 #
 # NOTE [ One size check per object ]
 # Only the fsspec path (not s3://, not local files) has no total size in its responses,
@@ -26,7 +27,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shardstream.errors import StorageError, TransientStorageError
 from shardstream.types import ByteRange
@@ -46,14 +47,16 @@ class Expected:
     """An object as the manifest describes it.
 
     ``size``: its total size in bytes (None: not known, not checked). ``sha256``: its
-    content hash (hex), if known: checked when the cache downloads it. ``version``: what
-    identifies its content for the cache when it has no hash of its own (a sidecar: its
-    shard's sha256).
+    content hash (hex), if known: checked when the cache downloads it, unless ``crc32``
+    gives the CRC-32 of its bytes by then (a shard whose sidecar is loaded, NOTE
+    [ Filling the cache ]). ``version``: what identifies its content for the cache when
+    it has no hash of its own (a sidecar: its shard's sha256).
     """
 
     size: int | None
     sha256: str = ""
     version: str = ""
+    crc32: Callable[[], int | None] | None = field(default=None, compare=False)
 
     @property
     def content_key(self) -> str:
