@@ -41,3 +41,18 @@ def test_shuffle_quality_quick_runs_real_webdataset():
     assert "shardstream global order, window 4 shards" in rows
     assert "webdataset shardshuffle + shuffle(1000)" in rows
     assert "(1.00x)" in rows["perfect global shuffle"]
+
+
+def test_bench_compare_pairs_a_target_line_whatever_its_verdict():
+    """A round that met a target and one that missed it print the same figure: the
+    comparison keeps the line (it used to drop it, as if the benchmark no longer printed it)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import bench_compare
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    met = bench_compare.figures("  cache / uncached = 0.97x; target >= 0.95x: met\n")
+    missed = bench_compare.figures("  cache / uncached = 0.93x; target >= 0.95x: MISSED\n")
+    assert met.keys() == missed.keys()
+    assert [met[key] for key in met] == [0.97, 0.95]
+    assert [missed[key] for key in missed] == [0.93, 0.95]
