@@ -424,6 +424,36 @@ def test_fork_while_another_thread_makes_a_client(moto_storage):
     assert moto_storage.read("child.bin") == DATA[2000:3000]
 
 
+def test_a_fork_child_never_closes_the_parents_s3fs_session(moto_storage):
+    """The parent's s3fs file system, collected in a fork child, must not close its session
+    there: s3fs's finalizer would ask the parent's event loop (no thread runs it in the
+    child) and wait a second for the answer, a stall of whatever thread collected it (a
+    DataLoader worker's decoding, in the global order bench)."""
+    assert moto_storage._backend.fs._s3 is not None  # the session is open: its finalizer is set
+    _run_child("fork", _child_collects_parents_fs, moto_storage, os.getpid())
+    assert moto_storage.read("x.bin", ByteRange(0, 10)) == DATA[:10]
+    assert moto_storage.size("x.bin") == len(DATA)  # its s3fs session still works in the parent
+
+
+def _child_collects_parents_fs(storage: Storage, parent_pid: int) -> None:
+    import gc
+
+    import s3fs.core
+
+    if os.getpid() == parent_pid:
+        raise SystemExit(3)
+    asked: list[object] = []
+
+    def sync(*args: object, **kwargs: object) -> None:  # what s3fs's finalizer closes with
+        asked.append(args)
+
+    s3fs.core.sync = sync
+    storage._backend._fs = None  # the parent's file system: now garbage here
+    gc.collect()
+    if asked:
+        raise SystemExit(6)  # the child tried to close the parent's session
+
+
 def test_threads_share_one_client(moto_storage, monkeypatch):
     made: list[int] = []
     make = S3Reader._make_client

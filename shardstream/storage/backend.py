@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import IO, Any, ClassVar, cast
@@ -38,6 +39,23 @@ _S3_PROTOCOLS = ("s3", "s3a")
 _ABANDONED: list[Any] = []  # file systems made by a parent process; see NOTE [ Storage across processes ]
 # How a backend has an operation retried by its Storage (uploads are retried whole).
 Retried = Callable[[Callable[[], None]], None]
+
+
+def _leave_parent_sessions() -> None:
+    """In a fork child: detach the finalizers that s3fs registered to close the sessions of
+    the parent's file systems (NOTE [ Storage across processes ] in core.py). Run in the
+    child when one of them is collected there, such a finalizer asks the parent's event loop
+    thread, which the child does not have, to close the session, and waits a whole second
+    (fsspec's ``sync`` polls by the second) before it gives up: a stall of any thread that
+    happens to trigger the collection, a DataLoader worker's decoding among them."""
+    registry: dict[Any, Any] = getattr(weakref.finalize, "_registry", {})
+    for finalizer, info in list(registry.items()):
+        if getattr(info.func, "__qualname__", "") == "S3FileSystem.close_session":
+            finalizer.detach()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_leave_parent_sessions)
 
 
 class Backend:
