@@ -19,7 +19,12 @@
 # [ Whole shards at once ]) leaves the sha256, of the file read back. Nothing is held in
 # memory but parts in flight or waiting, so a cold epoch with ``cache_dir`` moves the
 # bytes at the speed of a streamed one and the warm epoch maps the local files. Without
-# a pool (``Storage.open``, a plain ``Storage.read``) the GET is never cut.
+# a pool (``Storage.open``, a plain ``Storage.read``) the GET is never cut. The CRC in
+# place of the sha256, alternated with the tree before (``tools/bench_compare.py a5e9708
+# af69a41 --rounds 3 -- tools/bench_wan.py --only large,small --repeat 5``): a cached cold
+# epoch of 150 x 1 MB through the WAN proxy took 0.53 s of CPU, not 0.68 s, and ran 1.07x
+# faster (~250 B samples: 1.12x); 0.98-1.02x of the uncached epoch at 1 MB, 0.94-1.05x at
+# ~250 B, in four runs of that section alone.
 """
 
 from __future__ import annotations
