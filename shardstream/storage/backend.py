@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import sys
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
@@ -42,15 +43,20 @@ Retried = Callable[[Callable[[], None]], None]
 
 
 def _leave_parent_sessions() -> None:
-    """In a fork child: detach the finalizers that s3fs registered to close the sessions of
-    the parent's file systems (NOTE [ Storage across processes ] in core.py). Run in the
-    child when one of them is collected there, such a finalizer asks the parent's event loop
-    thread, which the child does not have, to close the session, and waits a whole second
-    (fsspec's ``sync`` polls by the second) before it gives up: a stall of any thread that
-    happens to trigger the collection, a DataLoader worker's decoding among them."""
+    """In a fork child: detach the finalizers that s3fs (gcsfs alike) registered to close
+    the sessions of the parent's file systems, ``close_session(loop, ...)`` on the parent's
+    event loop (NOTE [ Storage across processes ] in core.py). Run in the child when one of
+    them is collected there, such a finalizer asks that loop's thread, which the child does
+    not have, to close the session, and waits a whole second (fsspec's ``sync`` polls by
+    the second) before it gives up: a stall of any thread that happens to trigger the
+    collection, a DataLoader worker's decoding among them."""
+    asyncio = sys.modules.get("asyncio")  # not imported: no event loop, no such finalizer
     registry: dict[Any, Any] = getattr(weakref.finalize, "_registry", {})
+    if asyncio is None or not registry:
+        return
     for finalizer, info in list(registry.items()):
-        if getattr(info.func, "__qualname__", "") == "S3FileSystem.close_session":
+        on_loop = bool(info.args) and isinstance(info.args[0], asyncio.AbstractEventLoop)
+        if on_loop and getattr(info.func, "__name__", "") == "close_session":
             finalizer.detach()
 
 
