@@ -437,6 +437,7 @@ def test_a_fork_child_never_closes_the_parents_s3fs_session(moto_storage):
 
 def _child_collects_parents_fs(storage: Storage, parent_pid: int) -> None:
     import gc
+    import weakref
 
     import s3fs.core
 
@@ -448,8 +449,11 @@ def _child_collects_parents_fs(storage: Storage, parent_pid: int) -> None:
         asked.append(args)
 
     s3fs.core.sync = sync
+    parents = weakref.ref(storage._backend._fs)
     storage._backend._fs = None  # the parent's file system: now garbage here
     gc.collect()
+    if parents() is not None:
+        raise SystemExit(7)  # not collected: the test would prove nothing
     if asked:
         raise SystemExit(6)  # the child tried to close the parent's session
 
