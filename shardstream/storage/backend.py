@@ -43,13 +43,14 @@ Retried = Callable[[Callable[[], None]], None]
 
 
 def _leave_parent_sessions() -> None:
-    """In a fork child: detach the finalizers that s3fs (gcsfs alike) registered to close
-    the sessions of the parent's file systems, ``close_session(loop, ...)`` on the parent's
-    event loop (NOTE [ Storage across processes ] in core.py). Run in the child when one of
-    them is collected there, such a finalizer asks that loop's thread, which the child does
-    not have, to close the session, and waits a whole second (fsspec's ``sync`` polls by
-    the second) before it gives up: a stall of any thread that happens to trigger the
-    collection, a DataLoader worker's decoding among them."""
+    """In a fork child: detach the finalizers registered to close the sessions of the
+    parent's file systems, ``close_session(loop, ...)`` with the parent's event loop (s3fs's;
+    gcsfs registers one of the same shape): the sessions are the parent's (NOTE [ Storage
+    across processes ] in core.py). Run in the child when the file system is collected
+    there, s3fs's asks that loop's thread, which the child does not have, to close the
+    session, and waits a whole second (fsspec's ``sync`` polls by the second) before it
+    gives up: a stall of any thread that happens to trigger the collection, a DataLoader
+    worker's decoding among them."""
     asyncio = sys.modules.get("asyncio")  # not imported: no event loop, no such finalizer
     registry: dict[Any, Any] = getattr(weakref.finalize, "_registry", {})
     if asyncio is None or not registry:
