@@ -43,14 +43,15 @@ Retried = Callable[[Callable[[], None]], None]
 
 
 def _leave_parent_sessions() -> None:
-    """In a fork child: detach the finalizers registered to close the sessions of the
-    parent's file systems, ``close_session(loop, ...)`` with the parent's event loop (s3fs's;
-    gcsfs registers one of the same shape): the sessions are the parent's (NOTE [ Storage
-    across processes ] in core.py). Run in the child when the file system is collected
-    there, s3fs's asks that loop's thread, which the child does not have, to close the
-    session, and waits a whole second (fsspec's ``sync`` polls by the second) before it
-    gives up: a stall of any thread that happens to trigger the collection, a DataLoader
-    worker's decoding among them."""
+    """In a fork child: the parent's file systems that hold a session, with the finalizer
+    registered to close it (``close_session(loop, ...)`` with the parent's event loop:
+    s3fs's; gcsfs registers one of the same shape), are kept in ``_ABANDONED`` and their
+    finalizers detached: the sessions are the parent's (NOTE [ Storage across processes ]
+    in core.py). Collected in the child, such a file system ran s3fs's finalizer, which
+    asks that loop's thread (the child has none) to close the session and waits a whole
+    second (fsspec's ``sync`` polls by the second): a stall of any thread that triggered
+    the collection, a DataLoader worker's decoding among them. Without the finalizer,
+    aiohttp would log the session as unclosed instead, hence kept, never collected."""
     asyncio = sys.modules.get("asyncio")  # not imported: no event loop, no such finalizer
     registry: dict[Any, Any] = getattr(weakref.finalize, "_registry", {})
     if asyncio is None or not registry:
@@ -58,6 +59,9 @@ def _leave_parent_sessions() -> None:
     for finalizer, info in list(registry.items()):
         on_loop = bool(info.args) and isinstance(info.args[0], asyncio.AbstractEventLoop)
         if on_loop and getattr(info.func, "__name__", "") == "close_session":
+            held = finalizer.peek()
+            if held is not None:
+                _ABANDONED.append(held[0])
             finalizer.detach()
 
 
