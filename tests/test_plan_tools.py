@@ -46,11 +46,8 @@ def test_shuffle_quality_quick_runs_real_webdataset():
 def test_bench_compare_pairs_a_target_line_whatever_its_verdict():
     """A round that met a target and one that missed it print the same figure: the
     comparison keeps the line (it used to drop it, as if the benchmark no longer printed it)."""
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        import bench_compare
-    finally:
-        sys.path.remove(str(ROOT / "tools"))
+    from tools import bench_compare
+
     met = bench_compare.figures("  cache / uncached = 0.97x; target >= 0.95x: met\n")
     missed = bench_compare.figures("  cache / uncached = 0.93x; target >= 0.95x: MISSED\n")
     assert met.keys() == missed.keys()
