@@ -11,6 +11,7 @@ import datetime
 import http.client
 import random
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import quote
 
 import pytest
@@ -19,7 +20,7 @@ from shardstream.errors import StorageError
 from shardstream.storage import RetryPolicy, Storage
 from shardstream.storage.expect import Expected
 from shardstream.storage.s3lean import ERROR_BODY, GET_OBJECT_PARAMETERS, LeanClient, _client_error, signature
-from shardstream.storage.s3read import S3Reader, client_arguments, s3_options
+from shardstream.storage.s3read import POOL_CONNECTIONS, S3Reader, client_arguments, s3_options
 from shardstream.types import ByteRange
 from tests.faultproxy import FaultProxy
 
@@ -362,3 +363,43 @@ def test_an_error_body_is_read_only_as_far_as_an_s3_error_goes():
     assert response.asked == [ERROR_BODY]
     assert response.closed  # the rest unread: the connection is not reused
     assert error.response["Error"]["Code"] == "500"
+
+
+@pytest.mark.parametrize("requester_pays", [False, True], ids=["lean", "botocore"])
+def test_requests_in_flight_past_botocores_ten_open_no_new_connections(
+    s3, moto_server, monkeypatch, requester_pays
+):
+    """NOTE [ Connections kept ]: a worker keeps ~16-24 GETs in flight; a pool that kept
+    10 connected anew for each GET past the tenth, every round (4 rounds: 20 -> 38
+    connections against SeaweedFS). Both clients keep as many as were in flight."""
+    import urllib3.connection
+
+    from shardstream.testing import WanProxy
+
+    base, options = s3
+    Storage(base + "/pool", options, retry=FAST).write("shard.bin", DATA)
+    opened: list[int] = []
+    connect = urllib3.connection.HTTPConnection.connect
+
+    def counted(self):  # type: ignore[no-untyped-def]
+        opened.append(1)
+        return connect(self)
+
+    monkeypatch.setattr(urllib3.connection.HTTPConnection, "connect", counted)
+    with WanProxy(moto_server.endpoint, latency=0.05, bandwidth=0) as proxy:  # so that 16 overlap
+        through = dict(options, endpoint_url=proxy.endpoint, requester_pays=requester_pays)
+        storage = Storage(base + "/pool", through, retry=FAST)
+        counts = []
+        with ThreadPoolExecutor(16) as pool:
+            for _ in range(4):
+                reads = pool.map(
+                    lambda i: storage.read("shard.bin", ByteRange(i * 100, i * 100 + 50)), range(16)
+                )
+                assert [bytes(r) for r in reads] == [DATA[i * 100 : i * 100 + 50] for i in range(16)]
+                counts.append(len(opened))
+        assert proxy.stats.peak_in_flight > 10
+        assert isinstance(storage._s3.client, LeanClient) is not requester_pays
+        storage.close()
+    assert counts[-1] == counts[0], counts  # none opened after the first round
+    assert client_arguments({})[1]["max_pool_connections"] == POOL_CONNECTIONS
+    assert client_arguments({"config_kwargs": {"max_pool_connections": 4}})[1]["max_pool_connections"] == 4

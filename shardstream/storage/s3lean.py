@@ -28,7 +28,8 @@
 #   retries other than one try.
 # - One try: ``retries=False``, no redirects; Storage's RetryPolicy is the only retry
 #   layer. Timeouts are config_kwargs' connect_timeout and read_timeout (s3fs's 5 s and
-#   15 s unless set), the pool size max_pool_connections (10), as botocore's.
+#   15 s unless set), the pool size max_pool_connections (client_arguments' default:
+#   NOTE [ Connections kept ] in s3read.py), as botocore's.
 # - Responses read as the botocore client's: ``get_object`` returns the same keys
 #   (Body, ContentLength, ContentRange, ContentEncoding, ResponseMetadata), the body
 #   undecoded with its Content-Length enforced by urllib3; a status of 300 or more
