@@ -56,8 +56,9 @@ STATE_VERSION = RESUME_VERSION
 # (``tools/bench_stream.py --only order --s3-server seaweedfs``: 2 workers, 100k samples,
 # windows of 20k-30k) one such collection took 0.39-0.50 s of a worker's CPU (293k
 # objects) in the global order, whose worker holds 50k samples at its peak, and none ran
-# in the local order (25k at once): a third of the global order's extra worker CPU, on
-# a 2-core machine where that CPU is the epoch's time. So a worker's first iteration
+# in the local order (25k at once): most of the global order's extra worker CPU (the
+# two workers' 2.6 s against 1.55 s an epoch), on a 2-core machine where that CPU is the
+# epoch's time. So a worker's first iteration
 # moves everything it inherited to the permanent generation (``gc.freeze()``, as
 # Python's documentation advises for a process that forks without exec): its
 # collections walk only what the worker made since, and the parent's pages stay shared.
