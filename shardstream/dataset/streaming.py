@@ -58,10 +58,10 @@ STATE_VERSION = RESUME_VERSION
 # objects) in the global order, whose worker holds 50k samples at its peak, and none ran
 # in the local order (25k at once): most of the global order's extra worker CPU (the
 # two workers' 2.6 s against 1.55 s an epoch), on a 2-core machine where that CPU is the
-# epoch's time. So a worker's first iteration
-# moves everything it inherited to the permanent generation (``gc.freeze()``, as
-# Python's documentation advises for a process that forks without exec): its
-# collections walk only what the worker made since, and the parent's pages stay shared.
+# epoch's time. So a worker's first iteration moves everything it inherited to the
+# permanent generation (``gc.freeze()``, as Python's documentation advises for a process
+# that forks without exec): its collections walk only what the worker made since, and
+# the parent's pages stay shared.
 # Once per process, so a persistent worker's later epochs collect their own garbage as
 # ever. The price: cycles among the inherited objects that die in the worker are never
 # collected there (reference counting still frees everything else); they were the

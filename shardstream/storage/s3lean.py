@@ -247,7 +247,7 @@ class LeanClient:
         if credentials is False:
             return None
         connect, read = float(config["connect_timeout"]), float(config["read_timeout"])
-        size = int(config.get("max_pool_connections", 10))
+        size = int(config["max_pool_connections"])  # client_arguments' default, as the timeouts
         pool = _pool(parts, arguments.get("verify"), session, size, connect, read)
         # The Host header as botocore signs it: no port where it is the scheme's own.
         netloc = parts.netloc
