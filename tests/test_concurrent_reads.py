@@ -276,7 +276,8 @@ def test_parts_are_byte_identical_when_requests_fail(s3, moto_server, monkeypatc
 def test_budget_hands_out_bytes_in_ticket_order_and_close_wakes_waiters():
     budget = ReadBudget(100)
     budget.take(0, 60)
-    budget.take(1, 60)  # over the limit, but only one other window holds bytes
+    budget.fetched(0)
+    budget.take(1, 60)  # over the limit, but only one other window holds bytes, all in
     order: list[int] = []
 
     def late(ticket: int, size: int) -> None:
@@ -289,7 +290,7 @@ def test_budget_hands_out_bytes_in_ticket_order_and_close_wakes_waiters():
     threads = [threading.Thread(target=late, args=(3, 10)), threading.Thread(target=late, args=(2, 10))]
     for thread in threads:
         thread.start()
-    budget.give_back(60)  # 60 held by one window: ticket 2 fits (70), then 3 (80)
+    budget.give_back(0, 60)  # 60 held by one window: ticket 2 fits (70), then 3 (80)
     threads[1].join(5)
     threads[0].join(5)
     assert order == [2, 3]
@@ -299,6 +300,31 @@ def test_budget_hands_out_bytes_in_ticket_order_and_close_wakes_waiters():
     waiter.join(5)
     assert order == [2, 3, -4]
     assert budget.peak == 120
+
+
+def test_a_window_over_the_room_left_waits_until_most_of_the_one_before_is_in():
+    # NOTE [ Read budget ]: beside a window still arriving, one that does not fit goes
+    # once at most half the budget of the other is still to come, not before.
+    budget = ReadBudget(100)
+    budget.take(0, 80)
+    went = threading.Event()
+    second = threading.Thread(target=lambda: (budget.take(1, 80), went.set()))
+    second.start()
+    budget.arrived(0, 20)
+    assert not went.wait(0.2)  # 60 still to come
+    budget.arrived(0, 15)  # 45: at most half of 100
+    assert went.wait(5)
+    second.join(5)
+    budget.fetched(1)  # all of window 1 in: a third may not go beside two windows
+    third = threading.Thread(target=lambda: budget.take(2, 80))
+    third.start()
+    third.join(0.2)
+    assert third.is_alive()
+    budget.give_back(0, 80)  # one window left, all of it in
+    third.join(5)
+    assert not third.is_alive()
+    assert budget.held == 160
+    assert budget.peak == 160
 
 
 @pytest.mark.s3
@@ -321,6 +347,47 @@ def test_the_window_being_taken_keeps_its_share_until_the_next_is_asked_for(s3):
         assert reader.budget._windows <= 2
         assert reader.budget.held >= sum(len(s["bin"]) for s in samples)
     assert windows == 12
+    assert reader.budget.held == 0
+    storage.close()
+
+
+@pytest.mark.s3
+def test_a_window_larger_than_the_budget_is_not_read_beside_one_still_arriving(s3, monkeypatch):
+    # Windows of 5 samples of 64 KiB (one read each) and a budget of 200 KiB: each window
+    # goes beside the one before only once at most 100 KiB of it is still to come, here
+    # once its read is done. It used to go at once: two windows arriving together, with a
+    # caller faster than the wire both in memory (NOTE [ Read budget ]).
+    from shardstream.dataset.fetch import ByteFetcher
+
+    base, options = s3
+    payloads = _pack(base + "/ds", options, shards=6, samples=10, size=64 * 1024)
+    storage = Storage(base + "/ds", options)
+    dataset = shardstream.StreamingDataset(
+        base + "/ds", storage_options=options, shuffle=False, shuffle_window=5
+    )
+    plan = dataset.make_plan(num_workers=1, consume=False)
+    reader = WindowReader(storage, storage.read_manifest(), read_budget=200 * 1024, read_concurrency=4)
+    spans: list[tuple[float, float]] = []
+    read = ByteFetcher.read
+
+    def slow_read(self, path, rng):  # type: ignore[no-untyped-def]
+        started = time.monotonic()
+        time.sleep(0.1)  # a slow wire: the next window's fetch has time to start beside it
+        data = read(self, path, rng)
+        if path.endswith(".tar"):
+            spans.append((started, time.monotonic()))
+        return data
+
+    monkeypatch.setattr(ByteFetcher, "read", slow_read)
+    got = {}
+    for _, samples, _ in reader.stream(plan.worker_windows(0, 0)):
+        got.update((s["__key__"], s["bin"]) for s in samples)
+    assert got == payloads
+    spans.sort()
+    assert len(spans) == 12  # a read per window
+    overlaps = [b for a, b in itertools.pairwise(spans) if b[0] < a[1]]
+    assert not overlaps
+    assert reader.budget is not None
     assert reader.budget.held == 0
     storage.close()
 

@@ -15,15 +15,20 @@
 # than the wire, two windows were fetched ahead of the one being taken (600 x 1 MB on
 # loopback moto, windows of 120 MB: RSS growth in the epoch +334 MB against +211 MB for
 # the reader before issue 9, ``read_concurrency=1``; now +245 MB). A window larger than
-# the budget still goes when at most one other window holds bytes (today's one-window
-# prefetch: one window taken while the next is read), so the bound is max(budget, two
-# windows) and the stream never stalls. Where the caller keeps up and the epoch is two
-# such windows, both are read at once and both are in memory when the first is taken
-# (150 x 1 MB, windows of 75 MB: +150 MB against +77 MB). Letting the second go only once
-# the first's bytes were all in held +122 MB, but cost the wire its overlap: through the
-# WAN proxy (tools/bench_wan.py --only large,loopback, 3 rounds, trees alternated) 1 MB
-# tar fell from 1.92x to 1.69x of LitData and 0.84x to 0.77x of boto3 in 16 threads. So
-# it goes with the one before, as the reader before issue 9 fetched its next window.
+# the budget still goes beside one other window (today's one-window prefetch: one window
+# taken while the next is read), so the bound is max(budget, two windows) and the stream
+# never stalls; but only once at most half the budget of that window's bytes is still to
+# come. Its reads tell the budget of their bytes as they arrive (``counting_arrivals`` in
+# storage/parts.py: a chunk of a long read at a time, a short read when done; a window
+# whose fetch is done has nothing to come, its bytes from a cache too). It used to go
+# at once: two windows arriving together share the wire, so the first was in (and could
+# be decoded, taken and let go) only when the second was about as far, and a caller that
+# keeps up held both (150 x 1 MB, windows of 75 MB: +150 MB against +77 MB). Letting the
+# second go only once the first's bytes were all in held +122 MB, but cost the wire its
+# overlap: through the WAN proxy (tools/bench_wan.py --only large,loopback, 3 rounds,
+# trees alternated) 1 MB tar fell from 1.92x to 1.69x of LitData and 0.84x to 0.77x of
+# boto3 in 16 threads. Half the budget still to come (32 MiB by default) is a lead of
+# ~100 ms at the wire's 250-300 MB/s there, several of its latencies.
 #
 # A fetch waiting for room must not outlive its process: a script that exits holding an
 # iterator it never finished (``batch = next(iter(loader))``) left a fetch waiting for a
@@ -38,6 +43,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures.thread  # noqa: F401  (its exit hook first: ours runs before it)
+import functools
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -45,6 +51,7 @@ from typing import Any, TypeVar
 
 from shardstream.errors import UsageError
 from shardstream.storage import Prefetcher
+from shardstream.storage.parts import counting_arrivals
 
 __all__ = ["DEFAULT_READ_BUDGET", "BudgetClosed", "ReadBudget", "fetch_in_turn", "fetched_in_order"]
 
@@ -79,28 +86,56 @@ class ReadBudget:
         self.held = 0  # bytes of windows fetched or in flight, not yet decoded
         self.peak = 0  # the most ``held`` ever was: at most max(limit, 2 * largest)
         self.largest = 0  # the most one window took
-        self._windows = 0  # windows holding bytes
+        self._coming: dict[int, int] = {}  # ticket -> bytes of a window holding bytes still to arrive
         self._turn = 0  # the ticket whose turn it is
+        self._waiting = 0  # fetches waiting in ``take``
         self._closed = False
         self._cond = threading.Condition()
         _OPEN.add(self)
 
+    @property
+    def _windows(self) -> int:
+        """Windows holding bytes."""
+        return len(self._coming)
+
     def take(self, ticket: int, size: int) -> None:
         """Wait until it is ``ticket``'s turn and ``size`` bytes fit, then hold them."""
         with self._cond:
-            while not self._closed and (ticket != self._turn or not self._fits(size)):
-                self._cond.wait()
+            self._waiting += 1
+            try:
+                while not self._closed and (ticket != self._turn or not self._fits(size)):
+                    self._cond.wait()
+            finally:
+                self._waiting -= 1
             if self._closed:
                 raise BudgetClosed
             self.held += size
             self.peak = max(self.peak, self.held)
             self.largest = max(self.largest, size)
-            self._windows += 1
+            self._coming[ticket] = size
             self._turn += 1
             self._cond.notify_all()
 
     def _fits(self, size: int) -> bool:
-        return self.held + size <= self.limit or self._windows <= 1
+        if self.held + size <= self.limit or not self._coming:
+            return True
+        # larger than the room left: beside one window only, once most of its bytes are in
+        return len(self._coming) == 1 and sum(self._coming.values()) <= self.limit // 2
+
+    def arrived(self, ticket: int, count: int) -> None:
+        """``count`` bytes of ``ticket``'s window are in."""
+        with self._cond:
+            if ticket in self._coming:
+                self._coming[ticket] = max(0, self._coming[ticket] - count)
+                if self._waiting:
+                    self._cond.notify_all()
+
+    def fetched(self, ticket: int) -> None:
+        """All of ``ticket``'s window is in (bytes no read told of too: a cache's, say)."""
+        with self._cond:
+            if self._coming.get(ticket):
+                self._coming[ticket] = 0
+                self._cond.notify_all()
 
     def skip(self, ticket: int) -> None:
         """``ticket`` takes nothing (its fetch failed first): let the next one go."""
@@ -110,10 +145,11 @@ class ReadBudget:
             self._turn = max(self._turn, ticket + 1)
             self._cond.notify_all()
 
-    def give_back(self, size: int) -> None:
+    def give_back(self, ticket: int, size: int) -> None:
+        """``ticket``'s window lets go of the ``size`` bytes it took."""
         with self._cond:
             self.held -= size
-            self._windows -= 1
+            self._coming.pop(ticket, None)
             self._cond.notify_all()
 
     def close(self) -> None:
@@ -128,11 +164,12 @@ def fetch_in_turn(
     budget: ReadBudget | None,
     ticket: int,
     window: Any,
-) -> tuple[F, int]:
-    """``fetch(window, take)`` taking its bytes from ``budget`` in ``ticket`` order; the
-    result and the bytes it holds (a fetch that fails gives them back, or its turn)."""
+) -> tuple[F, tuple[int, int]]:
+    """``fetch(window, take)`` taking its bytes from ``budget`` in ``ticket`` order, its
+    reads telling the budget of their bytes as they arrive; the result and ``(ticket,
+    bytes it holds)`` (a fetch that fails gives them back, or its turn)."""
     if budget is None:
-        return fetch(window, None), 0
+        return fetch(window, None), (ticket, 0)
     held: list[int] = []
 
     def take(size: int) -> None:
@@ -140,20 +177,22 @@ def fetch_in_turn(
         held.append(size)
 
     try:
-        fetched = fetch(window, take)
+        with counting_arrivals(functools.partial(budget.arrived, ticket)):
+            fetched = fetch(window, take)
     except BaseException:
         if held:
-            budget.give_back(held[0])
+            budget.give_back(ticket, held[0])
         else:
             budget.skip(ticket)
         raise
     (size,) = held  # every fetch takes its share before it reads
-    return fetched, size
+    budget.fetched(ticket)
+    return fetched, (ticket, size)
 
 
 def fetched_in_order(
     windows: Iterator[Any],
-    prefetcher: Prefetcher[Any, tuple[F, int]],
+    prefetcher: Prefetcher[Any, tuple[F, tuple[int, int]]],
     ahead: int,
     budget: ReadBudget | None,
     decode: Callable[[Any, F], D],
@@ -162,11 +201,11 @@ def fetched_in_order(
     ahead by ``prefetcher`` (items ``(ticket, window)``); a window's bytes go back to
     ``budget`` once the caller asks for the next one (its samples are all taken)."""
     pending: collections.deque[Any] = collections.deque()
-    taken: list[int] = []  # the bytes of the window the caller is taking samples of
+    taken: list[tuple[int, int]] = []  # (ticket, bytes) of the window whose samples are taken
 
     def give_back() -> None:
         if budget is not None and taken:
-            budget.give_back(taken.pop())
+            budget.give_back(*taken.pop())
 
     def claim() -> tuple[Any, Any]:
         give_back()

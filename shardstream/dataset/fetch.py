@@ -45,7 +45,7 @@ from typing import Any
 from shardstream.errors import StorageError
 from shardstream.manifest import Manifest
 from shardstream.storage import Expected, ReadPool, Storage
-from shardstream.storage.parts import split
+from shardstream.storage.parts import arrived, split
 from shardstream.types import ByteRange
 
 __all__ = ["READ_THREADS", "ByteFetcher", "Reads", "expectations"]
@@ -185,8 +185,10 @@ class ByteFetcher:
         if rng is not None and rng.length and self.mapped:  # a local folder's, checked against expect
             return self.storage.map(path, rng, expect=expect)
         if self._part_pool is not None and self._is_long(path, rng):
-            return self.storage.read_parts(path, rng, expect=expect, pool=self._part_pool)
-        return self.storage.read(path, rng, expect=expect)
+            return self.storage.read_parts(path, rng, expect=expect, pool=self._part_pool)  # tells as it goes
+        data = self.storage.read(path, rng, expect=expect)
+        arrived(len(data))  # NOTE [ Read budget ]
+        return data
 
     def close(self) -> None:
         for pool in (self._pool, self._part_pool):

@@ -62,7 +62,7 @@ class MixtureReader:
         # one budget for the worker, as one dataset has (the streams' own go unused)
         ahead = any(reader.budget is not None for reader in self.readers)
         self.budget = ReadBudget(read_budget) if ahead else None
-        self._prefetcher: Prefetcher[Any, tuple[list[list[Fetched]], int]] | None = None
+        self._prefetcher: Prefetcher[Any, tuple[list[list[Fetched]], tuple[int, int]]] | None = None
 
     def _stream_of(self, shard: int) -> int:
         return int(np.searchsorted(self._offsets, shard, side="right")) - 1

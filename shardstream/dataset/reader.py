@@ -165,7 +165,7 @@ class WindowReader:
         # sidecars being read, by shard, for the windows fetched at once (NOTE [ One read per sidecar ])
         self._loading: dict[int, Future[SampleIndex]] = {}
         self._loading_lock = threading.Lock()
-        self._prefetcher: Prefetcher[Any, tuple[list[Fetched], int]] | None = None
+        self._prefetcher: Prefetcher[Any, tuple[list[Fetched], tuple[int, int]]] | None = None
         # reads are checked against the manifest
         self.bytes = ByteFetcher(
             storage, manifest, threads=read_concurrency, local_reads=local_reads, expected=expected
@@ -574,7 +574,7 @@ def prefetched(reader: Any, windows: Iterator[Any]) -> Iterator[Any]:
         return
     budget = reader.budget
     ahead = reader.prefetch if budget is None else max(reader.prefetch, AHEAD_WINDOWS)
-    prefetcher: Prefetcher[Any, tuple[Any, int]] = Prefetcher(
+    prefetcher: Prefetcher[Any, tuple[Any, tuple[int, int]]] = Prefetcher(
         lambda job: fetch_in_turn(reader.fetch, budget, *job),
         threads=1 if budget is None else AHEAD_THREADS,
         max_pending=ahead,

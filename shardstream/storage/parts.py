@@ -65,6 +65,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import mmap
 import os
 import sys
@@ -90,6 +91,8 @@ __all__ = [
     "MemorySink",
     "ReadPool",
     "Sink",
+    "arrived",
+    "counting_arrivals",
     "read_long",
     "read_parts",
     "split",
@@ -105,6 +108,31 @@ PART_LATENCIES = 2  # a part lasts about this many latencies at the measured rat
 GETS_IN_FLIGHT = 24  # a pool's long reads are cut only while they have fewer GETs in flight
 
 T = TypeVar("T")
+
+# Who is told of a read's bytes as they arrive (NOTE [ Read budget ] in dataset/budget.py):
+# set by the thread that starts a window's reads, and carried into the read threads by
+# ``ReadPool.submit``, so the reads need not know whose bytes they bring.
+_ARRIVALS: contextvars.ContextVar[Callable[[int], None] | None] = contextvars.ContextVar(
+    "shardstream_arrivals", default=None
+)
+
+
+def arrived(count: int) -> None:
+    """``count`` bytes of a read are in: told to whoever counts this thread's reads."""
+    tell = _ARRIVALS.get()
+    if tell is not None:
+        tell(count)
+
+
+@contextlib.contextmanager
+def counting_arrivals(tell: Callable[[int], None]) -> Any:
+    """Reads started in this block, and the parts they are cut into, call ``tell(bytes)``
+    as their bytes arrive (those that stream, a chunk at a time; others when done)."""
+    token = _ARRIVALS.set(tell)
+    try:
+        yield
+    finally:
+        _ARRIVALS.reset(token)
 
 
 def split(
@@ -164,7 +192,8 @@ class ReadPool:
         return sum(stream.rate() or 0.0 for stream in streams)
 
     def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
-        return self._executor().submit(fn, *args)
+        """``fn(*args)`` in a thread of the pool, in the caller's context (``counting_arrivals``)."""
+        return self._executor().submit(contextvars.copy_context().run, fn, *args)
 
     def _executor(self) -> ThreadPoolExecutor:
         pid = os.getpid()
@@ -254,7 +283,9 @@ def read_parts(
     size = expect.size if expect is not None else None
     whole = ByteRange(0, size) if rng is None and size is not None else rng
     if storage.cached or whole is None or not whole.length:
-        return storage.read(path, rng, expect=expect)
+        data = storage.read(path, rng, expect=expect)
+        arrived(len(data))
+        return data
     sink = MemorySink(whole)
     read_long(storage, path, whole, size, pool, sink, whole_object=rng is None)
     return sink.buffer
@@ -365,6 +396,7 @@ def _read_part(storage: Storage, path: str, part: ByteRange, size: int | None, s
     view = sink.view(part)
     storage._retry(lambda: storage._read_once(path, fspath, part, size, view), "read", path, part)
     sink.done(part, view)
+    arrived(part.length)
 
 
 class _Stream:
@@ -396,6 +428,7 @@ class _Stream:
                 if got != chunk.length:
                     self.storage._short_read(self.path, chunk, got, self.size)
                 sink.done(chunk, view)
+                arrived(chunk.length)
                 self.pos = chunk.end
                 self._measure()
         except BaseException:
