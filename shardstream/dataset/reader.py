@@ -41,6 +41,7 @@ from shardstream.formats.base import Sample, SampleColumns, SampleIndex
 from shardstream.formats.checks import BLOCK, ShardChecks
 from shardstream.manifest import Manifest
 from shardstream.storage import Expected, Prefetcher, Storage
+from shardstream.storage.parts import arrived
 from shardstream.types import ByteRange
 
 __all__ = [
@@ -296,14 +297,19 @@ class WindowReader:
         """:meth:`fetch` of a window that reads all of each of ``shards``: their GETs and
         their sidecars' at once; each read in them then takes its bytes from its shard's,
         and the window's runs of part of a shard are read once the sidecars are in."""
+        claimed = sum(self.manifest.shards[run.shard].bytes for run in window.known_runs)
         if take is not None:  # what the reads hold at most: the parts of shards as if whole
-            take(sum(self.manifest.shards[run.shard].bytes for run in window.known_runs))
+            take(claimed)
         paths = [self.manifest.shards[shard].path for shard in shards]
         reads = self.bytes.start([(path, None) for path in paths], self._storage_error)
         others = None
         try:
             indexes = self.load_indexes(list(window.shards))
             planned = self.plan_fetch(window.runs, indexes)
+            partial = [read for read in planned.reads if read.shard not in shards]
+            # the parts of shards taken as if whole: bytes no read brings (NOTE [ Read budget ])
+            unread = sum(self.manifest.shards[shard].bytes for shard in {read.shard for read in partial})
+            arrived(max(0, unread - sum(read.rng.length for read in partial)))
             rest = [i for i, read in enumerate(planned.reads) if read.shard not in shards]
             others = self.bytes.start([planned.items[i] for i in rest], self._storage_error)
             objects = dict(zip(shards, reads.result(), strict=True))
