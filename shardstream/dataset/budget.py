@@ -28,7 +28,11 @@
 # overlap: through the WAN proxy (tools/bench_wan.py --only large,loopback, 3 rounds,
 # trees alternated) 1 MB tar fell from 1.92x to 1.69x of LitData and 0.84x to 0.77x of
 # boto3 in 16 threads. Half the budget still to come (32 MiB by default) is a lead of
-# ~100 ms at the wire's 250-300 MB/s there, several of its latencies.
+# ~100-200 ms at the wire's 170-300 MB/s there, several of its latencies: the same
+# epoch, paired with the rule before in 5 rounds (tools/bench_compare.py 2967451
+# 242a099), grew its RSS 162 MB, not 186, at 0.98x the rate, as the peers moved in
+# those rounds. On loopback the wire outruns the check and decode, so the second
+# window is in before the first is let go either way.
 #
 # A fetch waiting for room must not outlive its process: a script that exits holding an
 # iterator it never finished (``batch = next(iter(loader))``) left a fetch waiting for a
