@@ -515,6 +515,7 @@ PROCESS_STATE = {
     "dataset/reader.py:_SKIPPED": "a log's once-per-shard filter (as warnings' registry): per process",
     "dataset/random_access.py:_OPENING": "guards making a MapDataset's per-process readers; made anew in a fork child",
     "dataset/budget.py:_OPEN": "this process's open read budgets, closed by its exit hook (weak references)",
+    "storage/parts.py:_ARRIVALS": "whom the reads started in a context tell of their bytes (a context variable: per thread and context, never shared)",
     "dataset/streaming.py:_FROZEN_IN": "the worker process whose collector froze what it inherited (gc is per process)",
 }
 
