@@ -11,6 +11,7 @@ import os
 import pathlib
 import shutil
 import tarfile
+import time
 import tracemalloc
 import zlib
 
@@ -152,6 +153,36 @@ def test_on_error_skip_leaves_out_the_samples_of_a_failed_block_only(tmp_path, l
     assert 0 < dataset.num_skipped < PER_SHARD
     assert len(got) + dataset.num_skipped == SHARDS * PER_SHARD
     assert all(s == sample(int(s["__key__"][1:])) for s in got)
+
+
+def test_a_streams_reads_are_decoded_while_its_later_reads_are_checked(tmp_path, monkeypatch):
+    # NOTE [ Checks beside decoding ]: a window's first read is decoded once its own check
+    # is done, while the check of its others runs on; every read is checked before any of
+    # its bytes is decoded, and a window's samples come only when all its reads are.
+    from shardstream.dataset.reader import WindowReader
+
+    url = str(tmp_path / "ds")
+    write(url)  # one window of 4 shards (shuffle=False): 4 reads
+    events: list[tuple] = []
+    bad_blocks, decode_read = WindowReader._bad_blocks, WindowReader._decode_read
+
+    def slow_check(self, read, data, index):  # type: ignore[no-untyped-def]
+        time.sleep(0.05)
+        bad = bad_blocks(self, read, data, index)
+        events.append(("checked", read.shard))
+        return bad
+
+    def decode(self, read, *args):  # type: ignore[no-untyped-def]
+        events.append(("decode", read.shard))
+        return decode_read(self, read, *args)
+
+    monkeypatch.setattr(WindowReader, "_bad_blocks", slow_check)
+    monkeypatch.setattr(WindowReader, "_decode_read", decode)
+    got = stream(url, local_reads="map")
+    assert got == [sample(i) for i in range(SHARDS * PER_SHARD)]
+    for shard in range(SHARDS):
+        assert events.index(("checked", shard)) < events.index(("decode", shard))
+    assert events.index(("decode", 0)) < events.index(("checked", SHARDS - 1))
 
 
 def test_reads_on_s3_are_widened_to_check_blocks_and_checked(s3, tmp_path):

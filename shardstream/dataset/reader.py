@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import collections
 import logging
+import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any, cast
@@ -98,6 +99,23 @@ WHOLE_SHARD_SLACK = 64 * 1024
 # and without the whole shards of such windows going early, alternated with boto3 x16 in
 # one process for 30 rounds: median epoch 786 -> 759 ms, 1.05x -> 1.18x of boto3's.
 
+# NOTE [ Checks beside decoding ]
+# In a stream (``prefetched``) a window's block checks (NOTE [ Checksummed reads ]) run in
+# a thread of the reader's own, read by read in window order, and ``decode`` waits for
+# each read's check just before it decodes that read: the first read is decoded while the
+# others are checked. They were checked one after the other at the end of the fetch, so a
+# window's first read waited for every read's check; where fetching costs nothing (local
+# files mapped, a warm cache) that put a whole window's CRCs between the caller and its
+# samples: the epoch's first window, and any window the caller catches up with. Every read
+# is still checked before any of its bytes is decoded, a failed check is the same error,
+# raised where the window is decoded, and a window's samples come only once all its reads
+# are decoded. ``MapDataset``'s batches check inline (no thread kept between batches:
+# NOTE [ Batch fetches ] in random_access.py). 100k ~300 B tar samples in 10 local shards
+# (``tools/bench_compare.py 006544d <this> --rounds 3 -- tools/bench_stream.py --only
+# small --repeat 5``, a noisy day): checked / unchecked 0.85x -> 0.99x mapped, 0.90x ->
+# 1.01x copied; the first sample of a mapped epoch 95-136 ms -> 87-94 ms (unchecked
+# 87-108 ms) in a /tmp harness of 8 alternated epochs, twice.
+
 # On object storage, windows fetched ahead at most, and the threads fetching them (their
 # GETs share the worker's read_concurrency; NOTE [ Read budget ] bounds their bytes).
 AHEAD_WINDOWS = 8
@@ -106,7 +124,7 @@ AHEAD_THREADS = 4
 
 # What a window's fetch gives per read: the read, its bytes, the shard's index, and the
 # offsets of check blocks that failed (left for decode to skip with on_error="skip").
-Fetched = tuple["Read", "bytes | memoryview", SampleIndex, tuple[int, ...]]
+Fetched = tuple["Read", "bytes | memoryview", SampleIndex, "tuple[int, ...] | Future[tuple[int, ...]]"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +185,8 @@ class WindowReader:
         self._loading: dict[int, Future[SampleIndex]] = {}
         self._loading_lock = threading.Lock()
         self._prefetcher: Prefetcher[Any, tuple[list[Fetched], tuple[int, int]]] | None = None
+        # a stream's block checks, read by read beside decoding (NOTE [ Checks beside decoding ])
+        self._checker: ThreadPoolExecutor | None = None
         # reads are checked against the manifest
         self.bytes = ByteFetcher(
             storage, manifest, threads=read_concurrency, local_reads=local_reads, expected=expected
@@ -346,12 +366,20 @@ class WindowReader:
         return self._checked(planned, fetched)
 
     def _checked(self, planned: WindowReads, fetched: list[bytes | memoryview]) -> list[Fetched]:
-        """Each read with its bytes, its shard's index and its failed check blocks."""
+        """Each read with its bytes, its shard's index and its failed check blocks (in a
+        stream, a future of them: NOTE [ Checks beside decoding ])."""
         reads, indexes = planned.reads, planned.indexes
-        return [
-            (read, data, indexes[read.shard], self._bad_blocks(read, data, indexes[read.shard]))
-            for read, data in zip(reads, fetched, strict=True)
-        ]
+        checker = self._checker
+        if checker is None or len(reads) < 2 or not self.verify_checksums:
+            return [
+                (read, data, indexes[read.shard], self._bad_blocks(read, data, indexes[read.shard]))
+                for read, data in zip(reads, fetched, strict=True)
+            ]
+        out: list[Fetched] = []
+        for read, data in zip(reads, fetched, strict=True):
+            index = indexes[read.shard]
+            out.append((read, data, index, checker.submit(self._bad_blocks, read, data, index)))
+        return out
 
     def _read_range(self, index: SampleIndex, start: int, stop: int) -> ByteRange:
         return index.read_range(start, stop) if self.verify_checksums else index.byte_range(start, stop)
@@ -420,6 +448,8 @@ class WindowReader:
         numbers: list[tuple[int, ...]] = []
         while fetched:
             read, data, index, bad = fetched.pop()
+            if isinstance(bad, Future):
+                bad = bad.result()  # its check is done before its bytes are decoded
             mine = table[list(read.runs)]
             part = self._decode_read(read, data, index, bad, mine[:, 1], mine[:, 2])
             # samples built while their values are in the CPU cache, unless a decoder takes columns
@@ -566,7 +596,10 @@ class WindowReader:
             self.budget.close()  # fetches waiting for room give up, so the threads join
         prefetcher, self._prefetcher = self._prefetcher, None
         if prefetcher is not None:
-            prefetcher.close()
+            prefetcher.close()  # its fetches are done: none submits a check any more
+        checker, self._checker = self._checker, None
+        if checker is not None and not sys.is_finalizing():  # at exit its thread is joined already
+            checker.shutdown(wait=False, cancel_futures=True)
         self.bytes.close()
 
 
@@ -578,6 +611,9 @@ def prefetched(reader: Any, windows: Iterator[Any]) -> Iterator[Any]:
         for window in windows:
             yield (window, *reader._in_yield_order(window, reader.fetch(window)))
         return
+    for one in getattr(reader, "readers", (reader,)):  # a mixture's streams, or the reader
+        if one.verify_checksums and one._checker is None:
+            one._checker = ThreadPoolExecutor(1, thread_name_prefix="shardstream-check")
     budget = reader.budget
     ahead = reader.prefetch if budget is None else max(reader.prefetch, AHEAD_WINDOWS)
     prefetcher: Prefetcher[Any, tuple[Any, tuple[int, int]]] = Prefetcher(
