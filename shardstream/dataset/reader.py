@@ -111,7 +111,7 @@ WHOLE_SHARD_SLACK = 64 * 1024
 # raised where the window is decoded, and a window's samples come only once all its reads
 # are decoded. ``MapDataset``'s batches check inline (no thread kept between batches:
 # NOTE [ Batch fetches ] in random_access.py). 100k ~300 B tar samples in 10 local shards
-# (``tools/bench_compare.py 006544d <this> --rounds 3 -- tools/bench_stream.py --only
+# (``tools/bench_compare.py 006544d dfae3e7 --rounds 3 -- tools/bench_stream.py --only
 # small --repeat 5``, a noisy day): checked / unchecked 0.85x -> 0.99x mapped, 0.90x ->
 # 1.01x copied; the first sample of a mapped epoch 95-136 ms -> 87-94 ms (unchecked
 # 87-108 ms) in a /tmp harness of 8 alternated epochs, twice.
