@@ -290,7 +290,7 @@ def test_budget_hands_out_bytes_in_ticket_order_and_close_wakes_waiters():
     threads = [threading.Thread(target=late, args=(3, 10)), threading.Thread(target=late, args=(2, 10))]
     for thread in threads:
         thread.start()
-    budget.give_back(0, 60)  # 60 held by one window: ticket 2 fits (70), then 3 (80)
+    budget.give_back(0)  # 60 held by one window: ticket 2 fits (70), then 3 (80)
     threads[1].join(5)
     threads[0].join(5)
     assert order == [2, 3]
@@ -300,6 +300,19 @@ def test_budget_hands_out_bytes_in_ticket_order_and_close_wakes_waiters():
     waiter.join(5)
     assert order == [2, 3, -4]
     assert budget.peak == 120
+
+
+def test_a_fetch_that_fails_before_taking_gives_back_its_turn():
+    budget = ReadBudget(100)
+    second = threading.Thread(target=budget.take, args=(1, 10))
+    second.start()
+    second.join(0.2)
+    assert second.is_alive()  # ticket 0's turn
+    budget.give_back(0)  # its fetch failed before it took anything
+    second.join(5)
+    assert not second.is_alive()
+    assert budget.held == 10
+    assert budget._windows == 1
 
 
 def test_a_window_over_the_room_left_waits_until_most_of_the_one_before_is_in():
@@ -320,7 +333,7 @@ def test_a_window_over_the_room_left_waits_until_most_of_the_one_before_is_in():
     third.start()
     third.join(0.2)
     assert third.is_alive()
-    budget.give_back(0, 80)  # one window left, all of it in
+    budget.give_back(0)  # one window left, all of it in
     third.join(5)
     assert not third.is_alive()
     assert budget.held == 160

@@ -90,9 +90,9 @@ class ReadBudget:
         self.held = 0  # bytes of windows fetched or in flight, not yet decoded
         self.peak = 0  # the most ``held`` ever was: at most max(limit, 2 * largest)
         self.largest = 0  # the most one window took
-        self._coming: dict[int, int] = {}  # ticket -> bytes of a window holding bytes still to arrive
+        self._taken: dict[int, int] = {}  # ticket -> bytes, of each window holding bytes
+        self._coming: dict[int, int] = {}  # ticket -> its bytes still to arrive
         self._turn = 0  # the ticket whose turn it is
-        self._waiting = 0  # fetches waiting in ``take``
         self._closed = False
         self._cond = threading.Condition()
         _OPEN.add(self)
@@ -100,60 +100,50 @@ class ReadBudget:
     @property
     def _windows(self) -> int:
         """Windows holding bytes."""
-        return len(self._coming)
+        return len(self._taken)
 
     def take(self, ticket: int, size: int) -> None:
         """Wait until it is ``ticket``'s turn and ``size`` bytes fit, then hold them."""
         with self._cond:
-            self._waiting += 1
-            try:
-                while not self._closed and (ticket != self._turn or not self._fits(size)):
-                    self._cond.wait()
-            finally:
-                self._waiting -= 1
+            while not self._closed and (ticket != self._turn or not self._fits(size)):
+                self._cond.wait()
             if self._closed:
                 raise BudgetClosed
             self.held += size
             self.peak = max(self.peak, self.held)
             self.largest = max(self.largest, size)
-            self._coming[ticket] = size
+            self._taken[ticket] = self._coming[ticket] = size
             self._turn += 1
             self._cond.notify_all()
 
     def _fits(self, size: int) -> bool:
-        if self.held + size <= self.limit or not self._coming:
+        if self.held + size <= self.limit or not self._taken:
             return True
         # larger than the room left: beside one window only, once most of its bytes are in
-        return len(self._coming) == 1 and sum(self._coming.values()) <= self.limit // 2
+        return len(self._taken) == 1 and sum(self._coming.values()) <= self.limit // 2
 
     def arrived(self, ticket: int, count: int) -> None:
         """``count`` bytes of ``ticket``'s window are in."""
         with self._cond:
             if ticket in self._coming:
                 self._coming[ticket] = max(0, self._coming[ticket] - count)
-                if self._waiting:
-                    self._cond.notify_all()
+                self._cond.notify_all()
 
     def fetched(self, ticket: int) -> None:
         """All of ``ticket``'s window is in (bytes no read told of too: a cache's, say)."""
-        with self._cond:
-            if self._coming.get(ticket):
-                self._coming[ticket] = 0
-                self._cond.notify_all()
+        self.arrived(ticket, self._coming.get(ticket, 0))
 
-    def skip(self, ticket: int) -> None:
-        """``ticket`` takes nothing (its fetch failed first): let the next one go."""
+    def give_back(self, ticket: int) -> None:
+        """``ticket``'s window lets go of the bytes it took, or of its turn if it took none
+        (its fetch failed first)."""
         with self._cond:
-            while not self._closed and ticket != self._turn:
-                self._cond.wait()
-            self._turn = max(self._turn, ticket + 1)
-            self._cond.notify_all()
-
-    def give_back(self, ticket: int, size: int) -> None:
-        """``ticket``'s window lets go of the ``size`` bytes it took."""
-        with self._cond:
-            self.held -= size
-            self._coming.pop(ticket, None)
+            if ticket in self._taken:
+                self.held -= self._taken.pop(ticket)
+                self._coming.pop(ticket)
+            else:
+                while not self._closed and ticket != self._turn:
+                    self._cond.wait()
+                self._turn = max(self._turn, ticket + 1)
             self._cond.notify_all()
 
     def close(self) -> None:
@@ -168,35 +158,25 @@ def fetch_in_turn(
     budget: ReadBudget | None,
     ticket: int,
     window: Any,
-) -> tuple[F, tuple[int, int]]:
+) -> tuple[F, int]:
     """``fetch(window, take)`` taking its bytes from ``budget`` in ``ticket`` order, its
-    reads telling the budget of their bytes as they arrive; the result and ``(ticket,
-    bytes it holds)`` (a fetch that fails gives them back, or its turn)."""
+    reads telling the budget of their bytes as they arrive; the result and the ticket
+    (a fetch that fails gives back its bytes, or its turn)."""
     if budget is None:
-        return fetch(window, None), (ticket, 0)
-    held: list[int] = []
-
-    def take(size: int) -> None:
-        budget.take(ticket, size)
-        held.append(size)
-
+        return fetch(window, None), ticket
     try:
         with counting_arrivals(functools.partial(budget.arrived, ticket)):
-            fetched = fetch(window, take)
+            fetched = fetch(window, functools.partial(budget.take, ticket))
     except BaseException:
-        if held:
-            budget.give_back(ticket, held[0])
-        else:
-            budget.skip(ticket)
+        budget.give_back(ticket)
         raise
-    (size,) = held  # every fetch takes its share before it reads
     budget.fetched(ticket)
-    return fetched, (ticket, size)
+    return fetched, ticket
 
 
 def fetched_in_order(
     windows: Iterator[Any],
-    prefetcher: Prefetcher[Any, tuple[F, tuple[int, int]]],
+    prefetcher: Prefetcher[Any, tuple[F, int]],
     ahead: int,
     budget: ReadBudget | None,
     decode: Callable[[Any, F], D],
@@ -205,17 +185,17 @@ def fetched_in_order(
     ahead by ``prefetcher`` (items ``(ticket, window)``); a window's bytes go back to
     ``budget`` once the caller asks for the next one (its samples are all taken)."""
     pending: collections.deque[Any] = collections.deque()
-    taken: list[tuple[int, int]] = []  # (ticket, bytes) of the window whose samples are taken
+    taken: list[int] = []  # the ticket of the window whose samples are taken
 
     def give_back() -> None:
         if budget is not None and taken:
-            budget.give_back(*taken.pop())
+            budget.give_back(taken.pop())
 
     def claim() -> tuple[Any, Any]:
         give_back()
         window = pending.popleft()
-        fetched, held = prefetcher.next()
-        taken.append(held)
+        fetched, ticket = prefetcher.next()
+        taken.append(ticket)
         return (window, *decode(window, fetched))  # type: ignore[misc]
 
     try:

@@ -62,7 +62,7 @@ class MixtureReader:
         # one budget for the worker, as one dataset has (the streams' own go unused)
         ahead = any(reader.budget is not None for reader in self.readers)
         self.budget = ReadBudget(read_budget) if ahead else None
-        self._prefetcher: Prefetcher[Any, tuple[list[list[Fetched]], tuple[int, int]]] | None = None
+        self._prefetcher: Prefetcher[Any, tuple[list[list[Fetched]], int]] | None = None
 
     def _stream_of(self, shard: int) -> int:
         return int(np.searchsorted(self._offsets, shard, side="right")) - 1
@@ -142,6 +142,11 @@ class MixtureReader:
     def _in_yield_order(self, window: Any, fetched: list[list[Fetched]]) -> tuple[list[Sample | None], bool]:
         samples, holes = self.decode(window, fetched)
         return list(map(samples.__getitem__, window.order.tolist())), holes
+
+    def check_beside_decoding(self) -> None:
+        """Each stream's reads checked beside decoding (``WindowReader.check_beside_decoding``)."""
+        for reader in self.readers:
+            reader.check_beside_decoding()
 
     def close(self) -> None:
         if self.budget is not None:

@@ -184,7 +184,7 @@ class WindowReader:
         # sidecars being read, by shard, for the windows fetched at once (NOTE [ One read per sidecar ])
         self._loading: dict[int, Future[SampleIndex]] = {}
         self._loading_lock = threading.Lock()
-        self._prefetcher: Prefetcher[Any, tuple[list[Fetched], tuple[int, int]]] | None = None
+        self._prefetcher: Prefetcher[Any, tuple[list[Fetched], int]] | None = None
         # a stream's block checks, read by read beside decoding (NOTE [ Checks beside decoding ])
         self._checker: ThreadPoolExecutor | None = None
         # reads are checked against the manifest
@@ -369,16 +369,16 @@ class WindowReader:
         """Each read with its bytes, its shard's index and its failed check blocks (in a
         stream, a future of them: NOTE [ Checks beside decoding ])."""
         reads, indexes = planned.reads, planned.indexes
-        checker = self._checker
-        if checker is None or len(reads) < 2 or not self.verify_checksums:
-            return [
-                (read, data, indexes[read.shard], self._bad_blocks(read, data, indexes[read.shard]))
-                for read, data in zip(reads, fetched, strict=True)
-            ]
+        checker = self._checker if len(reads) > 1 else None
         out: list[Fetched] = []
         for read, data in zip(reads, fetched, strict=True):
             index = indexes[read.shard]
-            out.append((read, data, index, checker.submit(self._bad_blocks, read, data, index)))
+            bad = (
+                self._bad_blocks(read, data, index)
+                if checker is None
+                else checker.submit(self._bad_blocks, read, data, index)
+            )
+            out.append((read, data, index, bad))
         return out
 
     def _read_range(self, index: SampleIndex, start: int, stop: int) -> ByteRange:
@@ -577,6 +577,12 @@ class WindowReader:
 
     # -- the stream of windows -----------------------------------------------------------
 
+    def check_beside_decoding(self) -> None:
+        """From now on check reads in a thread of this reader's own (NOTE [ Checks beside
+        decoding ]; until ``close``)."""
+        if self.verify_checksums and self._checker is None:
+            self._checker = ThreadPoolExecutor(1, thread_name_prefix="shardstream-check")
+
     def stream(
         self, windows: Iterator[Any]
     ) -> Iterator[tuple[Any, SampleColumns | list[Sample | None], bool]]:
@@ -611,12 +617,10 @@ def prefetched(reader: Any, windows: Iterator[Any]) -> Iterator[Any]:
         for window in windows:
             yield (window, *reader._in_yield_order(window, reader.fetch(window)))
         return
-    for one in getattr(reader, "readers", (reader,)):  # a mixture's streams, or the reader
-        if one.verify_checksums and one._checker is None:
-            one._checker = ThreadPoolExecutor(1, thread_name_prefix="shardstream-check")
+    reader.check_beside_decoding()
     budget = reader.budget
     ahead = reader.prefetch if budget is None else max(reader.prefetch, AHEAD_WINDOWS)
-    prefetcher: Prefetcher[Any, tuple[Any, tuple[int, int]]] = Prefetcher(
+    prefetcher: Prefetcher[Any, tuple[Any, int]] = Prefetcher(
         lambda job: fetch_in_turn(reader.fetch, budget, *job),
         threads=1 if budget is None else AHEAD_THREADS,
         max_pending=ahead,

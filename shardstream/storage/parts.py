@@ -126,8 +126,9 @@ def arrived(count: int) -> None:
 
 @contextlib.contextmanager
 def counting_arrivals(tell: Callable[[int], None]) -> Any:
-    """Reads started in this block, and the parts they are cut into, call ``tell(bytes)``
-    as their bytes arrive (those that stream, a chunk at a time; others when done)."""
+    """Long reads started in this block, and the parts they are cut into, call
+    ``tell(bytes)`` as their bytes arrive, a chunk at a time (whoever makes other reads
+    tells of them with ``arrived``)."""
     token = _ARRIVALS.set(tell)
     try:
         yield
@@ -283,9 +284,7 @@ def read_parts(
     size = expect.size if expect is not None else None
     whole = ByteRange(0, size) if rng is None and size is not None else rng
     if storage.cached or whole is None or not whole.length:
-        data = storage.read(path, rng, expect=expect)
-        arrived(len(data))
-        return data
+        return storage.read(path, rng, expect=expect)
     sink = MemorySink(whole)
     read_long(storage, path, whole, size, pool, sink, whole_object=rng is None)
     return sink.buffer
