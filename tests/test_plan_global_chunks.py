@@ -95,7 +95,7 @@ def grouped_layouts(draw):
 
 @PROPERTY
 @given(grouped_layouts(), st.data())
-def test_a_workers_part_of_a_lane_group_in_a_window_is_one_range(drawn, data):
+def test_a_workers_part_of_a_lane_group_in_a_window_is_one_range_per_shard(drawn, data):
     sizes, config, workers = drawn
     size = config.global_batch_size
     plan = EpochPlan(sizes, config, epoch=0, world_size=1, num_workers=workers, batch_size=size)
@@ -109,12 +109,19 @@ def test_a_workers_part_of_a_lane_group_in_a_window_is_one_range(drawn, data):
         for worker in range(workers):
             mine = batches[(batches - taken) % workers == worker]
             for lead in np.unique(sequence.lead).tolist():
-                lanes = range(lead, sequence.group_stop(lead))
-                assert len(lanes) <= sequence.group
-                pieces = [(lane, 0, int(sequence.take[lane])) for lane in lanes]
+                lanes = np.flatnonzero(sequence.lead == lead)
+                assert lanes.size <= sequence.group and lanes[0] == lead and contiguous(lanes)
+                pieces = [(lane, 0, int(sequence.take[lane])) for lane in lanes.tolist()]
                 positions = sequence.positions(mine, pieces)
                 assert np.unique(positions).size == positions.size
-                assert contiguous(positions)
+                if sequence.layout is None:  # a lane each: its chunks of a window are one range
+                    assert contiguous(positions)
+                    continue
+                # one range per segment of the group: its part of a shard (NOTE [ Lane groups ])
+                segment = np.searchsorted(sequence.layout.start, positions, side="right")
+                for number in np.unique(segment).tolist():
+                    assert contiguous(positions[segment == number])
+                assert np.unique(segment).size <= sequence.layout.segments_of(lanes).size
 
 
 def test_lanes_of_a_shard_are_grouped_and_read_together(tmp_path):
@@ -183,16 +190,18 @@ def test_a_state_of_the_earlier_global_sequence_is_refused():
     sizes = [40] * 10
     config = PlanConfig(seed=1, order="global", global_batch_size=8)
     state = EpochPlan(sizes, config, epoch=0, world_size=2, num_workers=2, batch_size=4).state_dict(3)
-    assert state["global_sequence"] == 3
+    assert state["global_sequence"] == 4
     EpochPlan.resume(sizes, config, state, world_size=1, batch_size=8)
     earlier = {key: value for key, value in state.items() if key != "global_sequence"}
-    with pytest.raises(StateError, match="order='global' sequence 1, this shardstream makes sequence 3"):
+    with pytest.raises(StateError, match="order='global' sequence 1, this shardstream makes sequence 4"):
         EpochPlan.resume(sizes, config, earlier, world_size=1, batch_size=8)
-    # sequence 2 laid each lane's chunks on its own (NOTE [ Lane groups ])
-    with pytest.raises(StateError, match="order='global' sequence 2, this shardstream makes sequence 3"):
-        EpochPlan.resume(sizes, config, {**state, "global_sequence": 2}, world_size=1, batch_size=8)
-    with pytest.raises(StateError, match="sequence 4"):
-        EpochPlan.resume(sizes, config, {**state, "global_sequence": 4}, world_size=1, batch_size=8)
+    # sequence 2 laid each lane's chunks on its own, 3 a lane across a shard edge on its
+    # own (NOTE [ Lane groups ])
+    for older in (2, 3):
+        with pytest.raises(StateError, match=f"order='global' sequence {older}, this shardstream makes sequence 4"):
+            EpochPlan.resume(sizes, config, {**state, "global_sequence": older}, world_size=1, batch_size=8)
+    with pytest.raises(StateError, match="sequence 5"):
+        EpochPlan.resume(sizes, config, {**state, "global_sequence": 5}, world_size=1, batch_size=8)
 
 
 @pytest.mark.parametrize("where", ["local", "memory"])

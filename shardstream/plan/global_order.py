@@ -166,7 +166,8 @@ from shardstream.plan.config import (
     shard_sizes_array,
 )
 from shardstream.plan.epoch import EpochPlan
-from shardstream.plan.intervals import from_points, merge, points
+from shardstream.plan.groups import GroupLayout
+from shardstream.plan.intervals import from_points, points
 from shardstream.plan.keys import TAG_GLOBAL, nested_permutations, random_words
 from shardstream.plan.shards import ShardOrder
 from shardstream.plan.state import make_global_state, read_global_state
@@ -224,41 +225,23 @@ class GlobalSequence:
         real = np.clip(self.last_real - self.entry[:-1], 0, self.take)  # of each lane's last chunk
         lengths = (self.batches - 1) * self.take + real
         self.lane_start = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        # NOTE [ Lane groups ]: lane l's chunk c starts at its group's start + c * the
-        # group's take + the takes of the group's lanes before it (their real entries in
-        # the last chunk); with groups of one lane, lane_start + c * take
+        # NOTE [ Lane groups ]: with groups of one lane, lane l's chunk c starts at
+        # lane_start + c * take; else where the group's segment lays it
         self.group = group_of(self.lanes, int(np.count_nonzero(shards.sizes)))
-        self._lay_groups(shards, real)
+        self._lay_groups(shards)
         self.per_window = max(1, window // self.size)
         self.block = max(1, BLOCK_WORDS // self.per_window)  # windows per keyed stream
         self._blocks: dict[tuple[int, int], np.ndarray] = {}
         self.cached_blocks = _CACHED_BLOCKS  # a mixture's parts share this bound (parts.py)
 
-    def _lay_groups(self, shards: ShardOrder, real: np.ndarray) -> None:
-        """Each lane's group: its first lane ``lead`` and the lane after its last
-        ``group_end`` (None where every group is one lane), and ``short``, the real
-        entries of the last chunk laid end to end (NOTE [ Lane groups ])."""
+    def _lay_groups(self, shards: ShardOrder) -> None:
+        """Each lane's group's first lane ``lead`` (its own where groups are one lane) and,
+        for groups of several lanes, where their chunks lie (NOTE [ Lane groups ])."""
         index = np.arange(self.lanes, dtype=np.int64)
-        self.lead, self.group_end, self.short = index, None, None
+        self.lead, self.layout = index, None
         if self.group > 1:  # else a lane each (the epoch's first sample waits for this: no search)
-            self.lead, self.group_end = self._groups(shards, index)
-            self.short = np.concatenate([[0], np.cumsum(real)]).astype(np.int64)
-
-    def group_stop(self, lane: int) -> int:
-        """The lane after the last of ``lane``'s group."""
-        return lane + 1 if self.group_end is None else int(self.group_end[lane])
-
-    def _groups(self, shards: ShardOrder, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Each lane's first lane of its group and the lane after its last: consecutive
-        lanes inside one shard, cut at every multiple of ``group``."""
-        lo, hi = self.lane_start[:-1], self.lane_start[1:]
-        shard = np.searchsorted(shards.ends, lo, side="right")
-        inside = (hi > lo) & (shard == np.searchsorted(shards.ends, hi - 1, side="right"))
-        new = (index % self.group == 0) | ~inside
-        new[1:] |= ~inside[:-1] | (shard[1:] != shard[:-1])
-        firsts = index[new]
-        number = np.cumsum(new) - 1
-        return firsts[number], np.append(firsts[1:], self.lanes)[number]
+            self.lead = index - index % self.group
+            self.layout = GroupLayout(shards.ends, self.lane_start, self.take, self.batches, self.group)
 
     def run_length(self) -> float:
         """Samples per read of one lane's chunk (G / L)."""
@@ -266,13 +249,9 @@ class GlobalSequence:
 
     def starts(self, lanes: np.ndarray, chunks: np.ndarray) -> np.ndarray:
         """The position of the first sample of chunk ``chunks`` of lane ``lanes`` (broadcast)."""
-        if self.group_end is None or self.short is None:
+        if self.layout is None:
             return self.lane_start[lanes] + chunks * self.take[lanes]
-        lead, entry, short = self.lead[lanes], self.entry, self.short
-        width = entry[self.group_end[lanes]] - entry[lead]  # the group's take
-        # the takes of the group's lanes before this one (their real entries in the last chunk)
-        before = np.where(chunks == self.batches - 1, short[lanes] - short[lead], entry[lanes] - entry[lead])
-        return self.lane_start[lead] + chunks * width + before
+        return self.layout.starts(lanes, chunks)
 
     def pieces(self, lo: int, hi: int) -> list[tuple[int, int, int]]:
         """``(lane, a, b)``: entries ``[lo, hi)`` of a batch are entries ``[a, b)`` of those lanes' chunks."""
@@ -395,47 +374,25 @@ class GlobalSequence:
     def window_shards(self, lo: int, hi: int, pieces: list[tuple[int, int, int]]) -> tuple[int, ...]:
         """The shards the lanes of ``pieces`` hold in the windows of batches ``[lo, hi)``:
         every shard a worker reading some of those batches may read."""
-        per, total, real = self.per_window, self.shards.total, self.last_real
+        per, real = self.per_window, self.last_real
         first, stop = lo // per * per, min(-(-hi // per) * per, self.batches)
-        groups: set[int] = set()
-        spans: list[tuple[np.ndarray, np.ndarray]] = []
+        lanes = np.array([lane for lane, _, _ in pieces], dtype=np.int64)
+        if self.layout is None:  # each lane's chunks [first, stop)
+            start, end = self.lane_start[lanes], self.lane_start[lanes + 1]
+            spans = (start + first * self.take[lanes], np.minimum(start + stop * self.take[lanes], end))
+        else:  # every lane's chunks [first, stop) of each segment of the groups (NOTE [ Lane groups ])
+            spans = self.layout.spans(self.layout.segments_of(lanes), first, stop)
         repeats: list[np.ndarray] = []
         for lane, a, b in pieces:
-            lead = int(self.lead[lane])
-            if lead not in groups:  # every lane's chunks [first, stop) of the group (NOTE [ Lane groups ])
-                groups.add(lead)
-                after = self.group_stop(lane)
-                start, take = int(self.lane_start[lead]), int(self.entry[after] - self.entry[lead])
-                end = int(self.lane_start[after])
-                spans.append(_wrap(start + first * take, min(start + stop * take, end), total))
             entry = int(self.entry[lane])
             if stop == self.batches and entry + b > real:  # the last batch's repeats (at most G)
                 repeats.append(np.arange(max(entry + a, real) - real, entry + b - real))
         # the groups' shards in one call, in group order (not one per group)
-        found = dict.fromkeys(self.shards.shards_in(_joined(spans)))
+        found = dict.fromkeys(self.shards.shards_in(spans))
         if repeats:  # in one call: its chunk orders are made for all their lanes at once
             for run in self.shards.runs(from_points(np.unique(self.entries(np.concatenate(repeats))))):
                 found[run.shard] = None
         return tuple(found)
-
-
-def _joined(spans: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """Intervals one after another, in the order given (not merged)."""
-    if not spans:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    return np.concatenate([lo for lo, _ in spans]), np.concatenate([hi for _, hi in spans])
-
-
-def _wrap(lo: int, hi: int, total: int) -> tuple[np.ndarray, np.ndarray]:
-    """Padded positions ``[lo, hi)`` as base intervals (padding repeats from the start)."""
-    if lo >= hi or total == 0:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    if hi - lo >= total:
-        return np.array([0], dtype=np.int64), np.array([total], dtype=np.int64)
-    a, b = lo % total, (hi - 1) % total + 1
-    if a < b:
-        return np.array([a], dtype=np.int64), np.array([b], dtype=np.int64)
-    return merge((np.array([0, a], dtype=np.int64), np.array([b, total], dtype=np.int64)))
 
 
 def _window_parts(

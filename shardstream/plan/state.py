@@ -40,9 +40,10 @@ __all__ = [
 STATE_VERSION = 1  # of a plan state (and so of a ShardSampler's)
 RESUME_VERSION = 1  # of a dataset's (and DataLoader's) state around a plan state
 # of order="global"'s sequence: 2 took its chunks in a nested order (NOTE [ Nested chunk
-# order ]); 3 lays the chunks of a lane group together (NOTE [ Lane groups ]); states of 1
-# carry no such field; the earlier ones resume a sequence this one no longer makes
-GLOBAL_SEQUENCE = 3
+# order ]); 3 laid the chunks of a lane group together; 4 lays a lane across a shard edge
+# with the groups on both sides (NOTE [ Lane groups ]); states of 1 carry no such field;
+# the earlier ones resume a sequence this one no longer makes
+GLOBAL_SEQUENCE = 4
 
 
 class Key:
