@@ -110,7 +110,9 @@ def test_a_workers_part_of_a_lane_group_in_a_window_is_one_range_per_shard(drawn
             mine = batches[(batches - taken) % workers == worker]
             for lead in np.unique(sequence.lead).tolist():
                 lanes = np.flatnonzero(sequence.lead == lead)
-                assert lanes.size <= sequence.group and lanes[0] == lead and contiguous(lanes)
+                assert lanes.size <= sequence.group
+                assert lanes[0] == lead
+                assert contiguous(lanes)
                 pieces = [(lane, 0, int(sequence.take[lane])) for lane in lanes.tolist()]
                 positions = sequence.positions(mine, pieces)
                 assert np.unique(positions).size == positions.size
@@ -156,6 +158,37 @@ def test_lanes_of_a_shard_are_grouped_and_read_together(tmp_path):
             reader.close()
 
 
+def test_a_lane_across_a_shard_edge_is_read_with_the_groups_on_both_sides(tmp_path):
+    # 3 shards of 1536 samples, 64 lanes of 72 samples: groups of 8 lanes span 576 samples,
+    # so each of the 2 shard edges cuts a group in the middle of one of its lanes. Each side
+    # of the edge is one segment of that group, with the lane's chunks on that side (NOTE
+    # [ Lane groups ]): a worker of 2 reads at most one range per segment, 8 groups and 2
+    # edges (8 here: two parts of neighbouring groups touch). Sequence 3 made that lane a
+    # group of its own, in 2 pieces, and cut its group in two around it: 10 and 12 reads.
+    url = str(tmp_path / "data")
+    with ShardWriter(url, samples_per_shard=1536, format="tar") as writer:
+        for i in range(3 * 1536):
+            writer.write(small_sample(i))
+    dataset = shardstream.StreamingDataset(url, decode=False)
+    config = PlanConfig(seed=5, order="global", global_batch_size=64, shuffle_window=3 * 1536)
+    plan = EpochPlan(
+        dataset.manifest.shard_sizes, config, epoch=0, world_size=1, num_workers=2, batch_size=64
+    )
+    sequence = plan.sequence
+    assert (sequence.lanes, sequence.group, sequence.batches, sequence.per_window) == (64, 8, 72, 72)
+    assert sequence.layout is not None
+    assert sequence.layout.start.size - 1 == 10  # segments
+    reader = WindowReader(dataset.storage, dataset.manifest, coalesce_gap=0, verify_checksums=False)
+    try:
+        for worker in range(2):
+            (window,) = plan.worker_windows(0, worker)
+            planned = reader.plan_fetch(window.runs, reader.load_indexes(list(window.shards)))
+            assert len(planned.reads) <= 10
+            assert planned.bytes < 0.55 * sum(shard.bytes for shard in dataset.manifest.shards)
+    finally:
+        reader.close()
+
+
 def small_sample(i: int) -> dict:
     return {"__key__": f"{i:07d}", "txt": b"lorem ipsum %d " % i * 8}
 
@@ -198,7 +231,9 @@ def test_a_state_of_the_earlier_global_sequence_is_refused():
     # sequence 2 laid each lane's chunks on its own, 3 a lane across a shard edge on its
     # own (NOTE [ Lane groups ])
     for older in (2, 3):
-        with pytest.raises(StateError, match=f"order='global' sequence {older}, this shardstream makes sequence 4"):
+        with pytest.raises(
+            StateError, match=f"order='global' sequence {older}, this shardstream makes sequence 4"
+        ):
             EpochPlan.resume(sizes, config, {**state, "global_sequence": older}, world_size=1, batch_size=8)
     with pytest.raises(StateError, match="sequence 5"):
         EpochPlan.resume(sizes, config, {**state, "global_sequence": 5}, world_size=1, batch_size=8)

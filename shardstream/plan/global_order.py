@@ -62,63 +62,56 @@ means ``max(DEFAULT_LANES, ceil(G / DEFAULT_RUN))`` (at most ``G``): a function 
 batch of 256 of ~300 B samples on moto S3, 128 lanes streamed at 0.79x of 64 lanes
 (``tools/bench_stream.py --only order``); on SeaweedFS (``--s3-server seaweedfs``),
 32, 64 and 128 lanes streamed at about 0.9-1.0x, 0.7x and 0.55-0.6x the local order
-before NOTE [ Lane groups ]; with it 128 lanes stream at 0.74-0.91x on SeaweedFS (the
-lower on a quieter machine) and 0.56x on moto (from 0.55-0.57x and 0.36x, paired in one
-run: ``tools/bench_compare.py``): still short of the local order's requests. A user who
+before NOTE [ Lane groups ]; with it 128 lanes stream at 0.93x on SeaweedFS (rounds
+0.84-0.95; paired figures in that NOTE), and at 0.56x on moto with sequence 3 (moto
+copies the whole object for each ranged GET). A user who
 knows the shards are mixed already passes ``read_lanes`` for longer runs. A state records its lanes, so one saved
 under another default is refused, naming both, and resumes with that ``read_lanes``.
 
 NOTE [ Lane groups ]
 A worker reads each of its rank's lanes in every window it takes (a batch holds a chunk
-of every lane), so its requests are about ``L / R`` per window whatever the shards
-are: on the bench's 10 shards of ~30 MB (``tools/bench_stream.py --only order``, 128
-lanes) worker 0 of 2 made ~200 GETs and read ~310 MB, the local order 48 and 166 MB
-(each lane's part of a window was apart, the other worker's part of it within the
-coalescing gap). Where a shard holds several lanes, nothing requires their chunks to
-lie apart: consecutive lanes that lie inside one shard form a group, cut at every
-multiple of ``group_of``'s size (the largest power of two at most ``MAX_GROUP`` and at
-most the lanes per non-empty shard: 1, the layout above, on a dataset of more shards
-than lanes); a lane across two shards is a group of its own. A group's positions are
-laid chunk by chunk, lane by lane within a chunk: chunk ``c`` of the group is chunk
-``c`` of each of its lanes, ``T = sum(take)`` positions (the last chunk its real
-entries only), so every lane keeps its shard and a batch's mix of shards is what it
-was (10 shards sorted by label, 128 lanes: a batch of 256 is 0.20x a perfect
-shuffle's label distance as before; groups across shards moved their lanes' chunks
-from one shard to the next over the epoch, 2.0x). The lanes of a group share the
-flips of the top ``GROUP_LEVELS`` levels of their nested order (the words of the
-group's first lane: NOTE [ Nested chunk order ]), so for up to ``2 ** GROUP_LEVELS``
-workers every lane of a group puts a worker's batches of a window in the same range
-of chunks, and the worker's part of the group is one range of positions: one read per
-group and window, not per lane (the bench: 104 GETs, 190 MB). The deeper levels stay
-each lane's, so a batch takes its chunks of a group at different chunks of the window,
-but within one of its ``2 ** GROUP_LEVELS`` ranges (about ``M T / 8`` positions of one
-shard) rather than a lane apart: within a shard a batch is spread less (10 shards, 128
-lanes, batch 256: 37 distinct 256-sample stretches of a shard per batch, 127 before),
-across shards as before. ``MAX_GROUP`` keeps a group inside one rank's lanes where a
-rank holds a multiple of 8 lanes (with runs of 2, rank batches of 16, 32, ...); a rank
-holding part of a group reads its chunks among the other lanes' (with them, where they
-are closer than the coalescing gap). Nothing here depends on ``R`` or ``W``.
-What is left of the bench's requests (worker 0 of 2, moto, in-process): 92 GETs, 180 MB
-of shards (local: 36, 156 MB). The first Window (one window) has one read per group and
-shard: 20 groups of 3-8 lanes (1.5-3.9 MB) and 15 pieces of lanes across a shard edge
-(0.07-0.6 MB); the second (the other 1.5 windows) has about two per group inside a shard
-(a worker's parts of two windows are one other worker's part apart, 1.5-3.9 MB), one per
-lane across an edge (its parts are 0.5 MB apart) and ~6 for the last batch's repeats.
-One Window for the whole epoch (2.5x the window's memory) would still make 55: the rest
-is this layout's, not the reader's. Those figures joined parts up to 1 MiB apart; at the
-coalescing gap of NOTE [ Coalescing gap ] (256 KiB) the second Window reads the parts of
-a lane across an edge, and of the last window's last chunks, apart: 114 GETs of 165 MB
-(92 of 180 MB joined), faster on a real S3 server, where the holes' bytes cost more than
-the requests (figures in that NOTE). Where the time goes on SeaweedFS: a worker's plan is
-~12 ms an epoch (a /tmp harness, worker 0 of 2 alone); the rest is the server's and the
-client's work per request and per byte, which a worker of the local order does less of.
-Groups of all a shard's lanes (57 GETs) would cross rank boundaries; a lane across a
-shard edge in the group of the shard that holds its middle (84 GETs) mixed 10
-label-sorted shards at 0.31x a perfect shuffle's label distance (0.18x now). On the
-machine alone, paired with the tree before the gap and these plan changes
-(``tools/bench_compare.py 4c77788 . --rounds 2 -- tools/bench_stream.py --only order
---s3-server seaweedfs --repeat 3``): small samples 0.82x -> 0.85x of the local order
-(rounds 0.75-0.95), large 0.86x -> 1.05x; the target, 0.9x, is still missed.
+of every lane), so with a lane on its own its requests are about ``L / R`` per window
+whatever the shards are: on the bench's 10 shards of ~30 MB (``tools/bench_stream.py
+--only order``, 128 lanes) worker 0 of 2 made ~200 GETs and read ~310 MB, the local
+order 48 and 166 MB. Where a shard holds several lanes, nothing requires their chunks to
+lie apart. Lanes form groups of ``group_of``'s size (the largest power of two at most
+``MAX_GROUP`` and at most the lanes per non-empty shard: 1, the layout above, on a
+dataset of more shards than lanes), from every multiple of it. Laid end to end as above,
+a group's lanes span positions that the shard edges inside it cut into segments; a
+chunk belongs to the segment that holds its first sample there, and each segment lays
+its chunks chunk by chunk, lane by lane within a chunk, the segments one after another
+(``GroupLayout`` in groups.py). So a lane across a shard edge gives its chunks before
+the edge to its group's segment on that side and the rest to the one on the other; every
+chunk stays in its shard, but for a segment's last samples (fewer than a chunk) past the
+edge, and a batch's mix of shards is what it was (10 shards sorted by label, 128 lanes: a
+batch of 256 is 0.18x a perfect shuffle's label distance; groups across shards moved
+their lanes' chunks from one shard to the next over the epoch, 2.0x). The lanes of a
+group share the flips of the top ``GROUP_LEVELS`` levels of their nested order (the
+words of the group's first lane: NOTE [ Nested chunk order ]), so for up to ``2 **
+GROUP_LEVELS`` workers every lane of a group puts a worker's batches of a window in the
+same range of chunks, and the worker's part of a segment is one range of positions: one
+read per segment and window, not per lane. The deeper levels stay each lane's, so a
+batch takes its chunks of a group at different chunks of the window, but within one of
+its ``2 ** GROUP_LEVELS`` ranges rather than a lane apart: within a shard a batch is
+spread less (10 shards, 128 lanes, batch 256: 36 distinct 256-sample stretches of a
+shard per batch, 127 with lanes on their own), across shards as before. ``MAX_GROUP``
+keeps a group inside one rank's lanes where a rank holds a multiple of 8 lanes (with
+runs of 2, rank batches of 16, 32, ...); a rank holding part of a group reads its chunks
+among the other lanes' (with them, where they are closer than the coalescing gap).
+Nothing here depends on ``R`` or ``W``.
+The bench's requests, worker 0 of 2 on SeaweedFS: the first Window (one window) reads
+one range per segment, 24 reads of 0.5-3.9 MB (16 groups cut by 9 edges); the second
+(the other 1.5 windows) ~2 per segment (a worker's parts of two windows are the other
+worker's part apart) and ~14 small ones for the last batch's repeats: 84 GETs of 161 MB
+(the local order's worker 39-42 GETs of ~160 MB). Sequence 3 made a lane across an edge
+a group of its own, read in two pieces, and cut its group around it: 114 GETs, 35 in
+the first Window. On 2 cores the server's work per request is most of what the global
+order costs more: paired on SeaweedFS (``tools/bench_compare.py 3835a4d 836738f
+--rounds 3 -- tools/bench_stream.py --only order --s3-server seaweedfs --repeat 3``),
+~300 B samples went from 0.85x to 0.93x of the local order (the global order's rate
+1.12x), 1 MB samples 0.96x both. Groups of all a shard's lanes would cross rank
+boundaries; a lane across a shard edge in the group of the shard that holds its middle
+mixed 10 label-sorted shards at 0.31x a perfect shuffle's label distance.
 
 A resume state is the number of global batches taken (plus the parameters and the
 dataset's checksum): it resumes on any ``(R, W)`` with ``R`` dividing ``G``, and the
