@@ -126,6 +126,29 @@ def test_a_workers_part_of_a_lane_group_in_a_window_is_one_range_per_shard(drawn
                 assert np.unique(segment).size <= sequence.layout.segments_of(lanes).size
 
 
+@PROPERTY
+@given(grouped_layouts())
+def test_a_chunk_stays_in_the_shard_of_its_place_end_to_end(drawn):
+    # NOTE [ Lane groups ]: a chunk lies in the shard that its first sample's place in the
+    # lanes laid end to end is in, but for a segment's last samples (fewer than a chunk)
+    # past that shard's end
+    sizes, config, _ = drawn
+    size = config.global_batch_size
+    sequence = EpochPlan(sizes, config, epoch=0, world_size=1, batch_size=size).sequence
+    if sequence.layout is None or not sequence.batches:
+        return
+    lanes = np.arange(sequence.lanes)[:, None]
+    chunks = np.arange(sequence.batches)[None, :]
+    nominal = sequence.lane_start[lanes] + chunks * sequence.take[lanes]
+    real = nominal < sequence.lane_start[lanes + 1]  # a last chunk may have no real entries
+    placed = sequence.starts(lanes, chunks)
+    ends = sequence.shards.ends
+    shard = np.searchsorted(ends, nominal[real], side="right")
+    spill = placed[real] - ends[np.minimum(shard, ends.size - 1)]
+    inside = np.searchsorted(ends, placed[real], side="right") == shard
+    assert np.all(inside | ((spill >= 0) & (spill < sequence.take.max())))
+
+
 def test_lanes_of_a_shard_are_grouped_and_read_together(tmp_path):
     # 2 shards of 2000 samples of ~1 KiB, 64 lanes: groups of 8 lanes. With runs 64 KiB apart
     # sharing a read, each of 2 workers reads about half of the bytes, with check blocks 0.6

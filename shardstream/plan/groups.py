@@ -37,7 +37,9 @@ class GroupLayout:
         inside = (edges > block_lo[owner]) & (edges < block_hi[owner])
         edges, owner = edges[inside], owner[inside]
         blocks = np.arange(firsts.size, dtype=np.int64)
-        order = np.lexsort((np.concatenate([block_lo, edges]), np.concatenate([blocks, owner])))
+        # by position: an edge lies strictly inside its group, groups that start together
+        # are empty and keep their order
+        order = np.argsort(np.concatenate([block_lo, edges]), kind="stable")
         start = np.concatenate([block_lo, edges])[order]
         self.block = np.concatenate([blocks, owner])[order]  # each segment's group
         last = np.append(self.block[1:] != self.block[:-1], True)
@@ -56,12 +58,11 @@ class GroupLayout:
         self.hi = np.where(~real, 0, np.where(last[:, None], batches, hi))
         sizes = self._before(self.lo, self.hi, self.take, self.length, np.array(batches)).sum(axis=1)
         self.start = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        # a lane's segments in order: the last one whose first chunk is at most c holds chunk c
-        key = lane * (batches + 1) + self.lo
-        rows = np.broadcast_to(np.arange(start.size, dtype=np.int64)[:, None], key.shape)
-        keep = real.ravel()
-        sort = np.argsort(key.ravel()[keep], kind="stable")
-        self._keys, self._rows = key.ravel()[keep][sort], rows.ravel()[keep][sort]
+        # lane j of its group's segments: the last one whose first chunk is at most c holds
+        # chunk c. (j, group, first chunk) rises down the segments, so no sort is needed
+        self._span = (firsts.size + 1) * (batches + 1)
+        key = np.arange(group, dtype=np.int64) * self._span + self.block[:, None] * (batches + 1) + self.lo
+        self._keys = key.T.ravel()
 
     @staticmethod
     def _before(
@@ -93,11 +94,14 @@ class GroupLayout:
         lanes, chunks = np.broadcast_arrays(
             np.asarray(lanes, dtype=np.int64), np.asarray(chunks, dtype=np.int64)
         )
-        row = self._rows[np.searchsorted(self._keys, lanes * (self.batches + 1) + chunks, side="right") - 1]
+        group, j = np.divmod(lanes, self.group)
+        key = j * self._span + group * (self.batches + 1) + chunks
+        flat = np.searchsorted(self._keys, key, side="right") - 1
+        row = flat % self.block.size
         lo, hi, take, length = self.lo[row], self.hi[row], self.take[row], self.length[row]
         chunk = chunks[..., None]
         # every lane's chunks before this one, then this chunk of the segment's lanes before it
         before = self._before(lo, hi, take, length, chunk).sum(axis=-1)
         size = np.minimum((chunk + 1) * take, length) - np.minimum(chunk * take, length)
-        earlier = (np.arange(self.group) < (lanes % self.group)[..., None]) & (lo <= chunk) & (chunk < hi)
+        earlier = (np.arange(self.group) < j[..., None]) & (lo <= chunk) & (chunk < hi)
         return self.start[row] + before + np.where(earlier, size, 0).sum(axis=-1)
