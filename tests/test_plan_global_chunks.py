@@ -128,7 +128,7 @@ def test_a_workers_part_of_a_lane_group_in_a_window_is_one_range_per_shard(drawn
 
 @PROPERTY
 @given(grouped_layouts())
-def test_a_chunk_stays_in_the_shard_of_its_place_end_to_end(drawn):
+def test_chunks_tile_the_positions_each_in_the_shard_of_its_place_end_to_end(drawn):
     # NOTE [ Lane groups ]: a chunk lies in the shard that its first sample's place in the
     # lanes laid end to end is in, but for a segment's last samples (fewer than a chunk)
     # past that shard's end
@@ -142,6 +142,16 @@ def test_a_chunk_stays_in_the_shard_of_its_place_end_to_end(drawn):
     nominal = sequence.lane_start[lanes] + chunks * sequence.take[lanes]
     real = nominal < sequence.lane_start[lanes + 1]  # a last chunk may have no real entries
     placed = sequence.starts(lanes, chunks)
+    # the chunks tile the positions, one after another
+    length = sequence.lane_start[lanes + 1] - sequence.lane_start[lanes]
+    size = np.minimum((chunks + 1) * sequence.take[lanes], length) - np.minimum(
+        chunks * sequence.take[lanes], length
+    )
+    order = np.argsort(placed[size > 0], kind="stable")
+    begin, width = placed[size > 0][order], size[size > 0][order]
+    assert begin[0] == 0
+    assert np.array_equal(begin[1:], (begin + width)[:-1])
+    assert begin[-1] + width[-1] == sequence.lane_start[-1]
     ends = sequence.shards.ends
     shard = np.searchsorted(ends, nominal[real], side="right")
     spill = placed[real] - ends[np.minimum(shard, ends.size - 1)]

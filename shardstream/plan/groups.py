@@ -60,6 +60,17 @@ class GroupLayout:
         self.start = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         # lane j of its group's segments: the last one whose first chunk is at most c holds
         # chunk c. (j, group, first chunk) rises down the segments, so no sort is needed
+        # where every lane of a segment gives each chunk ``take`` samples (not its last
+        # chunk), chunk c starts at ``base + c * width`` plus its lane's takes before it
+        active = real & (self.length > 0)
+        self._inner_lo = np.where(active, self.lo, 0).max(axis=1)
+        self._inner_hi = np.minimum(np.where(active, self.hi, batches).min(axis=1), batches - 1)
+        self._width = self.take.sum(axis=1)
+        inner = self._before(self.lo, self.hi, self.take, self.length, self._inner_lo[:, None]).sum(axis=1)
+        self._base = self.start[:-1] + inner - self._inner_lo * self._width
+        self._offset = (
+            np.cumsum(take) - take - np.repeat(np.cumsum(take)[firsts] - take[firsts], group)[:lanes]
+        )
         self._span = (firsts.size + 1) * (batches + 1)
         key = np.arange(group, dtype=np.int64) * self._span + self.block[:, None] * (batches + 1) + self.lo
         self._keys = key.T.ravel()
@@ -98,10 +109,18 @@ class GroupLayout:
         key = j * self._span + group * (self.batches + 1) + chunks
         flat = np.searchsorted(self._keys, key, side="right") - 1
         row = flat % self.block.size
+        out = self._base[row] + chunks * self._width[row] + self._offset[lanes]
+        rest = (chunks < self._inner_lo[row]) | (chunks >= self._inner_hi[row])
+        if rest.any():  # a lane of the segment starts or ends there, or the last chunk
+            out[rest] = self._starts(row[rest], j[rest], chunks[rest])
+        return out
+
+    def _starts(self, row: np.ndarray, j: np.ndarray, chunks: np.ndarray) -> np.ndarray:
+        """``starts`` of lane ``j`` of segment ``row``, any chunk (one dimension)."""
         lo, hi, take, length = self.lo[row], self.hi[row], self.take[row], self.length[row]
-        chunk = chunks[..., None]
+        chunk = chunks[:, None]
         # every lane's chunks before this one, then this chunk of the segment's lanes before it
-        before = self._before(lo, hi, take, length, chunk).sum(axis=-1)
+        before = self._before(lo, hi, take, length, chunk).sum(axis=1)
         size = np.minimum((chunk + 1) * take, length) - np.minimum(chunk * take, length)
-        earlier = (np.arange(self.group) < j[..., None]) & (lo <= chunk) & (chunk < hi)
-        return self.start[row] + before + np.where(earlier, size, 0).sum(axis=-1)
+        earlier = (np.arange(self.group) < j[:, None]) & (lo <= chunk) & (chunk < hi)
+        return self.start[row] + before + np.where(earlier, size, 0).sum(axis=1)
