@@ -74,9 +74,11 @@ of every lane), so with a lane on its own its requests are about ``L / R`` per w
 whatever the shards are: on the bench's 10 shards of ~30 MB (``tools/bench_stream.py
 --only order``, 128 lanes) worker 0 of 2 made ~200 GETs and read ~310 MB, the local
 order 48 and 166 MB. Where a shard holds several lanes, nothing requires their chunks to
-lie apart. Lanes form groups of ``group_of``'s size (the largest power of two at most
-``MAX_GROUP`` and at most the lanes per non-empty shard: 1, the layout above, on a
-dataset of more shards than lanes), from every multiple of it. Laid end to end as above,
+lie apart. Lanes form groups of ``group_of``'s size from every multiple of it: the
+largest power of two at most ``MAX_GROUP`` (and the lanes), where a non-empty shard
+holds 2 lanes or more on average; else 1, the layout above (there a group's segments
+would hold one or two lanes each: as many reads, and a layout of O(shards) to make).
+Laid end to end as above,
 a group's lanes span positions that the shard edges inside it cut into segments; a
 chunk belongs to the segment that holds its first sample there, and each segment lays
 its chunks chunk by chunk, lane by lane within a chunk, the segments one after another
@@ -105,7 +107,14 @@ one range per segment, 24 reads of 0.5-3.9 MB (16 groups cut by 9 edges); the se
 worker's part apart) and ~14 small ones for the last batch's repeats: 84 GETs of 161 MB
 (the local order's worker 39-42 GETs of ~160 MB). Sequence 3 made a lane across an edge
 a group of its own, read in two pieces, and cut its group around it: 114 GETs, 35 in
-the first Window. On 2 cores the server's work per request is most of what the global
+the first Window. It also kept a group inside about one shard (at most the lanes per
+shard): on 40 such shards (400,000 samples, 3.2 lanes a shard, the same reads planned
+with ``WindowReader.plan_fetch``) a worker's epoch was ~1015 reads with sequence 3,
+~820 with segments of groups of 2, ~465 with groups of 8 (the local order's 80): every
+window reads every shard's segments, so the reads follow the segments, not the lanes.
+On SeaweedFS (a /tmp harness, 2 workers, 2 epochs each) that epoch streamed at 0.72x of
+the local order with groups of 8, 0.58x before, and at 0.98-1.12x on local disk: the
+rest is the server's work for ~6x the local order's requests on the same 2 cores. On 2 cores the server's work per request is most of what the global
 order costs more: paired on SeaweedFS (``tools/bench_compare.py 3835a4d 836738f
 --rounds 3 -- tools/bench_stream.py --only order --s3-server seaweedfs --repeat 3``),
 ~300 B samples went from 0.85x to 0.93x of the local order (the global order's rate
@@ -185,9 +194,10 @@ GROUP_LEVELS = 3
 
 def group_of(lanes: int, shards: int) -> int:
     """Lanes per group (NOTE [ Lane groups ]): the largest power of two at most
-    ``MAX_GROUP`` and at most the lanes per non-empty shard, so a group lies in about one shard."""
-    most = min(MAX_GROUP, lanes // max(1, shards))
-    return 1 << (max(1, most).bit_length() - 1)
+    ``MAX_GROUP`` and at most the lanes, where a non-empty shard holds 2 lanes or more; else 1."""
+    if lanes < 2 * max(1, shards):
+        return 1
+    return 1 << (min(MAX_GROUP, lanes).bit_length() - 1)
 
 
 def lanes_of(config: PlanConfig) -> int:
