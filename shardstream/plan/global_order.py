@@ -112,8 +112,9 @@ shard): on 40 such shards (400,000 samples, 3.2 lanes a shard, the same reads pl
 with ``WindowReader.plan_fetch``) a worker's epoch was ~1015 reads with sequence 3,
 ~820 with segments of groups of 2, ~465 with groups of 8 (the local order's 80): every
 window reads every shard's segments, so the reads follow the segments, not the lanes.
-On SeaweedFS (a /tmp harness, 2 workers, 2 epochs each) that epoch streamed at 0.72x of
-the local order with groups of 8, 0.58x before, and at 0.98-1.12x on local disk: the
+On SeaweedFS (a /tmp harness, 2 workers, 2-3 epochs each) that epoch streamed at 0.72x
+of the local order with groups of 8, 0.58x with groups of 2, and at 0.98-1.12x on local
+disk (groups of 2): the
 rest is the server's work for ~6x the local order's requests on the same 2 cores. On 2 cores the server's work per request is most of what the global
 order costs more: paired on SeaweedFS (``tools/bench_compare.py 3835a4d 836738f
 --rounds 3 -- tools/bench_stream.py --only order --s3-server seaweedfs --repeat 3``),
