@@ -62,8 +62,8 @@ means ``max(DEFAULT_LANES, ceil(G / DEFAULT_RUN))`` (at most ``G``): a function 
 batch of 256 of ~300 B samples on moto S3, 128 lanes streamed at 0.79x of 64 lanes
 (``tools/bench_stream.py --only order``); on SeaweedFS (``--s3-server seaweedfs``),
 32, 64 and 128 lanes streamed at about 0.9-1.0x, 0.7x and 0.55-0.6x the local order
-before NOTE [ Lane groups ]; with it 128 lanes stream at 0.93x on SeaweedFS (rounds
-0.84-0.95; paired figures in that NOTE), and at 0.56x on moto with sequence 3 (moto
+before NOTE [ Lane groups ]; with it 128 lanes stream at 0.855-0.94x on SeaweedFS
+(paired figures in that NOTE), and at 0.56x on moto with sequence 3 (moto
 copies the whole object for each ranged GET). A user who
 knows the shards are mixed already passes ``read_lanes`` for longer runs. A state records its lanes, so one saved
 under another default is refused, naming both, and resumes with that ``read_lanes``.
@@ -114,13 +114,21 @@ with ``WindowReader.plan_fetch``) a worker's epoch was ~1015 reads with sequence
 window reads every shard's segments, so the reads follow the segments, not the lanes.
 On SeaweedFS (a /tmp harness, 2 workers, 2-3 epochs each) that epoch streamed at 0.72x
 of the local order with groups of 8, 0.58x with groups of 2, and at 0.98-1.12x on local
-disk (groups of 2): the
-rest is the server's work for ~6x the local order's requests on the same 2 cores. On 2 cores the server's work per request is most of what the global
-order costs more: paired on SeaweedFS (``tools/bench_compare.py 3835a4d 836738f
---rounds 3 -- tools/bench_stream.py --only order --s3-server seaweedfs --repeat 3``),
-~300 B samples went from 0.85x to 0.93x of the local order (the global order's rate
-1.12x), 1 MB samples 0.96x both. Groups of all a shard's lanes would cross rank
-boundaries; a lane across a shard edge in the group of the shard that holds its middle
+disk (groups of 2): the rest is the server's work for ~6x the local order's requests on
+the same 2 cores. On the bench's 10 shards, paired on SeaweedFS in three runs (``tools/bench_compare.py
+3835a4d HEAD --rounds 4 -- tools/bench_stream.py --only order --s3-server seaweedfs
+--repeat 3``), ~300 B samples went from 0.85x, 0.76x and 0.795x to 0.93x, 0.855x and
+0.94x of the local order, 1 MB samples 0.96-1.05x both.
+What is left: a worker reads its part of every segment of its rank in every window, and
+a Window spans up to ``R W`` windows (a worker's share of one is ``window / (R W)``), so
+its reads are about segments x windows, where the local order's are a few per window of
+its own. Planned reads of 400,000 ~300 B samples in 40 shards (rank 0, all its workers):
+R=8, W=4, G=256: 249 (local 8); R=32, W=8, G=1024: 217 (local 9). A worker's parts of
+consecutive windows are apart (the other workers' parts lie between them). Taking a
+worker's ranges of the windows of a longer stretch from one region of the lane (the top
+levels of the nested order shared by the stretch's windows, each residue class's chunks
+of all of them together) would make them one read, for one value of ``W``: not done.
+Groups of all a shard's lanes would cross rank boundaries; a lane across a shard edge in the group of the shard that holds its middle
 mixed 10 label-sorted shards at 0.31x a perfect shuffle's label distance.
 
 A resume state is the number of global batches taken (plus the parameters and the
