@@ -29,24 +29,24 @@ class GroupLayout:
         self.group, self.batches = group, batches
         length = np.diff(lane_start)
         firsts = np.arange(0, lanes, group, dtype=np.int64)
-        block_lo = lane_start[firsts]
-        block_hi = lane_start[np.minimum(firsts + group, lanes)]
+        group_lo = lane_start[firsts]
+        group_hi = lane_start[np.minimum(firsts + group, lanes)]
         # the shard edges strictly inside a group's nominal span cut it
         edges = ends[(ends > 0) & (ends < lane_start[-1])]
-        owner = np.searchsorted(block_lo, edges, side="right") - 1
-        inside = (edges > block_lo[owner]) & (edges < block_hi[owner])
+        owner = np.searchsorted(group_lo, edges, side="right") - 1
+        inside = (edges > group_lo[owner]) & (edges < group_hi[owner])
         edges, owner = edges[inside], owner[inside]
-        blocks = np.arange(firsts.size, dtype=np.int64)
+        numbers = np.arange(firsts.size, dtype=np.int64)
         # by position: an edge lies strictly inside its group, groups that start together
         # are empty and keep their order
-        order = np.argsort(np.concatenate([block_lo, edges]), kind="stable")
-        start = np.concatenate([block_lo, edges])[order]
-        self.block = np.concatenate([blocks, owner])[order]  # each segment's group
-        last = np.append(self.block[1:] != self.block[:-1], True)
+        order = np.argsort(np.concatenate([group_lo, edges]), kind="stable")
+        start = np.concatenate([group_lo, edges])[order]
+        self.owner = np.concatenate([numbers, owner])[order]  # the group of each segment
+        last = np.append(self.owner[1:] != self.owner[:-1], True)
         first = np.insert(last[:-1], 0, True)
-        stop = np.where(last, block_hi[self.block], np.append(start[1:], 0))
+        stop = np.where(last, group_hi[self.owner], np.append(start[1:], 0))
         # each segment's lanes (padded to ``group`` with empty lanes past the last)
-        lane = self.block[:, None] * group + np.arange(group, dtype=np.int64)
+        lane = self.owner[:, None] * group + np.arange(group, dtype=np.int64)
         real = lane < lanes
         lane = np.where(real, lane, 0)
         self.take = np.where(real, take[lane], 0)
@@ -72,7 +72,7 @@ class GroupLayout:
             np.cumsum(take) - take - np.repeat(np.cumsum(take)[firsts] - take[firsts], group)[:lanes]
         )
         self._span = (firsts.size + 1) * (batches + 1)
-        key = np.arange(group, dtype=np.int64) * self._span + self.block[:, None] * (batches + 1) + self.lo
+        key = np.arange(group, dtype=np.int64) * self._span + self.owner[:, None] * (batches + 1) + self.lo
         self._keys = key.T.ravel()
 
     @staticmethod
@@ -85,7 +85,7 @@ class GroupLayout:
     def segments_of(self, lanes: np.ndarray) -> np.ndarray:
         """The segments of the groups of ``lanes``, in position order."""
         groups = np.unique(np.asarray(lanes, dtype=np.int64) // self.group)
-        return np.flatnonzero(np.isin(self.block, groups))
+        return np.flatnonzero(np.isin(self.owner, groups))
 
     def spans(self, segments: np.ndarray, first: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """The positions of chunks ``[first, stop)`` of every lane of ``segments``: one
@@ -108,7 +108,7 @@ class GroupLayout:
         group, j = np.divmod(lanes, self.group)
         key = j * self._span + group * (self.batches + 1) + chunks
         flat = np.searchsorted(self._keys, key, side="right") - 1
-        row = flat % self.block.size
+        row = flat % self.owner.size
         out = self._base[row] + chunks * self._width[row] + self._offset[lanes]
         rest = (chunks < self._inner_lo[row]) | (chunks >= self._inner_hi[row])
         if rest.any():  # a lane of the segment starts or ends there, or the last chunk
