@@ -222,6 +222,34 @@ def test_a_lane_across_a_shard_edge_is_read_with_the_groups_on_both_sides(tmp_pa
         reader.close()
 
 
+def test_lanes_are_grouped_by_8_where_a_shard_holds_fewer(tmp_path):
+    # 20 shards of 160 samples, 64 lanes of 50: 3.2 lanes a shard. Groups of 8 lanes,
+    # cut at the 16 shard edges inside them: 24 segments, a read each for a worker of 2.
+    # Groups that had to fit in a shard (at most the lanes per shard, 2) made 48 segments
+    # and 39 and 36 reads (NOTE [ Lane groups ]).
+    url = str(tmp_path / "data")
+    with ShardWriter(url, samples_per_shard=160, format="tar") as writer:
+        for i in range(20 * 160):
+            writer.write(small_sample(i))
+    dataset = shardstream.StreamingDataset(url, decode=False)
+    config = PlanConfig(seed=5, order="global", global_batch_size=64, shuffle_window=20 * 160)
+    plan = EpochPlan(
+        dataset.manifest.shard_sizes, config, epoch=0, world_size=1, num_workers=2, batch_size=64
+    )
+    sequence = plan.sequence
+    assert (sequence.lanes, sequence.group, sequence.per_window) == (64, 8, 50)
+    assert sequence.layout is not None
+    assert sequence.layout.start.size - 1 == 24  # segments
+    reader = WindowReader(dataset.storage, dataset.manifest, coalesce_gap=0, verify_checksums=False)
+    try:
+        for worker in range(2):
+            (window,) = plan.worker_windows(0, worker)
+            planned = reader.plan_fetch(window.runs, reader.load_indexes(list(window.shards)))
+            assert len(planned.reads) <= 24
+    finally:
+        reader.close()
+
+
 def small_sample(i: int) -> dict:
     return {"__key__": f"{i:07d}", "txt": b"lorem ipsum %d " % i * 8}
 
