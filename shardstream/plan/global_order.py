@@ -15,8 +15,8 @@ workers only cut it:
   lane with ``shuffle=False``, so the sequence is manifest order). Lane ``l`` gives
   every global batch ``take[l]`` samples (``take`` splits ``G`` evenly): one chunk of
   ``take[l]`` consecutive positions, so a lane is read front to back and every read is
-  a run of about ``G / L`` samples (locality). Lanes inside one shard are laid chunk
-  by chunk, so that a worker reads them in one range (NOTE [ Lane groups ]).
+  a run of about ``G / L`` samples (locality). A group of lanes is laid chunk by chunk
+  in each shard, so that a worker reads it there in one range (NOTE [ Lane groups ]).
 - Global batch ``k`` is its lanes' chunks in lane order. Within a window of
   ``M = shuffle_window // G`` global batches, which chunk of a lane each batch takes
   is a nested permutation (NOTE [ Nested chunk order ] in keys.py) drawn from the
