@@ -16,6 +16,7 @@ from shardstream.dataset.reader import WindowReader
 from shardstream.errors import StateError
 from shardstream.pack import ShardWriter
 from shardstream.plan import EpochPlan, PlanConfig, Run
+from shardstream.plan.global_order import GlobalSequence
 from shardstream.plan.keys import nested_permutations, random_words
 from shardstream.plan.mixture import Mixture, MixturePlan, StreamSpec
 
@@ -191,6 +192,30 @@ def test_lanes_of_a_shard_are_grouped_and_read_together(tmp_path):
             reader.close()
 
 
+def one_window_of_two_workers(tmp_path, shards: int, per_shard: int) -> tuple[GlobalSequence, list, int]:
+    """``(sequence, each worker's planned reads, the shards' bytes)`` of ``shards`` tar
+    shards of ``per_shard`` small samples, a global batch of 64 and one window, 2 workers,
+    reads neither joined nor widened to check blocks."""
+    url = str(tmp_path / "data")
+    with ShardWriter(url, samples_per_shard=per_shard, format="tar") as writer:
+        for i in range(shards * per_shard):
+            writer.write(small_sample(i))
+    dataset = shardstream.StreamingDataset(url, decode=False)
+    config = PlanConfig(seed=5, order="global", global_batch_size=64, shuffle_window=shards * per_shard)
+    plan = EpochPlan(
+        dataset.manifest.shard_sizes, config, epoch=0, world_size=1, num_workers=2, batch_size=64
+    )
+    reader = WindowReader(dataset.storage, dataset.manifest, coalesce_gap=0, verify_checksums=False)
+    try:
+        planned = []
+        for worker in range(2):
+            (window,) = plan.worker_windows(0, worker)
+            planned.append(reader.plan_fetch(window.runs, reader.load_indexes(list(window.shards))))
+    finally:
+        reader.close()
+    return plan.sequence, planned, sum(shard.bytes for shard in dataset.manifest.shards)
+
+
 def test_a_lane_across_a_shard_edge_is_read_with_the_groups_on_both_sides(tmp_path):
     # 3 shards of 1536 samples, 64 lanes of 72 samples: groups of 8 lanes span 576 samples,
     # so each of the 2 shard edges cuts a group in the middle of one of its lanes. Each side
@@ -198,28 +223,12 @@ def test_a_lane_across_a_shard_edge_is_read_with_the_groups_on_both_sides(tmp_pa
     # [ Lane groups ]): a worker of 2 reads at most one range per segment, 8 groups and 2
     # edges (8 here: two parts of neighbouring groups touch). Sequence 3 made that lane a
     # group of its own, in 2 pieces, and cut its group in two around it: 10 and 12 reads.
-    url = str(tmp_path / "data")
-    with ShardWriter(url, samples_per_shard=1536, format="tar") as writer:
-        for i in range(3 * 1536):
-            writer.write(small_sample(i))
-    dataset = shardstream.StreamingDataset(url, decode=False)
-    config = PlanConfig(seed=5, order="global", global_batch_size=64, shuffle_window=3 * 1536)
-    plan = EpochPlan(
-        dataset.manifest.shard_sizes, config, epoch=0, world_size=1, num_workers=2, batch_size=64
-    )
-    sequence = plan.sequence
+    sequence, planned, total = one_window_of_two_workers(tmp_path, 3, 1536)
     assert (sequence.lanes, sequence.group, sequence.batches, sequence.per_window) == (64, 8, 72, 72)
-    assert sequence.layout is not None
     assert sequence.layout.start.size - 1 == 10  # segments
-    reader = WindowReader(dataset.storage, dataset.manifest, coalesce_gap=0, verify_checksums=False)
-    try:
-        for worker in range(2):
-            (window,) = plan.worker_windows(0, worker)
-            planned = reader.plan_fetch(window.runs, reader.load_indexes(list(window.shards)))
-            assert len(planned.reads) <= 10
-            assert planned.bytes < 0.55 * sum(shard.bytes for shard in dataset.manifest.shards)
-    finally:
-        reader.close()
+    for worker in planned:
+        assert len(worker.reads) <= 10
+        assert worker.bytes < 0.55 * total
 
 
 def test_lanes_are_grouped_by_8_where_a_shard_holds_fewer(tmp_path):
@@ -227,27 +236,10 @@ def test_lanes_are_grouped_by_8_where_a_shard_holds_fewer(tmp_path):
     # cut at the 16 shard edges inside them: 24 segments, a read each for a worker of 2.
     # Groups that had to fit in a shard (at most the lanes per shard, 2) made 48 segments
     # and 39 and 36 reads (NOTE [ Lane groups ]).
-    url = str(tmp_path / "data")
-    with ShardWriter(url, samples_per_shard=160, format="tar") as writer:
-        for i in range(20 * 160):
-            writer.write(small_sample(i))
-    dataset = shardstream.StreamingDataset(url, decode=False)
-    config = PlanConfig(seed=5, order="global", global_batch_size=64, shuffle_window=20 * 160)
-    plan = EpochPlan(
-        dataset.manifest.shard_sizes, config, epoch=0, world_size=1, num_workers=2, batch_size=64
-    )
-    sequence = plan.sequence
+    sequence, planned, _ = one_window_of_two_workers(tmp_path, 20, 160)
     assert (sequence.lanes, sequence.group, sequence.per_window) == (64, 8, 50)
-    assert sequence.layout is not None
     assert sequence.layout.start.size - 1 == 24  # segments
-    reader = WindowReader(dataset.storage, dataset.manifest, coalesce_gap=0, verify_checksums=False)
-    try:
-        for worker in range(2):
-            (window,) = plan.worker_windows(0, worker)
-            planned = reader.plan_fetch(window.runs, reader.load_indexes(list(window.shards)))
-            assert len(planned.reads) <= 24
-    finally:
-        reader.close()
+    assert all(len(worker.reads) <= 24 for worker in planned)
 
 
 def small_sample(i: int) -> dict:
