@@ -63,7 +63,7 @@ batch of 256 of ~300 B samples on moto S3, 128 lanes streamed at 0.79x of 64 lan
 (``tools/bench_stream.py --only order``); on SeaweedFS (``--s3-server seaweedfs``),
 32, 64 and 128 lanes streamed at about 0.9-1.0x, 0.7x and 0.55-0.6x the local order
 before NOTE [ Lane groups ]; with it 128 lanes stream at 0.855-0.94x on SeaweedFS
-(paired figures in that NOTE), and at 0.56x on moto with sequence 3 (moto
+(paired figures in that NOTE), and at 0.69x on moto (0.59x with sequence 3, paired; moto
 copies the whole object for each ranged GET). A user who
 knows the shards are mixed already passes ``read_lanes`` for longer runs. A state records its lanes, so one saved
 under another default is refused, naming both, and resumes with that ``read_lanes``.
