@@ -117,10 +117,10 @@ class ReadBudget:
             self._cond.notify_all()
 
     def _fits(self, size: int) -> bool:
-        if self.held + size <= self.limit or not self._taken:
+        if self.held + size <= self.limit or not self._windows:
             return True
         # larger than the room left: beside one window only, once most of its bytes are in
-        return len(self._taken) == 1 and sum(self._coming.values()) <= self.limit // 2
+        return self._windows == 1 and sum(self._coming.values()) <= self.limit // 2
 
     def arrived(self, ticket: int, count: int) -> None:
         """``count`` bytes of ``ticket``'s window are in."""
