@@ -1,0 +1,162 @@
+"""Peak memory of one epoch with shardstream of two revisions, side by side: issue 9's target.
+
+    python tools/bench_memory.py [BASE] [--head .] [--rounds 5] [--samples 150] [--shuffle]
+
+Issue 9 bounds how much more the reader holds than the reader before it ("today's" when
+it was filed: BASE, by default 5791d66^). ``tools/bench_wan.py`` prints each run's RSS
+growth against ``read_concurrency=1`` on the same tree, which is not that reader, and a
+tree's own benchmarks cannot run the other's code (``tools/bench_compare.py`` runs each
+revision's own tools). So this runs the same epoch in fresh Python processes, each
+importing shardstream from one revision's checkout (``PYTHONPATH``; ``.`` is the working
+tree), the two alternating round by round:
+
+- ``--samples`` x 1 MB samples, 30 to a tar shard, on moto's S3 server on loopback
+  (``tools/local_s3.py``), written once by BASE's writer (an older reader cannot read a
+  newer manifest); no proxy: the wire outruns decoding, where a reader holds the most.
+- ``StreamingDataset(..., shuffle=False, decode=False)`` (``--shuffle``: shuffled), one
+  process, every sample taken and dropped.
+- A run's figure is how much its RSS grew in the epoch: the peak (``VmHWM``) reset by
+  ``/proc/self/clear_refs`` once the dataset is open, read after the last sample. What
+  the process imported and mapped before is the same for both and left out.
+
+It prints each side's median growth, every round's, and head minus base (the target:
+at most +64 MB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MB = 2**20
+PER_SHARD = 30
+TARGET_MB = 64
+
+
+def status(key: str) -> int:
+    """A ``/proc/self/status`` size, in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def write(url: str, options: dict, samples: int) -> None:
+    """The corpus, with the shardstream on ``PYTHONPATH`` (BASE's)."""
+    from shardstream.pack import ShardWriter
+
+    with ShardWriter(url, format="tar", samples_per_shard=PER_SHARD, storage_options=options) as writer:
+        for i in range(samples):
+            writer.write(
+                {"__key__": f"{i:07d}", "bin": random.Random(i).randbytes(MB - 64), "cls": b"%d" % i}
+            )
+
+
+def epoch(url: str, options: dict, shuffle: bool) -> dict:
+    """One epoch with the shardstream on ``PYTHONPATH``: its RSS growth and time."""
+    import torch  # noqa: F401  (imported before the epoch by either tree: left out of the figure)
+
+    import shardstream
+
+    dataset = shardstream.StreamingDataset(url, storage_options=options, shuffle=shuffle, decode=False)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # VmHWM := VmRSS now
+    start, started, count = status("VmRSS"), time.perf_counter(), 0
+    for _ in dataset:
+        count += 1
+    return {
+        "growth": (status("VmHWM") - start) / MB,
+        "seconds": time.perf_counter() - started,
+        "samples": count,
+        "module": shardstream.__file__,
+    }
+
+
+def child(tree: str, *args: str) -> str:
+    """This script run again with ``tree``'s shardstream; its last line of output."""
+    env = dict(os.environ, PYTHONPATH=tree)
+    done = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), *args], env=env, capture_output=True, text=True, cwd=tree
+    )
+    if done.returncode:
+        sys.stderr.write(done.stdout + done.stderr)
+        raise SystemExit(f"bench_memory: {args[0]} with {tree} failed (exit {done.returncode})")
+    return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+
+
+def compare(base: str, head: str, rounds: int, samples: int, shuffle: bool) -> None:
+    sys.path.insert(0, HERE)
+    from bench_compare import checkout
+    from bench_stream import MotoProcess
+
+    server = MotoProcess("memory")
+    try:
+        options, url = json.dumps(server.options()), "s3://memory/large"
+        with (
+            tempfile.TemporaryDirectory(prefix="bench-memory-") as where,
+            checkout(base, where) as base_tree,
+            checkout(head, where) as head_tree,
+        ):
+            child(base_tree, "--write", url, options, str(samples))
+            seen: dict[str, list[dict]] = {"base": [], "head": []}
+            for number in range(rounds):
+                order = [("base", base_tree), ("head", head_tree)]
+                for side, tree in order if number % 2 == 0 else order[::-1]:
+                    run = json.loads(child(tree, "--epoch", url, options, str(int(shuffle))))
+                    if not run["module"].startswith(tree) or run["samples"] != samples:
+                        raise SystemExit(f"bench_memory: the {side} run read {run}, not {tree}'s epoch")
+                    seen[side].append(run)
+                print(f"round {number + 1} of {rounds} done", file=sys.stderr)
+    finally:
+        server.stop()
+    print(
+        f"RSS growth in one epoch of {samples} x 1 MB on loopback moto "
+        f"(shuffle={shuffle}, decode=False); median of {rounds} rounds, alternating"
+    )
+    medians = {}
+    for side, name in (("base", base), ("head", head)):
+        growths = [run["growth"] for run in seen[side]]
+        medians[side] = statistics.median(growths)
+        each = ", ".join(f"{g:.0f}" for g in growths)
+        rate = samples / statistics.median(run["seconds"] for run in seen[side])
+        print(f"  {side} {name}: +{medians[side]:,.0f} MB (rounds: {each}), {rate:,.0f} samples/s")
+    extra = medians["head"] - medians["base"]
+    state = "met" if extra <= TARGET_MB else "MISSED"
+    print(
+        f"  memory: head grows {extra:+,.0f} MB more than base in an epoch; target <= +{TARGET_MB} MB: {state}"
+    )
+
+
+def main() -> int:
+    if sys.argv[1:2] == ["--write"]:
+        write(sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]))
+        return 0
+    if sys.argv[1:2] == ["--epoch"]:
+        print(json.dumps(epoch(sys.argv[2], json.loads(sys.argv[3]), sys.argv[4] == "1")))
+        return 0
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("base", nargs="?", default="5791d66^", help="a git revision, or . (the working tree)")
+    parser.add_argument("--head", default=".", help="a git revision, or . (the working tree)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--samples", type=int, default=150, help="1 MB samples, 30 to a shard")
+    parser.add_argument("--shuffle", action="store_true", help="a shuffled epoch (default: shuffle=False)")
+    args = parser.parse_args()
+    if args.rounds < 1 or args.samples < 1:
+        parser.error("--rounds and --samples must be at least 1")
+    compare(args.base, args.head, args.rounds, args.samples, args.shuffle)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
