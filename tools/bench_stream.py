@@ -1,7 +1,7 @@
 """Streaming throughput: shardstream against the alternatives, measured in the same run.
 
     python tools/bench_stream.py [--quick] [--only small,large,s3,loader,order,mix,wan] [--repeat 5]
-        [--s3-server moto|seaweedfs]
+        [--s3-server moto|seaweedfs] [--wan]
 
 - small: 100k samples of three fields (~300 B): shardstream vs ``webdataset.WebDataset``
   on the same tar shards and ``litdata.StreamingDataset`` on the same samples in its own
@@ -29,7 +29,7 @@
 - order: ``order="global"`` (default read lanes, NOTE [ Global order ]) against the
   local order, shuffled, through ``shardstream.DataLoader`` with 2 workers, on the small
   and the large samples on moto's S3 (loopback), or SeaweedFS's with ``--s3-server
-  seaweedfs``; target global / local >= 0.9x.
+  seaweedfs``, read through a WAN-shaped proxy with ``--wan``; target global / local >= 0.9x.
 
 How rates are measured (the machine is shared and noisy): each contender runs once
 untimed (warm-up: page cache, imports, connections, server-side caches), then
@@ -419,27 +419,41 @@ def order_server(kind: str):  # type: ignore[no-untyped-def]
 # (one chunk of each of the default lanes per batch). moto answers a ranged GET by
 # copying the whole object in Python, so on moto a small read costs as much as a whole
 # shard and the section measures moto more than us; SeaweedFS (a real S3 server in Go)
-# serves a range for the cost of the range. ``--s3-server`` picks which one.
+# serves a range for the cost of the range. ``--s3-server`` picks which one. ``--wan``
+# reads through ``shardstream.testing.wanproxy`` in front of it (30 ms before each
+# request, 40 MB/s per response, as tools/bench_wan.py): there a request costs a latency,
+# not only the server's work, as on a remote store.
+ORDER_WAN_LATENCY = 0.03
+ORDER_WAN_BANDWIDTH = 40e6
 
 
-def bench_order(small: int, large: int, repeat: int, server_kind: str = "moto") -> None:
-    server = order_server(server_kind)
+def bench_order(small: int, large: int, repeat: int, server_kind: str = "moto", wan: bool = False) -> None:
+    server, proxy = order_server(server_kind), None
     try:
         options = server.options() if server_kind == "moto" else server.storage_options()
+        where = f"{server_kind} S3"
+        read_options = options
+        if wan:  # NOTE [ Order bench servers ]: reads through the WAN proxy, writes straight
+            from bench_wan import ProxyProcess
+
+            proxy = ProxyProcess(options["endpoint_url"], ORDER_WAN_LATENCY, ORDER_WAN_BANDWIDTH)
+            read_options = dict(options, endpoint_url=proxy.endpoint)
+            where += f" behind {ORDER_WAN_LATENCY * 1000:.0f} ms, {ORDER_WAN_BANDWIDTH / 1e6:.0f} MB/s per response"
         cases = (("small", small_sample, small, 10_000, 256), ("large", large_sample, large, 16, 8))
         for name, make, count, per_shard, batch in cases:
             url = f"s3://order/{name}"
             write_tar(url, map(make, range(count)), per_shard, options)
             orders = {"local order": {}, "shardstream global": dict(order="global", global_batch_size=batch)}
             contenders = {
-                label: functools.partial(loader_samples, url, options, batch, order)
+                label: functools.partial(loader_samples, url, read_options, batch, order)
                 for label, order in orders.items()
             }
             rates = measure(contenders, repeat)
-            where = f"{server_kind} S3"
             report(f"order, {name}: {count:,} samples on {where}, DataLoader 2 workers, batch {batch}", rates)
             print("  target: shardstream global / local order >= 0.9x")
     finally:
+        if proxy is not None:
+            proxy.stop()
         server.stop()
 
 
@@ -554,6 +568,11 @@ def main() -> int:
         default="moto",
         help="the order section's S3 server on 127.0.0.1 (NOTE [ Order bench servers ])",
     )
+    parser.add_argument(
+        "--wan",
+        action="store_true",
+        help="the order section reads through a WAN-shaped proxy (NOTE [ Order bench servers ])",
+    )
     args = parser.parse_args()
     only = set(args.only.split(","))
     repeat = 1 if args.quick else args.repeat
@@ -574,7 +593,7 @@ def main() -> int:
         if "s3" in only:
             bench_s3(s3, repeat)
         if "order" in only:
-            bench_order(small, s3 // 8, repeat, args.s3_server)
+            bench_order(small, s3 // 8, repeat, args.s3_server, args.wan)
         if "mix" in only:
             bench_mix(work, small, large // 6, repeat)  # 333 large samples: 10 shards of 33
         if "wan" in only:
