@@ -1,7 +1,7 @@
 """Streaming throughput: shardstream against the alternatives, measured in the same run.
 
     python tools/bench_stream.py [--quick] [--only small,large,s3,loader,order,mix,wan] [--repeat 5]
-        [--s3-server moto|seaweedfs] [--wan]
+        [--s3-server moto|seaweedfs] [--wan] [--order-topology 1x2] [--order-samples N]
 
 - small: 100k samples of three fields (~300 B): shardstream vs ``webdataset.WebDataset``
   on the same tar shards and ``litdata.StreamingDataset`` on the same samples in its own
@@ -29,7 +29,9 @@
 - order: ``order="global"`` (default read lanes, NOTE [ Global order ]) against the
   local order, shuffled, through ``shardstream.DataLoader`` with 2 workers, on the small
   and the large samples on moto's S3 (loopback), or SeaweedFS's with ``--s3-server
-  seaweedfs``, read through a WAN-shaped proxy with ``--wan``; target global / local >= 0.9x.
+  seaweedfs``, read through a WAN-shaped proxy with ``--wan``; ``--order-topology 8x4``
+  measures rank 0 of 8 ranks with 4 workers, ``--order-samples`` sets the small samples'
+  count (10,000 to a shard); target global / local >= 0.9x.
 
 How rates are measured (the machine is shared and noisy): each contender runs once
 untimed (warm-up: page cache, imports, connections, server-side caches), then
@@ -427,7 +429,16 @@ ORDER_WAN_LATENCY = 0.03
 ORDER_WAN_BANDWIDTH = 40e6
 
 
-def bench_order(small: int, large: int, repeat: int, server_kind: str = "moto", wan: bool = False) -> None:
+def bench_order(
+    small: int,
+    large: int,
+    repeat: int,
+    server_kind: str = "moto",
+    wan: bool = False,
+    topology: tuple[int, int] = (1, 2),
+) -> None:
+    """Global against local order; ``topology``: rank 0 of ``R`` ranks, ``W`` DataLoader workers."""
+    ranks, workers = topology
     server, proxy = order_server(server_kind), None
     try:
         options = server.options() if server_kind == "moto" else server.storage_options()
@@ -439,17 +450,22 @@ def bench_order(small: int, large: int, repeat: int, server_kind: str = "moto", 
             proxy = ProxyProcess(options["endpoint_url"], ORDER_WAN_LATENCY, ORDER_WAN_BANDWIDTH)
             read_options = dict(options, endpoint_url=proxy.endpoint)
             where += f" behind {ORDER_WAN_LATENCY * 1000:.0f} ms, {ORDER_WAN_BANDWIDTH / 1e6:.0f} MB/s per response"
+        if ranks > 1:
+            where += f", rank 0 of {ranks}"
         cases = (("small", small_sample, small, 10_000, 256), ("large", large_sample, large, 16, 8))
         for name, make, count, per_shard, batch in cases:
             url = f"s3://order/{name}"
             write_tar(url, map(make, range(count)), per_shard, options)
             orders = {"local order": {}, "shardstream global": dict(order="global", global_batch_size=batch)}
             contenders = {
-                label: functools.partial(loader_samples, url, read_options, batch, order)
+                label: functools.partial(loader_samples, url, read_options, batch, order, ranks, workers)
                 for label, order in orders.items()
             }
             rates = measure(contenders, repeat)
-            report(f"order, {name}: {count:,} samples on {where}, DataLoader 2 workers, batch {batch}", rates)
+            report(
+                f"order, {name}: {count:,} samples on {where}, DataLoader {workers} workers, batch {batch}",
+                rates,
+            )
             print("  target: shardstream global / local order >= 0.9x")
     finally:
         if proxy is not None:
@@ -544,10 +560,13 @@ def epoch_memory(spec: str | list[str], options: dict | None) -> tuple[int, int]
     return peak, added
 
 
-def loader_samples(url: str, options: dict, batch: int, order: dict) -> int:
-    """One shuffled epoch through a DataLoader with 2 workers, in the given order."""
-    dataset = shardstream.StreamingDataset(url, storage_options=options, decode=False, **order)
-    loader = shardstream.DataLoader(dataset, batch_size=batch, num_workers=2, collate_fn=list)
+def loader_samples(url: str, options: dict, batch: int, order: dict, ranks: int = 1, workers: int = 2) -> int:
+    """One shuffled epoch of rank 0 of ``ranks`` through a DataLoader with ``workers``
+    workers, in the given order (global batches of ``batch``)."""
+    dataset = shardstream.StreamingDataset(
+        url, storage_options=options, decode=False, num_replicas=ranks, rank=0, **order
+    )
+    loader = shardstream.DataLoader(dataset, batch_size=batch // ranks, num_workers=workers, collate_fn=list)
     return sum(len(b) for b in loader)
 
 
@@ -567,6 +586,16 @@ def main() -> int:
         choices=("moto", "seaweedfs"),
         default="moto",
         help="the order section's S3 server on 127.0.0.1 (NOTE [ Order bench servers ])",
+    )
+    parser.add_argument(
+        "--order-topology",
+        default="1x2",
+        help="the order section's RxW: rank 0 of R ranks, W DataLoader workers (R divides the batches)",
+    )
+    parser.add_argument(
+        "--order-samples",
+        type=int,
+        help="the order section's ~300 B samples, 10,000 to a shard (default: the small section's)",
     )
     parser.add_argument(
         "--wan",
@@ -593,7 +622,10 @@ def main() -> int:
         if "s3" in only:
             bench_s3(s3, repeat)
         if "order" in only:
-            bench_order(small, s3 // 8, repeat, args.s3_server, args.wan)
+            ranks, workers = (int(part) for part in args.order_topology.split("x"))
+            bench_order(
+                args.order_samples or small, s3 // 8, repeat, args.s3_server, args.wan, (ranks, workers)
+            )
         if "mix" in only:
             bench_mix(work, small, large // 6, repeat)  # 333 large samples: 10 shards of 33
         if "wan" in only:
