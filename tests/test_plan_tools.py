@@ -53,3 +53,15 @@ def test_bench_compare_pairs_a_target_line_whatever_its_verdict():
     assert met.keys() == missed.keys()
     assert [met[key] for key in met] == [0.97, 0.95]
     assert [missed[key] for key in missed] == [0.93, 0.95]
+
+
+def test_bench_memory_runs_an_epoch_with_each_revision_and_prints_the_target():
+    command = [sys.executable, str(ROOT / "tools" / "bench_memory.py"), ".", "--head", "."]
+    out = subprocess.run(
+        [*command, "--rounds", "1", "--samples", "3"], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout
+    assert "RSS growth in one epoch of 3 x 1 MB on loopback moto" in out
+    assert "  base .: +" in out
+    assert "  head .: +" in out
+    assert "memory: head grows" in out
+    assert "target <= +64 MB" in out
