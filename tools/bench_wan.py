@@ -18,8 +18,9 @@ boto3 ``get_object`` of the tar shards, sequential and in 16 threads of ranged G
 wire's limit); ``litdata.StreamingDataset`` on its chunks (obstore client, which needs
 ``allow_http`` for a plain-HTTP endpoint); ``webdataset.WebDataset`` over the tar shards
 through s3fs; ``streaming.StreamingDataset`` (MosaicML) on MDS with ``S3_ENDPOINT_URL``.
-"shardstream tar one read" is shardstream with ``read_concurrency=1``, the reader before
-issue 9 (one read at a time, one window ahead): the baseline of the memory target.
+"shardstream tar one read" is shardstream with ``read_concurrency=1``, read as before
+issue 9 (one read at a time, one window ahead): the baseline of the memory target here
+(tools/bench_memory.py measures against the tree before issue 9 itself).
 A contender with a cache runs a cold epoch (fresh cache dir) and then a warm one (same
 process, same cache); "local disk" is shardstream on a local copy of the tar shards.
 
