@@ -1,6 +1,6 @@
-"""Peak memory of one epoch with shardstream of two revisions, side by side: issue 9's target.
+"""One epoch with shardstream of two revisions, side by side: issue 9's memory and small-sample targets.
 
-    python tools/bench_memory.py [BASE] [--head .] [--rounds 5] [--samples 150] [--shuffle]
+    python tools/bench_memory.py [BASE] [--head .] [--rounds 5] [--samples 150] [--shuffle] [--small]
 
 Issue 9 bounds how much more the reader holds than the reader before it ("today's" when
 it was filed: BASE, by default 5791d66^). ``tools/bench_wan.py`` prints each run's RSS
@@ -13,6 +13,9 @@ tree), the two alternating round by round:
 - ``--samples`` x 1 MB samples, 30 to a tar shard, on moto's S3 server on loopback
   (``tools/local_s3.py``), written once by BASE's writer (an older reader cannot read a
   newer manifest); no proxy: the wire outruns decoding, where a reader holds the most.
+  ``--small``: 20,000 samples of ~250 B (three fields, as tools/bench_wan.py's), 5,000 to
+  a shard, for the target that small samples on loopback stream within 5% of the reader
+  before issue 9.
 - ``StreamingDataset(..., shuffle=False, decode=False)`` (``--shuffle``: shuffled), one
   process, every sample taken and dropped.
 - A run's figure is how much its RSS grew in the epoch: the peak (``VmHWM``) reset by
@@ -20,7 +23,8 @@ tree), the two alternating round by round:
   the process imported and mapped before is the same for both and left out.
 
 It prints each side's median growth, every round's, and head minus base (the target:
-at most +64 MB).
+at most +64 MB); and each side's rate (samples over the epoch's seconds, a median) and
+head / base paired within rounds.
 """
 
 from __future__ import annotations
@@ -37,8 +41,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MB = 2**20
-PER_SHARD = 30
+PER_SHARD = {"large": 30, "small": 5_000}
 TARGET_MB = 64
+TARGET_RATE = 0.95  # --small: within 5% of the reader before issue 9
 
 
 def status(key: str) -> int:
@@ -50,15 +55,22 @@ def status(key: str) -> int:
     raise KeyError(key)
 
 
-def write(url: str, options: dict, samples: int) -> None:
+def sample(kind: str, i: int) -> dict:
+    """Sample ``i`` of a corpus: 1 MB, or ~250 B in three fields."""
+    if kind == "large":
+        return {"__key__": f"{i:07d}", "bin": random.Random(i).randbytes(MB - 64), "cls": b"%d" % i}
+    text = b"sample %d of the small corpus, " % i
+    return {"__key__": f"{i:09d}", "txt": text * 5, "cls": b"%d" % (i % 1000), "json": b'{"id": %d}' % i}
+
+
+def write(url: str, options: dict, samples: int, kind: str) -> None:
     """The corpus, with the shardstream on ``PYTHONPATH`` (BASE's)."""
     from shardstream.pack import ShardWriter
 
-    with ShardWriter(url, format="tar", samples_per_shard=PER_SHARD, storage_options=options) as writer:
+    per_shard = PER_SHARD[kind]
+    with ShardWriter(url, format="tar", samples_per_shard=per_shard, storage_options=options) as writer:
         for i in range(samples):
-            writer.write(
-                {"__key__": f"{i:07d}", "bin": random.Random(i).randbytes(MB - 64), "cls": b"%d" % i}
-            )
+            writer.write(sample(kind, i))
 
 
 def epoch(url: str, options: dict, shuffle: bool) -> dict:
@@ -93,20 +105,20 @@ def child(tree: str, *args: str) -> str:
     return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
 
 
-def compare(base: str, head: str, rounds: int, samples: int, shuffle: bool) -> None:
+def compare(base: str, head: str, rounds: int, samples: int, shuffle: bool, kind: str) -> None:
     sys.path.insert(0, HERE)
     from bench_compare import checkout
     from bench_stream import MotoProcess
 
     server = MotoProcess("memory")
     try:
-        options, url = json.dumps(server.options()), "s3://memory/large"
+        options, url = json.dumps(server.options()), f"s3://memory/{kind}"
         with (
             tempfile.TemporaryDirectory(prefix="bench-memory-") as where,
             checkout(base, where) as base_tree,
             checkout(head, where) as head_tree,
         ):
-            child(base_tree, "--write", url, options, str(samples))
+            child(base_tree, "--write", url, options, str(samples), kind)
             seen: dict[str, list[dict]] = {"base": [], "head": []}
             for number in range(rounds):
                 order = [("base", base_tree), ("head", head_tree)]
@@ -118,8 +130,9 @@ def compare(base: str, head: str, rounds: int, samples: int, shuffle: bool) -> N
                 print(f"round {number + 1} of {rounds} done", file=sys.stderr)
     finally:
         server.stop()
+    size = "1 MB" if kind == "large" else "~250 B"
     print(
-        f"RSS growth in one epoch of {samples} x 1 MB on loopback moto "
+        f"RSS growth in one epoch of {samples:,} x {size} on loopback moto "
         f"(shuffle={shuffle}, decode=False); median of {rounds} rounds, alternating"
     )
     medians = {}
@@ -134,11 +147,19 @@ def compare(base: str, head: str, rounds: int, samples: int, shuffle: bool) -> N
     print(
         f"  memory: head grows {extra:+,.0f} MB more than base in an epoch; target <= +{TARGET_MB} MB: {state}"
     )
+    ratios = [b["seconds"] / h["seconds"] for b, h in zip(seen["base"], seen["head"], strict=True)]
+    line = (
+        f"  rate: head / base = {statistics.median(ratios):.2f}x (rounds {min(ratios):.2f}-{max(ratios):.2f})"
+    )
+    if kind == "small":
+        state = "met" if statistics.median(ratios) >= TARGET_RATE else "MISSED"
+        line += f"; target >= {TARGET_RATE}x: {state}"
+    print(line)
 
 
 def main() -> int:
     if sys.argv[1:2] == ["--write"]:
-        write(sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]))
+        write(sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
         return 0
     if sys.argv[1:2] == ["--epoch"]:
         print(json.dumps(epoch(sys.argv[2], json.loads(sys.argv[3]), sys.argv[4] == "1")))
@@ -149,12 +170,15 @@ def main() -> int:
     parser.add_argument("base", nargs="?", default="5791d66^", help="a git revision, or . (the working tree)")
     parser.add_argument("--head", default=".", help="a git revision, or . (the working tree)")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--samples", type=int, default=150, help="1 MB samples, 30 to a shard")
+    parser.add_argument("--samples", type=int, help="samples (default 150 x 1 MB, or 20,000 with --small)")
     parser.add_argument("--shuffle", action="store_true", help="a shuffled epoch (default: shuffle=False)")
+    parser.add_argument("--small", action="store_true", help="~250 B samples, 5,000 to a shard")
     args = parser.parse_args()
-    if args.rounds < 1 or args.samples < 1:
+    kind = "small" if args.small else "large"
+    samples = args.samples if args.samples is not None else {"large": 150, "small": 20_000}[kind]
+    if args.rounds < 1 or samples < 1:
         parser.error("--rounds and --samples must be at least 1")
-    compare(args.base, args.head, args.rounds, args.samples, args.shuffle)
+    compare(args.base, args.head, args.rounds, samples, args.shuffle, kind)
     return 0
 
 
