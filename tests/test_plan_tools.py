@@ -56,12 +56,14 @@ def test_bench_compare_pairs_a_target_line_whatever_its_verdict():
 
 
 def test_bench_memory_runs_an_epoch_with_each_revision_and_prints_the_target():
-    command = [sys.executable, str(ROOT / "tools" / "bench_memory.py"), ".", "--head", "."]
+    # HEAD in a temp git worktree against the working tree: each child imports its own tree
+    command = [sys.executable, str(ROOT / "tools" / "bench_memory.py"), "HEAD", "--head", "."]
     out = subprocess.run(
         [*command, "--rounds", "1", "--samples", "3"], capture_output=True, text=True, check=True, cwd=ROOT
     ).stdout
     assert "RSS growth in one epoch of 3 x 1 MB on loopback moto" in out
-    assert "  base .: +" in out
+    assert "  base HEAD: +" in out
     assert "  head .: +" in out
     assert "memory: head grows" in out
     assert "target <= +64 MB" in out
+    assert "rate: head / base = " in out

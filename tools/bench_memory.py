@@ -12,15 +12,16 @@ tree), the two alternating round by round:
 
 - ``--samples`` x 1 MB samples, 30 to a tar shard, on moto's S3 server on loopback
   (``tools/local_s3.py``), written once by BASE's writer (an older reader cannot read a
-  newer manifest); no proxy: the wire outruns decoding, where a reader holds the most.
-  ``--small``: 20,000 samples of ~250 B (three fields, as tools/bench_wan.py's), 5,000 to
-  a shard, for the target that small samples on loopback stream within 5% of the reader
+  newer manifest, so BASE is the older revision); no proxy: the wire outruns the reader's
+  checks and a caller that drops each sample, where a reader holds the most.
+  ``--small``: 20,000 samples of three fields (~190 B of payload), 5,000 to a shard, for the target that small samples on loopback stream within 5% of the reader
   before issue 9.
 - ``StreamingDataset(..., shuffle=False, decode=False)`` (``--shuffle``: shuffled), one
   process, every sample taken and dropped.
 - A run's figure is how much its RSS grew in the epoch: the peak (``VmHWM``) reset by
-  ``/proc/self/clear_refs`` once the dataset is open, read after the last sample. What
-  the process imported and mapped before is the same for both and left out.
+  ``/proc/self/clear_refs`` once the dataset is open (``len()``: its manifest read, its
+  storage made), read after the last sample; the rate is the samples over the same span.
+  What the process imported and opened before is left out.
 
 It prints each side's median growth, every round's, and head minus base (the target:
 at most +64 MB); and each side's rate (samples over the epoch's seconds, a median) and
@@ -56,7 +57,7 @@ def status(key: str) -> int:
 
 
 def sample(kind: str, i: int) -> dict:
-    """Sample ``i`` of a corpus: 1 MB, or ~250 B in three fields."""
+    """Sample ``i`` of a corpus: 1 MB, or three fields of ~190 B in all."""
     if kind == "large":
         return {"__key__": f"{i:07d}", "bin": random.Random(i).randbytes(MB - 64), "cls": b"%d" % i}
     text = b"sample %d of the small corpus, " % i
@@ -80,6 +81,7 @@ def epoch(url: str, options: dict, shuffle: bool) -> dict:
     import shardstream
 
     dataset = shardstream.StreamingDataset(url, storage_options=options, shuffle=shuffle, decode=False)
+    len(dataset)  # the dataset opened: its manifest read, its storage and client made (left out)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # VmHWM := VmRSS now
     start, started, count = status("VmRSS"), time.perf_counter(), 0
@@ -124,13 +126,13 @@ def compare(base: str, head: str, rounds: int, samples: int, shuffle: bool, kind
                 order = [("base", base_tree), ("head", head_tree)]
                 for side, tree in order if number % 2 == 0 else order[::-1]:
                     run = json.loads(child(tree, "--epoch", url, options, str(int(shuffle))))
-                    if not run["module"].startswith(tree) or run["samples"] != samples:
+                    if not run["module"].startswith(os.path.join(tree, "")) or run["samples"] != samples:
                         raise SystemExit(f"bench_memory: the {side} run read {run}, not {tree}'s epoch")
                     seen[side].append(run)
                 print(f"round {number + 1} of {rounds} done", file=sys.stderr)
     finally:
         server.stop()
-    size = "1 MB" if kind == "large" else "~250 B"
+    size = "1 MB" if kind == "large" else "~190 B"
     print(
         f"RSS growth in one epoch of {samples:,} x {size} on loopback moto "
         f"(shuffle={shuffle}, decode=False); median of {rounds} rounds, alternating"
@@ -172,8 +174,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--samples", type=int, help="samples (default 150 x 1 MB, or 20,000 with --small)")
     parser.add_argument("--shuffle", action="store_true", help="a shuffled epoch (default: shuffle=False)")
-    parser.add_argument("--small", action="store_true", help="~250 B samples, 5,000 to a shard")
+    parser.add_argument(
+        "--small", action="store_true", help="samples of ~190 B (three fields), 5,000 to a shard"
+    )
     args = parser.parse_args()
+    if args.base == args.head != ".":
+        parser.error("BASE and --head are the same revision: give two (or . for both)")
     kind = "small" if args.small else "large"
     samples = args.samples if args.samples is not None else {"large": 150, "small": 20_000}[kind]
     if args.rounds < 1 or samples < 1:

@@ -427,6 +427,20 @@ def order_server(kind: str):  # type: ignore[no-untyped-def]
 # not only the server's work, as on a remote store.
 ORDER_WAN_LATENCY = 0.03
 ORDER_WAN_BANDWIDTH = 40e6
+ORDER_BATCHES = (256, 8)  # the global batches of the small and the large samples
+
+
+def order_topology(text: str) -> tuple[int, int]:
+    """``RxW`` (``--order-topology``): R ranks dividing both global batches, W >= 0 workers."""
+    ranks, sep, workers = text.lower().partition("x")
+    if not (sep and ranks.isdigit() and workers.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not RxW, e.g. 8x4")
+    topology = int(ranks), int(workers)
+    if topology[0] < 1 or any(batch % topology[0] for batch in ORDER_BATCHES):
+        raise argparse.ArgumentTypeError(
+            f"{topology[0]} ranks do not divide the global batches {ORDER_BATCHES}"
+        )
+    return topology
 
 
 def bench_order(
@@ -452,7 +466,11 @@ def bench_order(
             where += f" behind {ORDER_WAN_LATENCY * 1000:.0f} ms, {ORDER_WAN_BANDWIDTH / 1e6:.0f} MB/s per response"
         if ranks > 1:
             where += f", rank 0 of {ranks}"
-        cases = (("small", small_sample, small, 10_000, 256), ("large", large_sample, large, 16, 8))
+        small_batch, large_batch = ORDER_BATCHES
+        cases = (
+            ("small", small_sample, small, 10_000, small_batch),
+            ("large", large_sample, large, 16, large_batch),
+        )
         for name, make, count, per_shard, batch in cases:
             url = f"s3://order/{name}"
             write_tar(url, map(make, range(count)), per_shard, options)
@@ -589,8 +607,10 @@ def main() -> int:
     )
     parser.add_argument(
         "--order-topology",
-        default="1x2",
-        help="the order section's RxW: rank 0 of R ranks, W DataLoader workers (R divides the batches)",
+        type=order_topology,
+        default=(1, 2),
+        help="the order section's RxW: rank 0 of R ranks, W DataLoader workers; R divides both of "
+        f"its global batches ({ORDER_BATCHES[0]} and {ORDER_BATCHES[1]})",
     )
     parser.add_argument(
         "--order-samples",
@@ -603,6 +623,8 @@ def main() -> int:
         help="the order section reads through a WAN-shaped proxy (NOTE [ Order bench servers ])",
     )
     args = parser.parse_args()
+    if args.order_samples is not None and args.order_samples < 1:
+        parser.error("--order-samples must be at least 1")
     only = set(args.only.split(","))
     repeat = 1 if args.quick else args.repeat
     small, large, s3 = (20_000, 128, 128) if args.quick else (100_000, 2_000, 2_000)
@@ -622,10 +644,8 @@ def main() -> int:
         if "s3" in only:
             bench_s3(s3, repeat)
         if "order" in only:
-            ranks, workers = (int(part) for part in args.order_topology.split("x"))
-            bench_order(
-                args.order_samples or small, s3 // 8, repeat, args.s3_server, args.wan, (ranks, workers)
-            )
+            samples = small if args.order_samples is None else args.order_samples
+            bench_order(samples, s3 // 8, repeat, args.s3_server, args.wan, args.order_topology)
         if "mix" in only:
             bench_mix(work, small, large // 6, repeat)  # 333 large samples: 10 shards of 33
         if "wan" in only:
