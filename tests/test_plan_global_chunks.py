@@ -134,8 +134,7 @@ def test_chunks_tile_the_positions_each_in_the_shard_of_its_place_end_to_end(dra
     # lanes laid end to end is in, but for a segment's last samples (fewer than a chunk)
     # past that shard's end
     sizes, config, _ = drawn
-    size = config.global_batch_size
-    sequence = EpochPlan(sizes, config, epoch=0, world_size=1, batch_size=size).sequence
+    sequence = EpochPlan(sizes, config, epoch=0, world_size=1, batch_size=config.global_batch_size).sequence
     if sequence.layout is None or not sequence.batches:
         return
     lanes = np.arange(sequence.lanes)[:, None]

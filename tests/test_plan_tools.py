@@ -67,3 +67,15 @@ def test_bench_memory_runs_an_epoch_with_each_revision_and_prints_the_target():
     assert "memory: head grows" in out
     assert "target <= +64 MB" in out
     assert "rate: head / base = " in out
+
+
+def test_bench_stream_order_topology_refuses_ranks_that_do_not_divide_its_batches():
+    import argparse
+
+    from tools import bench_stream
+
+    assert bench_stream.order_topology("8x4") == (8, 4)
+    assert bench_stream.order_topology("1X0") == (1, 0)
+    for wrong in ("8", "x4", "8x", "-2x2", "0x2", "3x2", "32x8"):  # 32 ranks: not 8's
+        with pytest.raises(argparse.ArgumentTypeError):
+            bench_stream.order_topology(wrong)

@@ -47,6 +47,9 @@ TARGET_MB = 64
 TARGET_RATE = 0.95  # --small: within 5% of the reader before issue 9
 
 
+# status() and sample("large") are bench_stream's proc_status and bench_wan_runs' large_sample
+# again: a child must not import those tools, which put this checkout's shardstream first
+# on sys.path, before the revision it runs.
 def status(key: str) -> int:
     """A ``/proc/self/status`` size, in bytes."""
     with open("/proc/self/status") as f:

@@ -422,11 +422,9 @@ def order_server(kind: str):  # type: ignore[no-untyped-def]
 # copying the whole object in Python, so on moto a small read costs as much as a whole
 # shard and the section measures moto more than us; SeaweedFS (a real S3 server in Go)
 # serves a range for the cost of the range. ``--s3-server`` picks which one. ``--wan``
-# reads through ``shardstream.testing.wanproxy`` in front of it (30 ms before each
-# request, 40 MB/s per response, as tools/bench_wan.py): there a request costs a latency,
-# not only the server's work, as on a remote store.
-ORDER_WAN_LATENCY = 0.03
-ORDER_WAN_BANDWIDTH = 40e6
+# reads through ``shardstream.testing.wanproxy`` in front of it (tools/bench_wan.py's
+# network: 30 ms before each request, 40 MB/s per response): there a request costs a
+# latency, not only the server's work, as on a remote store.
 ORDER_BATCHES = (256, 8)  # the global batches of the small and the large samples
 
 
@@ -459,11 +457,11 @@ def bench_order(
         where = f"{server_kind} S3"
         read_options = options
         if wan:  # NOTE [ Order bench servers ]: reads through the WAN proxy, writes straight
-            from bench_wan import ProxyProcess
+            from bench_wan import BANDWIDTH, LATENCY, ProxyProcess
 
-            proxy = ProxyProcess(options["endpoint_url"], ORDER_WAN_LATENCY, ORDER_WAN_BANDWIDTH)
+            proxy = ProxyProcess(options["endpoint_url"], LATENCY, BANDWIDTH)
             read_options = dict(options, endpoint_url=proxy.endpoint)
-            where += f" behind {ORDER_WAN_LATENCY * 1000:.0f} ms, {ORDER_WAN_BANDWIDTH / 1e6:.0f} MB/s per response"
+            where += f" behind {LATENCY * 1000:.0f} ms, {BANDWIDTH / 1e6:.0f} MB/s per response"
         if ranks > 1:
             where += f", rank 0 of {ranks}"
         small_batch, large_batch = ORDER_BATCHES

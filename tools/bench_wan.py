@@ -239,13 +239,15 @@ class ProxyProcess:
 
 
 SECTIONS = ("large", "small", "first", "loopback")
+LATENCY = 0.03  # seconds before each request: issue 9's network
+BANDWIDTH = 40e6  # bytes/s per response
 
 
 def bench_wan(
     quick: bool,
     repeat: int,
-    latency: float = 0.03,
-    bandwidth: float = 40e6,
+    latency: float = LATENCY,
+    bandwidth: float = BANDWIDTH,
     only: tuple[str, ...] = SECTIONS,
     tools: tuple[str, ...] = (),
 ) -> None:
@@ -294,8 +296,8 @@ def main() -> int:
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run: small sizes")
     parser.add_argument("--repeat", type=int, default=1, help="timed rounds (each run is a cold start)")
-    parser.add_argument("--latency", type=float, default=0.03, help="seconds before each request")
-    parser.add_argument("--bandwidth", type=float, default=40e6, help="bytes/s per response")
+    parser.add_argument("--latency", type=float, default=LATENCY, help="seconds before each request")
+    parser.add_argument("--bandwidth", type=float, default=BANDWIDTH, help="bytes/s per response")
     parser.add_argument("--only", default=",".join(SECTIONS), help="sections: " + ", ".join(SECTIONS))
     parser.add_argument("--tools", default="", help="contenders to run, by name (all if empty)")
     args = parser.parse_args()
