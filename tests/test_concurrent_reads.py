@@ -15,12 +15,15 @@ import threading
 import time
 import zlib
 
+import numpy as np
 import pytest
 
 import shardstream
-from shardstream.dataset.budget import BudgetClosed, ReadBudget
+from shardstream.dataset.budget import BudgetClosed, ReadBudget, in_pieces
 from shardstream.dataset.reader import WindowReader
 from shardstream.errors import StorageError, UsageError
+from shardstream.manifest import ShardInfo
+from shardstream.plan import Run, Window
 from shardstream.storage import Expected, ReadPool, RetryPolicy, Storage
 from shardstream.storage.parts import PART_MIN, PROBE, split
 from shardstream.testing import WanProxy
@@ -347,8 +350,9 @@ def test_the_window_being_taken_keeps_its_share_until_the_next_is_asked_for(s3):
     base, options = s3
     _pack(base + "/ds", options, shards=6, samples=10, size=64 * 1024)
     storage = Storage(base + "/ds", options)
+    # shuffled, so each window is read whole (NOTE [ Unshuffled windows in pieces ])
     dataset = shardstream.StreamingDataset(
-        base + "/ds", storage_options=options, shuffle=False, shuffle_window=5
+        base + "/ds", storage_options=options, shuffle=True, seed=3, shuffle_window=5
     )
     plan = dataset.make_plan(num_workers=1, consume=False)
     reader = WindowReader(storage, storage.read_manifest(), read_budget=1, read_concurrency=4)
@@ -375,8 +379,9 @@ def test_a_window_larger_than_the_budget_is_not_read_beside_one_still_arriving(s
     base, options = s3
     payloads = _pack(base + "/ds", options, shards=6, samples=10, size=64 * 1024)
     storage = Storage(base + "/ds", options)
+    # shuffled, so each window is read whole (NOTE [ Unshuffled windows in pieces ])
     dataset = shardstream.StreamingDataset(
-        base + "/ds", storage_options=options, shuffle=False, shuffle_window=5
+        base + "/ds", storage_options=options, shuffle=True, seed=3, shuffle_window=5
     )
     plan = dataset.make_plan(num_workers=1, consume=False)
     reader = WindowReader(storage, storage.read_manifest(), read_budget=200 * 1024, read_concurrency=4)
@@ -411,8 +416,9 @@ def test_windows_fetched_ahead_stay_within_the_budget(s3):
     payloads = _pack(base + "/ds", options, shards=6, samples=10, size=64 * 1024)
     storage = Storage(base + "/ds", options)
     manifest = storage.read_manifest()
+    # shuffled, so each window is read whole (NOTE [ Unshuffled windows in pieces ])
     dataset = shardstream.StreamingDataset(
-        base + "/ds", storage_options=options, shuffle=False, shuffle_window=5
+        base + "/ds", storage_options=options, shuffle=True, seed=3, shuffle_window=5
     )
     plan = dataset.make_plan(num_workers=1, consume=False)
     budget = 300 * 1024  # about half a window of 10 samples
@@ -430,6 +436,84 @@ def test_windows_fetched_ahead_stay_within_the_budget(s3):
     assert serial.budget is None
     assert serial.bytes._pool is None
     storage.close()
+
+
+def _shard(samples: int, size: int) -> ShardInfo:
+    return ShardInfo(path="s.tar", samples=samples, bytes=samples * size, sha256="", index="s.idx")
+
+
+def test_an_unshuffled_window_is_taken_in_pieces_of_at_most_the_limit_with_shards_kept_whole():
+    shards = [_shard(30, MB)] * 3 + [_shard(100, MB)]
+    runs = [Run(0, 5, 30), Run(1, 0, 30), Run(2, 0, 30), Run(3, 0, 100)]
+    window = Window(runs, np.arange(sum(map(len, runs))), in_run_order=True)
+    pieces = list(in_pieces(iter([window]), shards, 32 * MB))
+    assert [piece.runs for piece in pieces] == [
+        (Run(0, 5, 30),),  # 25 MB: the next shard does not fit beside it, and is not cut to
+        (Run(1, 0, 30),),
+        (Run(2, 0, 30),),
+        (Run(3, 0, 25),),  # a shard longer than the limit alone: cut evenly
+        (Run(3, 25, 50),),
+        (Run(3, 50, 75),),
+        (Run(3, 75, 100),),
+    ]
+    assert all(piece.in_run_order and list(piece.order) == list(range(len(piece))) for piece in pieces)
+    assert [len(piece) for piece in in_pieces(iter([window]), shards, 1)] == [1] * len(window)
+    # a window that fits, a shuffled one and one resumed part way (no runs known) pass as they are
+    small = Window([Run(0, 0, 10), Run(1, 0, 10)], np.arange(20), in_run_order=True)
+    shuffled = Window(runs, np.arange(len(window))[::-1].copy())
+    resumed = Window.lazy((0,), lambda: ((Run(0, 0, 30),), np.arange(30)), in_run_order=True)
+    assert [
+        w is v
+        for w, v in zip(
+            in_pieces(iter([small, shuffled, resumed]), shards, 32 * MB),
+            [small, shuffled, resumed],
+            strict=True,
+        )
+    ] == [True] * 3
+
+
+@pytest.mark.s3
+def test_an_unshuffled_window_larger_than_the_budget_streams_in_pieces_exactly(s3, moto_server):
+    # Windows of 3 shards (the default 4, evened out over 6) and a budget of 2 shards and
+    # a byte: each shard is a piece of its own, one plain GET, and at most two are held.
+    base, options = s3
+    payloads = _pack(base + "/ds", options, shards=6, samples=10, size=64 * 1024)
+    shard_bytes = max(info.bytes for info in Storage(base + "/ds", options).read_manifest().shards)
+    budget = 2 * shard_bytes + 1
+    with Recorder(moto_server.endpoint) as proxy:
+        through = dict(options, endpoint_url=proxy.endpoint)
+        storage = Storage(base + "/ds", through)
+        dataset = shardstream.StreamingDataset(
+            base + "/ds", storage_options=through, shuffle=False, read_budget=budget
+        )
+        plan = dataset.make_plan(num_workers=1, consume=False)
+        assert len(list(plan.worker_windows(0, 0))) == 2
+        reader = WindowReader(storage, storage.read_manifest(), read_budget=budget, read_concurrency=4)
+        taken, keys = 0, []
+        for window, samples, _ in reader.stream(plan.worker_windows(0, 0)):
+            taken += 1
+            assert len(window.shards) == 1
+            keys += [s["__key__"] for s in samples]
+        assert reader.budget is not None
+        assert 0 < reader.budget.peak <= budget
+        assert reader.budget.held == 0
+        gets = proxy.shard_gets()
+        storage.close()
+        # the same samples through the dataset, stopped inside a piece and resumed
+        iterator = iter(dataset)
+        head = [next(iterator)["__key__"] for _ in range(15)]
+        state = dataset.state_dict()
+        iterator.close()
+        dataset.storage.close()
+        resumed = shardstream.StreamingDataset(
+            base + "/ds", storage_options=through, shuffle=False, read_budget=budget
+        )
+        resumed.load_state_dict(state)
+        rest = [s["__key__"] for s in resumed]
+        resumed.storage.close()
+    assert taken == 6
+    assert keys == sorted(payloads) == head + rest  # manifest order, every sample once
+    assert sorted(rng for _, rng in gets) == [""] * 6  # each shard in one plain GET, once
 
 
 def test_read_options_are_checked():

@@ -80,11 +80,12 @@ def test_a_window_over_the_budget_or_of_parts_of_shards_reads_its_sidecars_first
     base, options = s3
     written = _pack(base + "/ds", options, "tar")
     endpoint = moto_server.endpoint
-    with SidecarsHeld(endpoint, ".tar", hold=0.3) as proxy:  # the shards do not fit in 1 KiB
-        got = _stream(
-            base + "/ds", dict(options, endpoint_url=proxy.endpoint), shuffle=False, read_budget=1024
-        )
-    assert got == written
+    # the shards do not fit in 1 KiB (one window, shuffled: unshuffled, it would be read in
+    # pieces of a sample, NOTE [ Unshuffled windows in pieces ])
+    with SidecarsHeld(endpoint, ".tar", hold=0.3) as proxy:
+        through = dict(options, endpoint_url=proxy.endpoint)
+        got = _stream(base + "/ds", through, shuffle=True, shuffle_window=120, read_budget=1024)
+    assert sorted(got) == written
     assert proxy.shards
     assert proxy.timed_out == 4  # every sidecar before any shard
     with SidecarsHeld(endpoint, ".tar", hold=0.3) as proxy:  # windows of half shards

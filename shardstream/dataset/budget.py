@@ -41,6 +41,19 @@
 # a hook that the interpreter calls before that join (``threading``'s exit hooks run
 # newest first, and ``concurrent.futures.thread`` registers its hook when imported, before
 # ours), so the fetches give up as ``close`` makes them.
+
+# NOTE [ Unshuffled windows in pieces ]
+# A window is the plan's unit of shuffling: the default one holds four mean-sized shards
+# (NOTE [ Window size ] in plan/config.py), and its samples are yielded only once all of
+# it is in. With ``shuffle=False`` its yield order is its runs' order, so nothing needs
+# all of it at once: the reader takes such a window (``Window.in_run_order``) as
+# consecutive pieces of at most half the budget each (``in_pieces``), as the manifest
+# counts a shard's bytes per sample; a run is cut only where it alone is longer than
+# that, evenly, so a shard that fits stays one read (a whole-shard GET where it is all
+# of its shard, NOTE [ Whole shards ] in reader.py). Two pieces fit the budget: one
+# taken while the next arrives. The plan, its order and its resume state are the same;
+# the caller sees the same samples, and ``state_dict`` counts them as before.
+# FIGURES
 """
 
 from __future__ import annotations
@@ -50,14 +63,25 @@ import concurrent.futures.thread  # noqa: F401  (its exit hook first: ours runs 
 import functools
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
+import numpy as np
+
 from shardstream.errors import UsageError
+from shardstream.manifest import ShardInfo
+from shardstream.plan import Run, Window
 from shardstream.storage import Prefetcher
 from shardstream.storage.parts import counting_arrivals
 
-__all__ = ["DEFAULT_READ_BUDGET", "BudgetClosed", "ReadBudget", "fetch_in_turn", "fetched_in_order"]
+__all__ = [
+    "DEFAULT_READ_BUDGET",
+    "BudgetClosed",
+    "ReadBudget",
+    "fetch_in_turn",
+    "fetched_in_order",
+    "in_pieces",
+]
 
 F = TypeVar("F")
 D = TypeVar("D")
@@ -208,3 +232,50 @@ def fetched_in_order(
             yield claim()
     finally:
         give_back()
+
+
+def in_pieces(windows: Iterator[Any], shards: Sequence[ShardInfo], limit: int) -> Iterator[Any]:
+    """``windows``, each one in run order whose runs' bytes (``shards``' bytes per sample)
+    pass ``limit`` as consecutive windows of at most ``limit`` bytes, or of one sample
+    where that alone passes it (NOTE [ Unshuffled windows in pieces ])."""
+    for window in windows:
+        runs = window.known_runs if getattr(window, "in_run_order", False) else None
+        pieces = _pieces(runs, shards, limit) if runs is not None else []
+        if len(pieces) < 2:
+            yield window
+            continue
+        for piece in pieces:  # laid out once its sidecars are checked, as the window would be
+            shards_of = tuple(dict.fromkeys(run.shard for run in piece))
+            yield Window.lazy(shards_of, functools.partial(_in_order, tuple(piece)), piece, in_run_order=True)
+
+
+def _in_order(runs: tuple[Run, ...]) -> tuple[tuple[Run, ...], np.ndarray]:
+    order = np.arange(sum(map(len, runs)), dtype=np.int64)
+    order.setflags(write=False)
+    return runs, order
+
+
+def _pieces(runs: Sequence[Run], shards: Sequence[ShardInfo], limit: int) -> list[list[Run]]:
+    """``runs`` in consecutive groups of at most ``limit`` bytes; a run longer than that
+    alone cut into even parts, each a group of its own (NOTE [ Unshuffled windows in pieces ])."""
+    pieces: list[list[Run]] = [[]]
+    room = float(limit)
+    for run in runs:
+        info = shards[run.shard]
+        size = len(run) * info.bytes / max(1, info.samples)
+        if size > room and pieces[-1]:
+            pieces.append([])
+            room = float(limit)
+        if size <= limit:
+            pieces[-1].append(run)
+            room -= size
+            continue
+        count = min(len(run), -(-int(size) // limit))  # parts of at most `limit`, or one sample each
+        cuts = run.start + (np.arange(count + 1, dtype=np.int64) * len(run)) // count
+        for start, stop in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
+            if pieces[-1]:
+                pieces.append([])
+            pieces[-1].append(Run(run.shard, start, stop))
+        pieces.append([])
+        room = float(limit)
+    return [piece for piece in pieces if piece]

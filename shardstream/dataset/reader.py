@@ -25,7 +25,13 @@ from typing import Any, cast
 
 import numpy as np
 
-from shardstream.dataset.budget import DEFAULT_READ_BUDGET, ReadBudget, fetch_in_turn, fetched_in_order
+from shardstream.dataset.budget import (
+    DEFAULT_READ_BUDGET,
+    ReadBudget,
+    fetch_in_turn,
+    fetched_in_order,
+    in_pieces,
+)
 from shardstream.dataset.fetch import READ_THREADS, ByteFetcher
 from shardstream.dataset.indexes import INDEX_CACHE_SIZE, IndexCache
 from shardstream.dataset.runs import (
@@ -120,6 +126,9 @@ WHOLE_SHARD_SLACK = 64 * 1024
 # GETs share the worker's read_concurrency; NOTE [ Read budget ] bounds their bytes).
 AHEAD_WINDOWS = 8
 AHEAD_THREADS = 4
+# An unshuffled window passing 1 / PIECES_IN_BUDGET of the budget is read in pieces of
+# that size (NOTE [ Unshuffled windows in pieces ] in budget.py).
+PIECES_IN_BUDGET = 2
 
 
 # What a window's fetch gives per read: the read, its bytes, the shard's index, and the
@@ -626,6 +635,8 @@ def prefetched(reader: Any, windows: Iterator[Any]) -> Iterator[Any]:
         max_pending=ahead,
     )
     reader._prefetcher = prefetcher
+    if budget is not None and isinstance(reader, WindowReader):
+        windows = in_pieces(windows, reader.manifest.shards, max(1, budget.limit // PIECES_IN_BUDGET))
     try:
         yield from fetched_in_order(windows, prefetcher, ahead, budget, reader._in_yield_order)
     finally:

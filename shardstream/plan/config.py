@@ -156,17 +156,20 @@ class Window:
     the shards it reads: a window made by :meth:`lazy` knows them before it lays out its
     runs and order (O(window) memory), so a reader checks those shards' sample counts
     against their sidecars first. ``known_runs`` are its runs where the plan knew them
-    without laying anything out (O(runs)), else None.
+    without laying anything out (O(runs)), else None. ``in_run_order``: the yield order
+    is the runs' own (``shuffle=False``), so a reader may take the window in pieces
+    (NOTE [ Unshuffled windows in pieces ] in dataset/budget.py).
     """
 
-    __slots__ = ("_build", "_order", "_runs", "known_runs", "shards")
+    __slots__ = ("_build", "_order", "_runs", "in_run_order", "known_runs", "shards")
 
-    def __init__(self, runs: Sequence[Run], order: np.ndarray) -> None:
+    def __init__(self, runs: Sequence[Run], order: np.ndarray, *, in_run_order: bool = False) -> None:
         self._runs: tuple[Run, ...] | None = tuple(runs)
         self._order: np.ndarray | None = order
         self._build: Callable[[], tuple[tuple[Run, ...], np.ndarray]] | None = None
         self.shards: tuple[int, ...] = tuple(dict.fromkeys(run.shard for run in self._runs))
         self.known_runs: tuple[Run, ...] | None = self._runs
+        self.in_run_order = in_run_order
 
     @classmethod
     def lazy(
@@ -174,6 +177,8 @@ class Window:
         shards: Sequence[int],
         build: Callable[[], tuple[tuple[Run, ...], np.ndarray]],
         runs: Sequence[Run] | None = None,
+        *,
+        in_run_order: bool = False,
     ) -> Window:
         """A window reading only ``shards``, whose ``(runs, order)`` ``build`` makes on first
         use; ``runs``: the runs ``build`` will give, where the plan has them already."""
@@ -182,6 +187,7 @@ class Window:
         window._build = build
         window.shards = tuple(shards)
         window.known_runs = None if runs is None else tuple(runs)
+        window.in_run_order = in_run_order
         return window
 
     def _made(self) -> tuple[tuple[Run, ...], np.ndarray]:

@@ -200,7 +200,8 @@ class EpochPlan:
             skip = used if index == first else 0
             build = functools.partial(_window_parts, current, rank, worker, index, spans, start, runs, skip)
             known = None if skip else runs  # a window resumed part way lays its runs out again
-            yield Window.lazy(tuple(dict.fromkeys(run.shard for run in runs)), build, known)
+            shards = tuple(dict.fromkeys(run.shard for run in runs))
+            yield Window.lazy(shards, build, known, in_run_order=not current.setup.shuffle)
 
     def worker_samples(self, rank: int, worker: int) -> Iterator[tuple[int, int]]:
         """``(shard, index in shard)`` of every sample of one worker, in yield order."""
