@@ -256,26 +256,38 @@ def _in_order(runs: tuple[Run, ...]) -> tuple[tuple[Run, ...], np.ndarray]:
 
 
 def _pieces(runs: Sequence[Run], shards: Sequence[ShardInfo], limit: int) -> list[list[Run]]:
-    """``runs`` in consecutive groups of at most ``limit`` bytes; a run longer than that
-    alone cut into even parts, each a group of its own (NOTE [ Unshuffled windows in pieces ])."""
-    pieces: list[list[Run]] = [[]]
-    room = float(limit)
+    """``runs`` in consecutive groups of at most ``limit`` bytes, a run longer than that
+    alone cut into even parts, each a group of its own; then a group of less than half
+    of ``limit`` joins the one before it, or the first the one after it (NOTE [
+    Unshuffled windows in pieces ])."""
+    pieces: list[list[Run]] = []
+    sizes: list[float] = []
     for run in runs:
         info = shards[run.shard]
         size = len(run) * info.bytes / max(1, info.samples)
-        if size > room and pieces[-1]:
-            pieces.append([])
-            room = float(limit)
         if size <= limit:
+            if not pieces or not pieces[-1] or sizes[-1] + size > limit:
+                pieces.append([])
+                sizes.append(0.0)
             pieces[-1].append(run)
-            room -= size
+            sizes[-1] += size
             continue
         count = min(len(run), -(-int(size) // limit))  # parts of at most `limit`, or one sample each
         cuts = run.start + (np.arange(count + 1, dtype=np.int64) * len(run)) // count
         for start, stop in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
-            if pieces[-1]:
-                pieces.append([])
-            pieces[-1].append(Run(run.shard, start, stop))
-        pieces.append([])
-        room = float(limit)
-    return [piece for piece in pieces if piece]
+            pieces.append([Run(run.shard, start, stop)])
+            sizes.append(size * (stop - start) / len(run))
+        pieces.append([])  # the next run starts a piece of its own
+        sizes.append(0.0)
+    pieces, sizes = [p for p in pieces if p], [z for p, z in zip(pieces, sizes, strict=True) if p]
+    j = 0
+    while len(pieces) > 1 and j < len(pieces):
+        if sizes[j] < limit / 2:
+            k = j - 1 if j else 1  # the one before, or the first's next
+            lo, hi = min(j, k), max(j, k)
+            pieces[lo : hi + 1] = [pieces[lo] + pieces[hi]]
+            sizes[lo : hi + 1] = [sizes[lo] + sizes[hi]]
+            j = lo
+        else:
+            j += 1
+    return pieces

@@ -128,7 +128,7 @@ AHEAD_WINDOWS = 8
 AHEAD_THREADS = 4
 # An unshuffled window passing 1 / PIECES_IN_BUDGET of the budget is read in pieces of
 # that size (NOTE [ Unshuffled windows in pieces ] in budget.py).
-PIECES_IN_BUDGET = 2
+PIECES_IN_BUDGET = 1
 
 
 # What a window's fetch gives per read: the read, its bytes, the shard's index, and the
