@@ -44,16 +44,28 @@
 
 # NOTE [ Unshuffled windows in pieces ]
 # A window is the plan's unit of shuffling: the default one holds four mean-sized shards
-# (NOTE [ Window size ] in plan/config.py), and its samples are yielded only once all of
-# it is in. With ``shuffle=False`` its yield order is its runs' order, so nothing needs
-# all of it at once: the reader takes such a window (``Window.in_run_order``) as
-# consecutive pieces of at most half the budget each (``in_pieces``), as the manifest
-# counts a shard's bytes per sample; a run is cut only where it alone is longer than
-# that, evenly, so a shard that fits stays one read (a whole-shard GET where it is all
-# of its shard, NOTE [ Whole shards ] in reader.py). Two pieces fit the budget: one
-# taken while the next arrives. The plan, its order and its resume state are the same;
-# the caller sees the same samples, and ``state_dict`` counts them as before.
-# FIGURES
+# (NOTE [ Window size ] in plan/config.py), whatever their bytes, and its samples come
+# only once all of it is in. With ``shuffle=False`` its yield order is its runs' order,
+# so nothing needs all of it at once: the reader takes such a window
+# (``Window.in_run_order``) as consecutive pieces of at most the budget each
+# (``in_pieces``, bytes as the manifest counts a shard's per sample). A run is cut only
+# where it alone is longer than that, evenly, so a shard that fits stays one read (a
+# whole-shard GET where it is all of its shard, NOTE [ Whole shards ] in reader.py); and
+# a piece of less than half the budget joins the one before it (the first, the one
+# after), so a window a little over the budget stays whole. The plan, its order and its
+# resume state are unchanged: the caller sees the same samples, and ``state_dict``
+# counts them as before (a piece is laid out lazily, after its sidecars, as a window).
+# - Why: a window over the budget goes beside one other (above), so a caller as fast as
+#   the wire held two windows and the next one's decoding: 600 x 1 MB on loopback moto
+#   (windows of 120 MB), RSS growth in the epoch +311 MB against +240 MB for the tree
+#   before issue 9 (issue 9's bound: +64 MB). In pieces of two shards (60 MB): +167 MB,
+#   at 1.30x that tree's rate (``tools/bench_memory.py --samples 600 --rounds 3``).
+# - Why not smaller pieces: at most half the budget, two 30 MB pieces fit the budget
+#   together, but the WAN proxy's 150 x 1 MB epoch (windows of 75 MB, cut into 30 + 30 +
+#   15 MB) fell to 0.77x of whole windows (0.80x of boto3 in 16 threads, 1.13x before:
+#   ``tools/bench_compare.py c707fe8 8e6b7a7 --rounds 2 -- tools/bench_wan.py --only
+#   large,loopback --repeat 3``): each piece started its GETs anew behind the one before,
+#   where a window's reads all go at once. Joining a small tail keeps those windows whole.
 """
 
 from __future__ import annotations
