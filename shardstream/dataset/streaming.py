@@ -95,7 +95,9 @@ class StreamingDataset(IterableDataset):
     the same global batches on every world size dividing it (NOTE [ Global order ]); a
     DataLoader over it then takes ``batch_size=global_batch_size // world_size``.
     On object storage a worker keeps ``read_concurrency`` requests in flight and fetches
-    later windows ahead within ``read_budget`` bytes (NOTE [ Read budget ]).
+    later windows ahead within ``read_budget`` bytes (NOTE [ Read budget ]); with
+    ``shuffle=False`` it takes a window larger than that in pieces (NOTE [ Unshuffled
+    windows in pieces ]).
     ``topology`` detects rank, world size and DataLoader worker (default: torch.distributed,
     ``RANK``/``WORLD_SIZE``, ``get_worker_info()``); inject a ``topology.Detector`` with
     other detectors for odd launchers or tests.
