@@ -52,14 +52,16 @@
 # where it alone is longer than that, evenly, so a shard that fits stays one read (a
 # whole-shard GET where it is all of its shard, NOTE [ Whole shards ] in reader.py); and
 # a piece of less than half the budget joins the one before it (the first, the one
-# after), so a window a little over the budget stays whole. The plan, its order and its
+# after), so a window a little over the budget stays whole (a piece is then at most 1.5
+# budgets; one sample longer than the budget is a piece of its own). The plan, its order and its
 # resume state are unchanged: the caller sees the same samples, and ``state_dict``
 # counts them as before (a piece is laid out lazily, after its sidecars, as a window).
 # - Why: a window over the budget goes beside one other (above), so a caller as fast as
 #   the wire held two windows and the next one's decoding: 600 x 1 MB on loopback moto
 #   (windows of 120 MB), RSS growth in the epoch +311 MB against +240 MB for the tree
-#   before issue 9 (issue 9's bound: +64 MB). In pieces of two shards (60 MB): +167 MB,
-#   at 1.30x that tree's rate (``tools/bench_memory.py --samples 600 --rounds 3``).
+#   before issue 9 (issue 9's bound: +64 MB). In pieces of two shards (60 MB): +177 MB,
+#   at 0.99x that tree's rate (rounds 0.95-1.40; ``tools/bench_memory.py --samples 600
+#   --rounds 5``).
 # - Why not smaller pieces: at most half the budget, two 30 MB pieces fit the budget
 #   together, but the WAN proxy's 150 x 1 MB epoch (windows of 75 MB, cut into 30 + 30 +
 #   15 MB) fell to 0.77x of whole windows (0.80x of boto3 in 16 threads, 1.13x before:
@@ -248,8 +250,8 @@ def fetched_in_order(
 
 def in_pieces(windows: Iterator[Any], shards: Sequence[ShardInfo], limit: int) -> Iterator[Any]:
     """``windows``, each one in run order whose runs' bytes (``shards``' bytes per sample)
-    pass ``limit`` as consecutive windows of at most ``limit`` bytes, or of one sample
-    where that alone passes it (NOTE [ Unshuffled windows in pieces ])."""
+    pass ``limit`` as consecutive windows of about ``limit`` bytes (``_pieces``; NOTE [
+    Unshuffled windows in pieces ])."""
     for window in windows:
         runs = window.known_runs if getattr(window, "in_run_order", False) else None
         pieces = _pieces(runs, shards, limit) if runs is not None else []

@@ -126,9 +126,6 @@ WHOLE_SHARD_SLACK = 64 * 1024
 # GETs share the worker's read_concurrency; NOTE [ Read budget ] bounds their bytes).
 AHEAD_WINDOWS = 8
 AHEAD_THREADS = 4
-# An unshuffled window passing 1 / PIECES_IN_BUDGET of the budget is read in pieces of
-# that size (NOTE [ Unshuffled windows in pieces ] in budget.py).
-PIECES_IN_BUDGET = 1
 
 
 # What a window's fetch gives per read: the read, its bytes, the shard's index, and the
@@ -635,8 +632,8 @@ def prefetched(reader: Any, windows: Iterator[Any]) -> Iterator[Any]:
         max_pending=ahead,
     )
     reader._prefetcher = prefetcher
-    if budget is not None and isinstance(reader, WindowReader):
-        windows = in_pieces(windows, reader.manifest.shards, max(1, budget.limit // PIECES_IN_BUDGET))
+    if budget is not None and isinstance(reader, WindowReader):  # NOTE [ Unshuffled windows in pieces ]
+        windows = in_pieces(windows, reader.manifest.shards, budget.limit)
     try:
         yield from fetched_in_order(windows, prefetcher, ahead, budget, reader._in_yield_order)
     finally:
