@@ -79,3 +79,13 @@ def test_bench_stream_order_topology_refuses_ranks_that_do_not_divide_its_batche
     for wrong in ("8", "x4", "8x", "-2x2", "0x2", "3x2", "32x8"):  # 32 ranks: not 8's
         with pytest.raises(argparse.ArgumentTypeError):
             bench_stream.order_topology(wrong)
+
+
+def test_bench_stream_refuses_an_order_window_of_no_shards(monkeypatch, capsys):
+    from tools import bench_stream
+
+    monkeypatch.setattr(sys, "argv", ["bench_stream.py", "--only", "order", "--order-window", "0"])
+    with pytest.raises(SystemExit) as exited:
+        bench_stream.main()
+    assert exited.value.code == 2
+    assert "--order-window must be at least 1 shard" in capsys.readouterr().err

@@ -2,6 +2,7 @@
 
     python tools/bench_stream.py [--quick] [--only small,large,s3,loader,order,mix,wan] [--repeat 5]
         [--s3-server moto|seaweedfs] [--wan] [--order-topology 1x2] [--order-samples N]
+        [--order-window SHARDS]
 
 - small: 100k samples of three fields (~300 B): shardstream vs ``webdataset.WebDataset``
   on the same tar shards and ``litdata.StreamingDataset`` on the same samples in its own
@@ -31,7 +32,9 @@
   and the large samples on moto's S3 (loopback), or SeaweedFS's with ``--s3-server
   seaweedfs``, read through a WAN-shaped proxy with ``--wan``; ``--order-topology 8x4``
   measures rank 0 of 8 ranks with 4 workers, ``--order-samples`` sets the small samples'
-  count (10,000 to a shard); target global / local >= 0.9x.
+  count (10,000 to a shard), ``--order-window 16`` also runs the global order with a
+  window of 16 shards (its requests fall with the window: NOTE [ Lane groups ]); target
+  global / local >= 0.9x.
 
 How rates are measured (the machine is shared and noisy): each contender runs once
 untimed (warm-up: page cache, imports, connections, server-side caches), then
@@ -448,8 +451,10 @@ def bench_order(
     server_kind: str = "moto",
     wan: bool = False,
     topology: tuple[int, int] = (1, 2),
+    window_shards: int | None = None,
 ) -> None:
-    """Global against local order; ``topology``: rank 0 of ``R`` ranks, ``W`` DataLoader workers."""
+    """Global against local order; ``topology``: rank 0 of ``R`` ranks, ``W`` DataLoader
+    workers; ``window_shards``: also the global order with a window of that many shards."""
     ranks, workers = topology
     server, proxy = order_server(server_kind), None
     try:
@@ -473,6 +478,9 @@ def bench_order(
             url = f"s3://order/{name}"
             write_tar(url, map(make, range(count)), per_shard, options)
             orders = {"local order": {}, "shardstream global": dict(order="global", global_batch_size=batch)}
+            if window_shards is not None:
+                wide = dict(orders["shardstream global"], shuffle_window=window_shards * per_shard)
+                orders[f"shardstream global, window of {window_shards} shards"] = wide
             contenders = {
                 label: functools.partial(loader_samples, url, read_options, batch, order, ranks, workers)
                 for label, order in orders.items()
@@ -616,6 +624,13 @@ def main() -> int:
         help="the order section's ~300 B samples, 10,000 to a shard (default: the small section's)",
     )
     parser.add_argument(
+        "--order-window",
+        type=int,
+        metavar="SHARDS",
+        help="the order section also runs the global order with a window of SHARDS shards "
+        "(the default window is 4)",
+    )
+    parser.add_argument(
         "--wan",
         action="store_true",
         help="the order section reads through a WAN-shaped proxy (NOTE [ Order bench servers ])",
@@ -623,6 +638,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.order_samples is not None and args.order_samples < 1:
         parser.error("--order-samples must be at least 1")
+    if args.order_window is not None and args.order_window < 1:
+        parser.error("--order-window must be at least 1 shard")
     only = set(args.only.split(","))
     repeat = 1 if args.quick else args.repeat
     small, large, s3 = (20_000, 128, 128) if args.quick else (100_000, 2_000, 2_000)
@@ -643,7 +660,9 @@ def main() -> int:
             bench_s3(s3, repeat)
         if "order" in only:
             samples = small if args.order_samples is None else args.order_samples
-            bench_order(samples, s3 // 8, repeat, args.s3_server, args.wan, args.order_topology)
+            bench_order(
+                samples, s3 // 8, repeat, args.s3_server, args.wan, args.order_topology, args.order_window
+            )
         if "mix" in only:
             bench_mix(work, small, large // 6, repeat)  # 333 large samples: 10 shards of 33
         if "wan" in only:
