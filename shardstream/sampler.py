@@ -44,7 +44,10 @@ class ShardSampler(Sampler[int]):
     ``order="global"`` with ``global_batch_size`` (and optionally ``read_lanes``) gives the
     same global batches on every ``num_replicas`` dividing it (NOTE [ Global order ]):
     batch this sampler's indices by ``global_batch_size // num_replicas``, and count
-    ``num_consumed`` in whole such batches.
+    ``num_consumed`` in whole such batches. ``dataset_bytes`` (the shards' total bytes, a
+    manifest's ``num_bytes``) sizes that order's default window as ``StreamingDataset``
+    sizes it (NOTE [ Global window ]): pass it for the same batches as the dataset's;
+    without it the default window is four mean-sized shards.
 
     A ``Mixture`` (or a list of ``StreamSpec``, mixed with ``mix="random"``) in place of
     ``shard_sizes`` mixes its streams, each its quota per epoch, with the mixture's ``mix``
@@ -65,6 +68,7 @@ class ShardSampler(Sampler[int]):
         order: str = "local",
         global_batch_size: int | None = None,
         read_lanes: int | None = None,
+        dataset_bytes: int | None = None,
     ) -> None:
         super().__init__()
         self.rank, self.num_replicas = detect_rank(rank=rank, world_size=num_replicas)
@@ -77,6 +81,7 @@ class ShardSampler(Sampler[int]):
             order=order,
             global_batch_size=global_batch_size,
             read_lanes=read_lanes,
+            dataset_bytes=dataset_bytes,
         )
         # The plan's batch: this rank's part of a global batch, or single indices.
         self._batch = self.config.rank_batch_size(self.num_replicas)

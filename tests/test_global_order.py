@@ -4,10 +4,13 @@ batches on every topology, and a state saved on one resumes on another."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from shardstream import DataLoader, ShardSampler, StreamingDataset
+from shardstream import DataLoader, EpochPlan, PlanConfig, ShardSampler, StreamingDataset
 from shardstream.errors import PlanError, StateError, UsageError
+from shardstream.plan.config import GLOBAL_WINDOW_BYTES, global_window, shard_sizes_array
 from tests.resume_harness import collate_keys, write_dataset
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
@@ -102,3 +105,64 @@ def test_shard_sampler_global_order_on_every_world_size():
     sampler = ShardSampler(SIZES, num_replicas=2, rank=0, **OPTIONS)
     with pytest.raises(StateError, match="whole number of this rank's batches of 6"):
         sampler.state_dict(4)
+
+
+def test_the_global_default_window_follows_the_dataset_bytes():
+    """NOTE [ Global window ]: sixteen mean shards where the bytes allow, cut to
+    GLOBAL_WINDOW_BYTES, never below the local default; no bytes, no change."""
+    sizes = shard_sizes_array([100, 0, 50, 150])  # mean non-empty shard: 100 samples
+    config = PlanConfig(order="global", global_batch_size=8)
+    assert config.window_for(sizes) == 400  # not told the bytes: four mean shards
+    small = dataclasses.replace(config, dataset_bytes=300 * 100)
+    assert small.window_for(sizes) == 1600
+    assert small.hold_for(sizes) == 400
+    cut = GLOBAL_WINDOW_BYTES * 300 // (300 << 20)  # 1 MiB samples: what the bytes hold
+    assert dataclasses.replace(config, dataset_bytes=300 << 20).window_for(sizes) == max(400, cut)
+    assert dataclasses.replace(config, dataset_bytes=300 << 30).window_for(sizes) == 400
+    assert dataclasses.replace(config, dataset_bytes=0).window_for(sizes) == 1600
+    wide = dataclasses.replace(small, shuffle_window=24)
+    assert wide.window_for(sizes) == wide.hold_for(sizes) == 24
+    assert PlanConfig(dataset_bytes=300).window_for(sizes) == 400  # the local order's never moves
+    with pytest.raises(PlanError, match="dataset_bytes"):
+        PlanConfig(order="global", global_batch_size=8, dataset_bytes=-1)
+
+
+@pytest.mark.parametrize(("world", "workers"), [(1, 1), (2, 1), (4, 2), (8, 4)])
+def test_a_worker_of_the_long_default_window_holds_what_a_local_one_does(world, workers):
+    """A worker's Windows take whole windows of the sequence, as many as the local
+    order's window holds, and one when its share of a window is more."""
+    sizes = [64] * 200  # 12.5 windows of 16 shards
+    config = PlanConfig(seed=5, order="global", global_batch_size=64, dataset_bytes=200 * 64 * 100)
+    plan = EpochPlan(sizes, config, epoch=1, world_size=world, num_workers=workers, batch_size=64 // world)
+    assert plan.shuffle_window == 16 * 64
+    share = plan.shuffle_window // (world * workers)  # a worker's part of one window
+    held = [len(window) for worker in range(workers) for window in plan.worker_windows(0, worker)]
+    assert max(held) == max(share, 4 * 64 // share * share)
+    assert sum(held) == plan.samples_per_rank()
+
+
+def test_dataset_and_sampler_share_the_long_default_window_and_refuse_the_old_one(url):
+    """StreamingDataset sizes the default window by its manifest's bytes, a ShardSampler
+    told them gives the same global batches, and a state of the old default names its window."""
+    options = {key: value for key, value in OPTIONS.items() if key != "shuffle_window"}
+    made = [StreamingDataset(url, num_replicas=2, rank=rank, decode=False, **options) for rank in range(2)]
+    total = made[0].manifest.num_bytes
+    sizes = shard_sizes_array(SIZES)
+    plan = made[0].make_plan(consume=False)
+    assert plan.shuffle_window == global_window(sizes, total) == 16 * 14  # the whole epoch, 4 windows before
+    loaders = [
+        DataLoader(part, batch_size=GLOBAL // 2, num_workers=2, collate_fn=collate_keys) for part in made
+    ]
+    whole, states = global_batches(loaders)
+    keys = [f"s{shard:03d}-{i:04d}" for shard, count in enumerate(SIZES) for i in range(count)]
+    told = [ShardSampler(SIZES, num_replicas=2, rank=r, dataset_bytes=total, **options) for r in range(2)]
+    parts = [[keys[i] for i in sampler] for sampler in told]
+    assert [parts[0][k * 6 : (k + 1) * 6] + parts[1][k * 6 : (k + 1) * 6] for k in range(len(whole))] == whole
+    untold = ShardSampler(SIZES, num_replicas=2, rank=0, **options)
+    assert untold.plan().shuffle_window == 4 * 14
+    assert [keys[i] for i in untold] != parts[0]
+    old = untold.state_dict(6)  # saved under the earlier default: four mean shards
+    with pytest.raises(
+        StateError, match=r"shuffle_window=56, this plan has shuffle_window=224.*shuffle_window=56\)"
+    ):
+        made[0].load_state_dict(dict(states[0], plan=old))

@@ -279,10 +279,12 @@ class StreamingDataset(IterableDataset):
 
     def _plan(self, epoch: int, state: Mapping[str, Any] | None, topology: dict[str, int]) -> Plan:
         """A fresh plan of ``epoch``, or the plan ``state`` resumes, on ``topology``."""
-        sizes = self.manifest.shard_sizes
+        sizes, config = self.manifest.shard_sizes, self.config.plan
+        if config.is_global:  # its default window follows the dataset's bytes (NOTE [ Global window ])
+            config = dataclasses.replace(config, dataset_bytes=self.manifest.num_bytes)
         if state is None:
-            return EpochPlan(sizes, self.config.plan, epoch=epoch, **topology)
-        return EpochPlan.resume(sizes, self.config.plan, state, **topology)
+            return EpochPlan(sizes, config, epoch=epoch, **topology)
+        return EpochPlan.resume(sizes, config, state, **topology)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the latest in-process iteration stands (iterating the dataset directly;

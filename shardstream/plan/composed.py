@@ -116,7 +116,7 @@ class ComposedPlan(GlobalPlan):
             raise PlanError(f"a ComposedPlan composes mix='stratified' or 'per_stream', not {mixture.mix!r}")
         self._mixture, self._config, self._epoch, self._taken, self._first = mixture, config, epoch, taken, 0
         self._sizes = mixture.sizes
-        self._window = config.window_for(mixture.sizes)
+        self._window, self._hold = config.window_for(mixture.sizes), config.hold_for(mixture.sizes)
         self._sequence = _SEQUENCES[mixture.mix](  # type: ignore[assignment]  # composed, not one GlobalSequence
             mixture, config, epoch=epoch, window=self._window
         )

@@ -20,6 +20,7 @@ __all__ = [
     "Window",
     "check_count",
     "default_window",
+    "global_window",
     "shard_sizes_array",
 ]
 
@@ -35,6 +36,27 @@ __all__ = [
 # (a 2^40-sample order is 8 TiB), so any window a real run ever used stays accepted.
 DEFAULT_WINDOW_SHARDS = 4
 MAX_WINDOW = 1 << 40
+
+# NOTE [ Global window ]
+# order="global" reads each segment of a rank's lanes once per window of its sequence
+# (NOTE [ Lane groups ] in global_order.py), so its requests fall with the windows an
+# epoch has, where the local order's do not. Its default window is therefore longer:
+# GLOBAL_WINDOW_SHARDS mean-sized shards, but no more samples than GLOBAL_WINDOW_BYTES
+# hold at the dataset's mean sample size, and never fewer than the local default's
+# DEFAULT_WINDOW_SHARDS. On ~300 B samples that is 16 shards; on 1 MB samples in shards
+# of 30 it stays 4, where a request is long already. The bytes are the dataset's
+# (``PlanConfig.dataset_bytes``, the manifest's total: the same integer on every rank,
+# so the window is); a plan that is not told them (a ``ShardSampler`` without
+# ``dataset_bytes``, a mixture) keeps DEFAULT_WINDOW_SHARDS. A worker still holds what
+# the local order's would (``PlanConfig.hold_for``): its Windows take the sequence's
+# windows whole (NOTE [ Global order ]), as many as fit in DEFAULT_WINDOW_SHARDS shards,
+# at least one, so only a worker whose share of one window is larger (fewer than
+# GLOBAL_WINDOW_SHARDS / DEFAULT_WINDOW_SHARDS ranks times workers) holds more: its
+# share, at most GLOBAL_WINDOW_BYTES. A state records the window; one saved under the
+# earlier default of 4 shards is refused naming both windows, and resumes with that
+# ``shuffle_window``. The figures are in README's "Global order" and in NOTE [ Lane groups ].
+GLOBAL_WINDOW_SHARDS = 16
+GLOBAL_WINDOW_BYTES = 512 << 20
 
 ORDERS = ("local", "global")
 # Read lanes of order="global" when none are given (NOTE [ Default lanes ] in
@@ -75,12 +97,25 @@ def default_window(sizes: np.ndarray) -> int:
     return DEFAULT_WINDOW_SHARDS * mean  # NOTE [ Window size ]: never capped
 
 
+def global_window(sizes: np.ndarray, dataset_bytes: int) -> int:
+    """order="global"'s default window (NOTE [ Global window ]): ``GLOBAL_WINDOW_SHARDS``
+    mean-sized shards, cut to the samples ``GLOBAL_WINDOW_BYTES`` hold at the dataset's
+    mean sample size, never below :func:`default_window`."""
+    local = default_window(sizes)
+    samples = int(sizes.sum())
+    longest = local * (GLOBAL_WINDOW_SHARDS // DEFAULT_WINDOW_SHARDS)
+    if samples == 0 or dataset_bytes <= 0:
+        return longest
+    return max(local, min(longest, GLOBAL_WINDOW_BYTES * samples // dataset_bytes))
+
+
 @dataclass(frozen=True, slots=True)
 class PlanConfig:
     """What a user chooses; the same knobs as ``torch.utils.data.DistributedSampler``.
 
     ``shuffle_window`` is the number of samples a worker holds for its in-window shuffle;
-    ``None`` means four mean-sized shards. ``order="global"`` makes the epoch a sequence
+    ``None`` means four mean-sized shards (with ``order="global"`` and ``dataset_bytes``,
+    the dataset's total bytes, up to sixteen: NOTE [ Global window ]). ``order="global"`` makes the epoch a sequence
     of global batches of ``global_batch_size`` read from ``read_lanes`` lanes (by default
     enough for runs of ``DEFAULT_RUN`` samples, at least ``DEFAULT_LANES``: NOTE
     [ Default lanes ]), the same on every world size dividing it (NOTE [ Global order ]);
@@ -94,10 +129,13 @@ class PlanConfig:
     order: str = "local"
     global_batch_size: int | None = None
     read_lanes: int | None = None
+    dataset_bytes: int | None = None
 
     def __post_init__(self) -> None:
         check_count(self.seed, "seed", minimum=None)
         self._check_order()
+        if self.dataset_bytes is not None:
+            check_count(self.dataset_bytes, "dataset_bytes")
         if self.shuffle_window is not None:
             check_count(self.shuffle_window, "shuffle_window", minimum=1)
             if self.shuffle_window > MAX_WINDOW:
@@ -130,6 +168,16 @@ class PlanConfig:
 
     def window_for(self, sizes: np.ndarray) -> int:
         """The window in samples for a dataset of these shard sizes."""
+        if self.shuffle_window is not None:
+            return int(self.shuffle_window)
+        if self.is_global and self.dataset_bytes is not None:
+            return global_window(sizes, int(self.dataset_bytes))
+        return default_window(sizes)
+
+    def hold_for(self, sizes: np.ndarray) -> int:
+        """The samples a worker's Window of order="global" holds at most, where one
+        worker's share of a window is less: the window, or by default the local order's
+        window (NOTE [ Global window ])."""
         if self.shuffle_window is not None:
             return int(self.shuffle_window)
         return default_window(sizes)

@@ -40,7 +40,8 @@ workers into every run (each worker would read every W-th sample of a chunk), an
 rank part that is not whole lanes would need reads of single samples; whole chunks
 keep both. A worker's ``Window`` is its batches of whole windows of the sequence (a
 few at first, for a fast first sample, then twice as many each time, up to
-``shuffle_window`` samples): every lane's part of a window is then fetched by one
+``shuffle_window`` samples, or the local order's window where that is the default:
+NOTE [ Global window ] in config.py): every lane's part of a window is then fetched by one
 ``Window`` (the reader joins a lane's nearby chunks into one read, so a Window cut
 inside a window of the sequence would fetch those bytes again). The grouping says
 only what the reader fetches together; it changes nothing in the sequence. The price
@@ -480,7 +481,7 @@ class GlobalPlan(EpochPlan):
             raise PlanError("a GlobalPlan needs a PlanConfig with order='global'")
         self._sizes = shard_sizes_array(shard_sizes)
         self._config, self._epoch, self._taken, self._first = config, epoch, taken, 0
-        self._window = config.window_for(self._sizes)
+        self._window, self._hold = config.window_for(self._sizes), config.hold_for(self._sizes)
         shards = ShardOrder(self._sizes, shuffle=config.shuffle, seed=config.seed, epoch=epoch)
         self._sequence = GlobalSequence(shards, config, epoch=epoch, window=self._window)
 
@@ -549,7 +550,7 @@ class GlobalPlan(EpochPlan):
         window_of = self._window_maker(rank)
         # whole windows of the sequence per Window: see NOTE [ Global order ]
         share = max(1, per * self._batch // step)  # this worker's samples of one window
-        most = max(1, self._window // share)
+        most = max(1, self._hold // share)  # NOTE [ Global window ]
         count = max(1, min(most, _FIRST_WINDOW // share))
         first = self._taken + worker
         while first < sequence.batches:

@@ -279,4 +279,9 @@ def _check_plan(state: Mapping[str, Any], sizes: np.ndarray, config: PlanConfig,
     _check_same(state, Key.SEED, int(config.seed), "resume with the same seed")
     _check_same(state, Key.SHUFFLE, bool(config.shuffle), "resume with the same shuffle setting")
     _check_same(state, Key.DROP_LAST, bool(config.drop_last), "resume with the same drop_last")
-    _check_same(state, Key.SHUFFLE_WINDOW, int(window), "resume with the same shuffle window")
+    _check_same(  # a default window that changed (NOTE [ Global window ]) is resumed by naming it
+        state,
+        Key.SHUFFLE_WINDOW,
+        int(window),
+        f"resume with the same shuffle window (shuffle_window={shown(state.get(Key.SHUFFLE_WINDOW))})",
+    )
