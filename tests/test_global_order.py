@@ -10,7 +10,7 @@ import pytest
 
 from shardstream import DataLoader, EpochPlan, PlanConfig, ShardSampler, StreamingDataset
 from shardstream.errors import PlanError, StateError, UsageError
-from shardstream.plan.config import GLOBAL_WINDOW_BYTES, global_window, shard_sizes_array
+from shardstream.plan.config import GLOBAL_SMALL_SAMPLE, GLOBAL_WINDOW_BYTES, global_window, shard_sizes_array
 from tests.resume_harness import collate_keys, write_dataset
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
@@ -108,17 +108,24 @@ def test_shard_sampler_global_order_on_every_world_size():
 
 
 def test_the_global_default_window_follows_the_dataset_bytes():
-    """NOTE [ Global window ]: sixteen mean shards where the bytes allow, cut to
-    GLOBAL_WINDOW_BYTES, never below the local default; no bytes, no change."""
+    """NOTE [ Global window ]: sixteen mean shards of small samples, cut to
+    GLOBAL_WINDOW_BYTES, never below the local default; big samples or no bytes, no change."""
     sizes = shard_sizes_array([100, 0, 50, 150])  # mean non-empty shard: 100 samples
     config = PlanConfig(order="global", global_batch_size=8)
     assert config.window_for(sizes) == 400  # not told the bytes: four mean shards
     small = dataclasses.replace(config, dataset_bytes=300 * 100)
     assert small.window_for(sizes) == 1600
     assert small.hold_for(sizes) == 400
-    cut = GLOBAL_WINDOW_BYTES * 300 // (300 << 20)  # 1 MiB samples: what the bytes hold
-    assert dataclasses.replace(config, dataset_bytes=300 << 20).window_for(sizes) == max(400, cut)
-    assert dataclasses.replace(config, dataset_bytes=300 << 30).window_for(sizes) == 400
+    assert dataclasses.replace(config, dataset_bytes=300 << 20).window_for(sizes) == 400  # 1 MiB samples
+    assert dataclasses.replace(config, dataset_bytes=300 * GLOBAL_SMALL_SAMPLE).window_for(sizes) == 400
+    assert dataclasses.replace(config, dataset_bytes=300 * GLOBAL_SMALL_SAMPLE - 1).window_for(sizes) == 1600
+    big = shard_sizes_array([10_000] * 3)  # 8 KiB samples: 16 shards are 1.2 GiB, more than the bytes hold
+    assert (
+        dataclasses.replace(config, dataset_bytes=30_000 << 13).window_for(big) == GLOBAL_WINDOW_BYTES >> 13
+    )
+    assert (
+        dataclasses.replace(config, dataset_bytes=30_000 << 15).window_for(big) == 40_000
+    )  # never below 4 shards
     assert dataclasses.replace(config, dataset_bytes=0).window_for(sizes) == 1600
     wide = dataclasses.replace(small, shuffle_window=24)
     assert wide.window_for(sizes) == wide.hold_for(sizes) == 24

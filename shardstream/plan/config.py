@@ -57,6 +57,7 @@ MAX_WINDOW = 1 << 40
 # ``shuffle_window``. The figures are in README's "Global order" and in NOTE [ Lane groups ].
 GLOBAL_WINDOW_SHARDS = 16
 GLOBAL_WINDOW_BYTES = 512 << 20
+GLOBAL_SMALL_SAMPLE = 64 << 10
 
 ORDERS = ("local", "global")
 # Read lanes of order="global" when none are given (NOTE [ Default lanes ] in
@@ -99,14 +100,14 @@ def default_window(sizes: np.ndarray) -> int:
 
 def global_window(sizes: np.ndarray, dataset_bytes: int) -> int:
     """order="global"'s default window (NOTE [ Global window ]): ``GLOBAL_WINDOW_SHARDS``
-    mean-sized shards, cut to the samples ``GLOBAL_WINDOW_BYTES`` hold at the dataset's
-    mean sample size, never below :func:`default_window`."""
+    mean-sized shards where the mean sample is under ``GLOBAL_SMALL_SAMPLE``, cut to the
+    samples ``GLOBAL_WINDOW_BYTES`` hold at that size, never below :func:`default_window`."""
     local = default_window(sizes)
     samples = int(sizes.sum())
+    if samples == 0 or dataset_bytes >= GLOBAL_SMALL_SAMPLE * samples:
+        return local  # no samples, or big ones: their reads are long already
     longest = local * (GLOBAL_WINDOW_SHARDS // DEFAULT_WINDOW_SHARDS)
-    if samples == 0 or dataset_bytes <= 0:
-        return longest
-    return max(local, min(longest, GLOBAL_WINDOW_BYTES * samples // dataset_bytes))
+    return max(local, min(longest, GLOBAL_WINDOW_BYTES * samples // max(1, dataset_bytes)))
 
 
 @dataclass(frozen=True, slots=True)
