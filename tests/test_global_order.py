@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from shardstream import DataLoader, EpochPlan, PlanConfig, ShardSampler, StreamingDataset
+from shardstream import DataLoader, EpochPlan, MapDataset, PlanConfig, ShardSampler, StreamingDataset
 from shardstream.errors import PlanError, StateError, UsageError
 from shardstream.plan.config import GLOBAL_SMALL_SAMPLE, GLOBAL_WINDOW_BYTES, global_window, shard_sizes_array
 from tests.resume_harness import collate_keys, write_dataset
@@ -150,7 +150,8 @@ def test_a_worker_of_the_long_default_window_holds_what_a_local_one_does(world, 
 
 def test_dataset_and_sampler_share_the_long_default_window_and_refuse_the_old_one(url):
     """StreamingDataset sizes the default window by its manifest's bytes, a ShardSampler
-    told them gives the same global batches, and a state of the old default names its window."""
+    told them (and MapDataset's sampler) gives the same global batches, and a state of
+    the old default names its window."""
     options = {key: value for key, value in OPTIONS.items() if key != "shuffle_window"}
     made = [StreamingDataset(url, num_replicas=2, rank=rank, decode=False, **options) for rank in range(2)]
     total = made[0].manifest.num_bytes
@@ -165,6 +166,8 @@ def test_dataset_and_sampler_share_the_long_default_window_and_refuse_the_old_on
     told = [ShardSampler(SIZES, num_replicas=2, rank=r, dataset_bytes=total, **options) for r in range(2)]
     parts = [[keys[i] for i in sampler] for sampler in told]
     assert [parts[0][k * 6 : (k + 1) * 6] + parts[1][k * 6 : (k + 1) * 6] for k in range(len(whole))] == whole
+    mapped = MapDataset(url).sampler(num_replicas=2, rank=0, **options)  # told the manifest's bytes
+    assert [keys[i] for i in mapped] == parts[0]
     untold = ShardSampler(SIZES, num_replicas=2, rank=0, **options)
     assert untold.plan().shuffle_window == 4 * 14
     assert [keys[i] for i in untold] != parts[0]

@@ -34,7 +34,10 @@
   measures rank 0 of 8 ranks with 4 workers, ``--order-samples`` sets the small samples'
   count (10,000 to a shard), ``--order-window 16`` also runs the global order with a
   window of 16 shards (its requests fall with the window: NOTE [ Lane groups ]); target
-  global / local >= 0.9x.
+  global / local >= 0.9x. Also the peak RSS an epoch adds to one process reading rank 0
+  of 1 and of R ranks without workers, each order: the global order's default window is
+  longer on small samples (NOTE [ Global window ]), and a worker whose share of one is
+  more than the local order's window holds that share.
 
 How rates are measured (the machine is shared and noisy): each contender runs once
 untimed (warm-up: page cache, imports, connections, server-side caches), then
@@ -491,6 +494,13 @@ def bench_order(
                 rates,
             )
             print("  target: shardstream global / local order >= 0.9x")
+            for world in sorted({1, ranks}):
+                added = {
+                    label: order_memory(url, options, dict(order, num_replicas=world))
+                    for label, order in orders.items()
+                }
+                shown = ", ".join(f"{label} +{mb:,.0f} MB" for label, mb in added.items())
+                print(f"  peak RSS an epoch adds, rank 0 of {world} in one process (no workers): {shown}")
     finally:
         if proxy is not None:
             proxy.stop()
@@ -570,6 +580,35 @@ start = field("VmRSS")
 count = sum(1 for _ in dataset)
 print(json.dumps([field("VmHWM"), field("VmHWM") - start, count]))
 """
+
+
+_ORDER_MEMORY = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import shardstream
+url, options, order = sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+dataset = shardstream.StreamingDataset(url, storage_options=options, decode=False, rank=0, **order)
+len(dataset)  # manifest read, plan made: what the epoch starts from
+def field(name):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(name + ":"))
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # the peak (VmHWM) starts again from here
+start = field("VmRSS")
+sum(1 for _ in dataset)
+print(json.dumps(field("VmHWM") - start))
+"""
+
+
+def order_memory(url: str, options: dict, order: dict) -> float:
+    """MB that one epoch of rank 0 adds to the peak RSS of a fresh process, in ``order``."""
+    done = subprocess.run(
+        [sys.executable, "-c", _ORDER_MEMORY, str(ROOT), url, json.dumps(options), json.dumps(order)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(done.stdout) / MB
 
 
 def epoch_memory(spec: str | list[str], options: dict | None) -> tuple[int, int]:

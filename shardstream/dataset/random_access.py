@@ -210,10 +210,13 @@ class MapDataset(Dataset):
 
     def sampler(self, **options: Any) -> Any:
         """A ``ShardSampler`` over this dataset (``shuffle``, ``seed``, ``num_replicas``,
-        ``rank``, ``drop_last``, ``shuffle_window`` as its own): indices in shard-local
-        runs, so a DataLoader's batches coalesce into few reads."""
+        ``rank``, ``drop_last``, ``shuffle_window`` and ``order``'s options as its own):
+        indices in shard-local runs, so a DataLoader's batches coalesce into few reads. It
+        is told the manifest's bytes, so order="global" has ``StreamingDataset``'s default
+        window and batches (NOTE [ Global window ])."""
         from shardstream.sampler import ShardSampler
 
+        options.setdefault("dataset_bytes", self.manifest.num_bytes)
         return ShardSampler(self.shard_sizes, **options)
 
     def locate(self, index: int) -> tuple[int, int]:

@@ -40,21 +40,29 @@ MAX_WINDOW = 1 << 40
 # NOTE [ Global window ]
 # order="global" reads each segment of a rank's lanes once per window of its sequence
 # (NOTE [ Lane groups ] in global_order.py), so its requests fall with the windows an
-# epoch has, where the local order's do not. Its default window is therefore longer:
-# GLOBAL_WINDOW_SHARDS mean-sized shards, but no more samples than GLOBAL_WINDOW_BYTES
-# hold at the dataset's mean sample size, and never fewer than the local default's
-# DEFAULT_WINDOW_SHARDS. On ~300 B samples that is 16 shards; on 1 MB samples in shards
-# of 30 it stays 4, where a request is long already. The bytes are the dataset's
-# (``PlanConfig.dataset_bytes``, the manifest's total: the same integer on every rank,
-# so the window is); a plan that is not told them (a ``ShardSampler`` without
-# ``dataset_bytes``, a mixture) keeps DEFAULT_WINDOW_SHARDS. A worker still holds what
-# the local order's would (``PlanConfig.hold_for``): its Windows take the sequence's
-# windows whole (NOTE [ Global order ]), as many as fit in DEFAULT_WINDOW_SHARDS shards,
-# at least one, so only a worker whose share of one window is larger (fewer than
-# GLOBAL_WINDOW_SHARDS / DEFAULT_WINDOW_SHARDS ranks times workers) holds more: its
-# share, at most GLOBAL_WINDOW_BYTES. A state records the window; one saved under the
-# earlier default of 4 shards is refused naming both windows, and resumes with that
-# ``shuffle_window``. The figures are in README's "Global order" and in NOTE [ Lane groups ].
+# epoch has; the local order's do not. Its default window is therefore longer where the
+# samples are small: GLOBAL_WINDOW_SHARDS mean-sized shards where the dataset's mean
+# sample (as stored) is under GLOBAL_SMALL_SAMPLE, no more samples than
+# GLOBAL_WINDOW_BYTES hold at that size, never fewer than the local default's
+# DEFAULT_WINDOW_SHARDS. Bigger samples keep DEFAULT_WINDOW_SHARDS: their reads are long
+# already (1 MB samples streamed at 0.94-1.08x of the local order either way), and a
+# window of 16 of their shards made a short epoch one window that a worker fetched whole
+# before its first sample (250 x 1 MB behind the WAN proxy: 0.55x, against 0.92x).
+# - The bytes are ``PlanConfig.dataset_bytes``, the manifest's total (the same integer on
+#   every rank, so the window is too); StreamingDataset and MapDataset.sampler pass it. A
+#   plan that is not told them (a ``ShardSampler`` without ``dataset_bytes``, a mixture)
+#   keeps DEFAULT_WINDOW_SHARDS. Mixing does not change with the window (NOTE [ Default
+#   lanes ]: a batch's mix is set by its lanes), and ``tools/shuffle_quality.py``'s global
+#   rows are alike for windows of 1 to 16 shards.
+# - A worker holds what the local order's does where it can (``PlanConfig.hold_for``):
+#   its Windows take whole windows of the sequence (NOTE [ Global order ]), as many as fit
+#   in the local default, at least one. So a worker whose share of one window is more
+#   (ranks x workers under GLOBAL_WINDOW_SHARDS / DEFAULT_WINDOW_SHARDS) holds that share,
+#   at most GLOBAL_WINDOW_BYTES, and its first sample waits for it.
+# - A state records its window: one saved under the earlier default (4 shards) is refused,
+#   naming that window, and resumes with ``shuffle_window`` set to it.
+# The figures (tools/bench_stream.py --only order) are in README's "The same global
+# batches on any number of GPUs".
 GLOBAL_WINDOW_SHARDS = 16
 GLOBAL_WINDOW_BYTES = 512 << 20
 GLOBAL_SMALL_SAMPLE = 64 << 10
