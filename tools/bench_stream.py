@@ -32,9 +32,9 @@
   and the large samples on moto's S3 (loopback), or SeaweedFS's with ``--s3-server
   seaweedfs``, read through a WAN-shaped proxy with ``--wan``; ``--order-topology 8x4``
   measures rank 0 of 8 ranks with 4 workers, ``--order-samples`` sets the small samples'
-  count (10,000 to a shard), ``--order-window 16`` also runs the global order with a
-  window of 16 shards (its requests fall with the window: NOTE [ Lane groups ]); target
-  global / local >= 0.9x. Also the peak RSS an epoch adds to one process reading rank 0
+  count (10,000 to a shard), ``--order-window 4`` also runs the global order with a
+  window of 4 shards (its default before NOTE [ Global window ]; its requests fall with
+  the window: NOTE [ Lane groups ]); target global / local >= 0.9x. Also the peak RSS an epoch adds to one process reading rank 0
   of 1 and of R ranks without workers, each order: the global order's default window is
   longer on small samples (NOTE [ Global window ]), and a worker whose share of one is
   more than the local order's window holds that share.
@@ -667,7 +667,7 @@ def main() -> int:
         type=int,
         metavar="SHARDS",
         help="the order section also runs the global order with a window of SHARDS shards "
-        "(the default window is 4)",
+        "(its default is 16 shards of samples under 64 KiB, else 4: NOTE [ Global window ])",
     )
     parser.add_argument(
         "--wan",
