@@ -32,6 +32,9 @@ def global_configs(draw):
         order="global",
         global_batch_size=draw(st.integers(1, 24)),
         read_lanes=draw(st.one_of(st.none(), st.integers(1, 9))),
+        # bytes of small samples make the default window longer than a worker holds
+        # (NOTE [ Global window ]); of big ones, the local order's
+        dataset_bytes=draw(st.one_of(st.none(), st.sampled_from([0, 1, 100, 10**9]))),
     )
 
 
