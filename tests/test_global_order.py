@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from shardstream import DataLoader, EpochPlan, MapDataset, PlanConfig, ShardSampler, StreamingDataset
@@ -130,6 +131,9 @@ def test_the_global_default_window_follows_the_dataset_bytes():
     wide = dataclasses.replace(small, shuffle_window=24)
     assert wide.window_for(sizes) == wide.hold_for(sizes) == 24
     assert PlanConfig(dataset_bytes=300).window_for(sizes) == 400  # the local order's never moves
+    numpy = PlanConfig(order="global", global_batch_size=8, dataset_bytes=np.int64(300 * 100))
+    assert type(numpy.dataset_bytes) is int  # a numpy int would overflow in the window's product
+    assert global_window(shard_sizes_array([10**10] * 4), np.int64(10**12)) == 4 * 10**10  # no overflow
     with pytest.raises(PlanError, match="dataset_bytes"):
         PlanConfig(order="global", global_batch_size=8, dataset_bytes=-1)
 
@@ -176,3 +180,47 @@ def test_dataset_and_sampler_share_the_long_default_window_and_refuse_the_old_on
         StateError, match=r"shuffle_window=56, this plan has shuffle_window=224.*shuffle_window=56\)"
     ):
         made[0].load_state_dict(dict(states[0], plan=old))
+
+
+MANY = [3, 7, 5, 4, 6, 5, 0, 5] * 3  # 105 samples in 24 shards: the default window is 2 of them
+
+
+def test_the_long_default_window_keeps_the_batches_and_resumes_on_another_topology(tmp_path):
+    """With the default window (16 mean shards of these small samples) the DataLoader's
+    global batches are the same on every topology, and a state resumes on another."""
+    url = str(tmp_path / "many")
+    write_dataset(url, MANY)
+    options = {key: value for key, value in OPTIONS.items() if key != "shuffle_window"}
+
+    def made(world, workers, state=None):
+        loaders = []
+        for rank in range(world):
+            dataset = StreamingDataset(url, num_replicas=world, rank=rank, decode=False, **options)
+            loader = DataLoader(
+                dataset, batch_size=GLOBAL // world, num_workers=workers, collate_fn=collate_keys
+            )
+            if state is not None:
+                loader.load_state_dict(state)
+            loaders.append(loader)
+        return loaders
+
+    first = made(2, 2)
+    plan = first[0].dataset.make_plan(num_workers=2, consume=False)
+    assert plan.shuffle_window == 16 * 5 < sum(MANY)  # more than one window of the sequence
+    share = plan.sequence.per_window * (GLOBAL // 2) // 2  # a worker's part of one window: 18
+    assert max(len(window) for window in plan.worker_windows(0, 0)) == share  # < 4 mean shards: one a Window
+    whole, _ = global_batches(first)
+    assert len({key for batch in whole for key in batch}) == sum(MANY)
+    assert global_batches(made(1, 3))[0] == whole
+    head, states = global_batches(made(2, 2), stop=4)
+    assert head == whole[:4]
+    assert global_batches(made(1, 3, states[0]))[0] == whole[4:]
+    assert global_batches(made(4, 1, states[0]))[0] == whole[4:]
+
+
+def test_a_shard_sampler_over_a_mixture_refuses_dataset_bytes():
+    from shardstream.plan.mixture import StreamSpec
+
+    streams = [StreamSpec("a", [4, 4]), StreamSpec("b", [6])]
+    with pytest.raises(PlanError, match="dataset_bytes sizes the global window of one dataset"):
+        ShardSampler(streams, num_replicas=1, rank=0, dataset_bytes=100, **OPTIONS)

@@ -238,6 +238,8 @@ class StreamingDataset(IterableDataset):
             self._resume = None
 
     def plan_config(self) -> PlanConfig:
+        """The plan's parameters as given; the plans of order="global" are also told the
+        manifest's bytes (``dataset_bytes``, NOTE [ Global window ]), which size its default window."""
         return self.config.plan
 
     def rank_and_world(self) -> tuple[int, int]:

@@ -57,8 +57,10 @@ MAX_WINDOW = 1 << 40
 # - A worker holds what the local order's does where it can (``PlanConfig.hold_for``):
 #   its Windows take whole windows of the sequence (NOTE [ Global order ]), as many as fit
 #   in the local default, at least one. So a worker whose share of one window is more
-#   (ranks x workers under GLOBAL_WINDOW_SHARDS / DEFAULT_WINDOW_SHARDS) holds that share,
-#   at most GLOBAL_WINDOW_BYTES, and its first sample waits for it.
+#   (ranks x workers under the window over the local default's, at most
+#   GLOBAL_WINDOW_SHARDS / DEFAULT_WINDOW_SHARDS) holds that share, at most
+#   GLOBAL_WINDOW_BYTES, and the next one fetched beside it (NOTE [ Read budget ]), and
+#   its first sample waits for it.
 # - A state records its window: one saved under the earlier default (4 shards) is refused,
 #   naming that window, and resumes with ``shuffle_window`` set to it.
 # The figures (tools/bench_stream.py --only order) are in README's "The same global
@@ -110,7 +112,7 @@ def global_window(sizes: np.ndarray, dataset_bytes: int) -> int:
     """order="global"'s default window (NOTE [ Global window ]): ``GLOBAL_WINDOW_SHARDS``
     mean-sized shards where the mean sample is under ``GLOBAL_SMALL_SAMPLE``, cut to the
     samples ``GLOBAL_WINDOW_BYTES`` hold at that size, never below :func:`default_window`."""
-    local = default_window(sizes)
+    local, dataset_bytes = default_window(sizes), int(dataset_bytes)
     samples = int(sizes.sum())
     if samples == 0 or dataset_bytes >= GLOBAL_SMALL_SAMPLE * samples:
         return local  # no samples, or big ones: their reads are long already
@@ -143,8 +145,8 @@ class PlanConfig:
     def __post_init__(self) -> None:
         check_count(self.seed, "seed", minimum=None)
         self._check_order()
-        if self.dataset_bytes is not None:
-            check_count(self.dataset_bytes, "dataset_bytes")
+        if self.dataset_bytes is not None:  # a Python int: a numpy one would overflow in the window's product
+            object.__setattr__(self, "dataset_bytes", check_count(self.dataset_bytes, "dataset_bytes"))
         if self.shuffle_window is not None:
             check_count(self.shuffle_window, "shuffle_window", minimum=1)
             if self.shuffle_window > MAX_WINDOW:

@@ -40,8 +40,9 @@ workers into every run (each worker would read every W-th sample of a chunk), an
 rank part that is not whole lanes would need reads of single samples; whole chunks
 keep both. A worker's ``Window`` is its batches of whole windows of the sequence (a
 few at first, for a fast first sample, then twice as many each time, up to
-``shuffle_window`` samples, or the local order's window where that is the default:
-NOTE [ Global window ] in config.py): every lane's part of a window is then fetched by one
+``shuffle_window`` samples, or the local order's window where that is the default,
+and one window of the sequence where a worker's share of it is more: NOTE [ Global
+window ] in config.py): every lane's part of a window is then fetched by one
 ``Window`` (the reader joins a lane's nearby chunks into one read, so a Window cut
 inside a window of the sequence would fetch those bytes again). The grouping says
 only what the reader fetches together; it changes nothing in the sequence. The price
