@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from shardstream.errors import PlanError, StateError
+from shardstream.errors import StateError
 from shardstream.plan import EpochPlan, PlanConfig
 from shardstream.plan.config import check_count, shard_sizes_array
 from shardstream.plan.mixture import Mixture, MixturePlan, StreamSpec
@@ -86,11 +86,6 @@ class ShardSampler(Sampler[int]):
         # The plan's batch: this rank's part of a global batch, or single indices.
         self._batch = self.config.rank_batch_size(self.num_replicas)
         self.mixture, self.shard_sizes = _mixture_or_sizes(shard_sizes)
-        if self.mixture is not None and dataset_bytes is not None:  # NOTE [ Global window ]
-            raise PlanError(
-                "dataset_bytes sizes the global window of one dataset; a mixture's window is "
-                "four mean-sized shards, as a mixture of StreamingDataset streams has it"
-            )
         # a mixture's shards are its streams' shards in order: these are ConcatDataset indices
         self.offsets = np.cumsum(self.shard_sizes) - self.shard_sizes
         self.epoch = 0

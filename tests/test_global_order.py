@@ -155,7 +155,7 @@ def test_a_worker_of_the_long_default_window_holds_what_a_local_one_does(world, 
 def test_dataset_and_sampler_share_the_long_default_window_and_refuse_the_old_one(url):
     """StreamingDataset sizes the default window by its manifest's bytes, a ShardSampler
     told them (and MapDataset's sampler) gives the same global batches, and a state of
-    the old default names its window."""
+    the old default names its window and resumes with it."""
     options = {key: value for key, value in OPTIONS.items() if key != "shuffle_window"}
     made = [StreamingDataset(url, num_replicas=2, rank=rank, decode=False, **options) for rank in range(2)]
     total = made[0].manifest.num_bytes
@@ -174,12 +174,17 @@ def test_dataset_and_sampler_share_the_long_default_window_and_refuse_the_old_on
     assert [keys[i] for i in mapped] == parts[0]
     untold = ShardSampler(SIZES, num_replicas=2, rank=0, **options)
     assert untold.plan().shuffle_window == 4 * 14
-    assert [keys[i] for i in untold] != parts[0]
+    untold_keys = [keys[i] for i in untold]
+    assert untold_keys != parts[0]
     old = untold.state_dict(6)  # saved under the earlier default: four mean shards
     with pytest.raises(
         StateError, match=r"shuffle_window=56, this plan has shuffle_window=224.*shuffle_window=56\)"
     ):
         made[0].load_state_dict(dict(states[0], plan=old))
+    named = StreamingDataset(url, num_replicas=2, rank=0, decode=False, shuffle_window=56, **options)
+    resumed = DataLoader(named, batch_size=6, collate_fn=collate_keys)
+    resumed.load_state_dict(dict(states[0], plan=old))  # the window it names: the rest of that epoch
+    assert [key for batch in resumed for key in batch] == untold_keys[6:]
 
 
 MANY = [3, 7, 5, 4, 6, 5, 0, 5] * 3  # 105 samples in 24 shards: the default window is 2 of them
@@ -223,4 +228,4 @@ def test_a_shard_sampler_over_a_mixture_refuses_dataset_bytes():
 
     streams = [StreamSpec("a", [4, 4]), StreamSpec("b", [6])]
     with pytest.raises(PlanError, match="dataset_bytes sizes the global window of one dataset"):
-        ShardSampler(streams, num_replicas=1, rank=0, dataset_bytes=100, **OPTIONS)
+        len(ShardSampler(streams, num_replicas=1, rank=0, dataset_bytes=100, **OPTIONS))

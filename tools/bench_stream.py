@@ -25,8 +25,8 @@
   against one dataset of the same shards, shuffled, one process: small samples
   undecoded and decoded, and large ones, local, and large ones on moto's S3; target
   mixture / one dataset >= 0.9x.
-  Also the peak RSS of an epoch of each, in a fresh process (the whole process, and what
-  the epoch added to it); target mixture / one dataset <= 1.1x.
+  Also the peak RSS of an epoch of each, in a fresh process (the whole process at its
+  peak in the epoch, and what the epoch added to it); target mixture / one dataset <= 1.1x.
 - order: ``order="global"`` (default read lanes, NOTE [ Global order ]) against the
   local order, shuffled, through ``shardstream.DataLoader`` with 2 workers, on the small
   and the large samples on moto's S3 (loopback), or SeaweedFS's with ``--s3-server
@@ -34,10 +34,11 @@
   measures rank 0 of 8 ranks with 4 workers, ``--order-samples`` sets the small samples'
   count (10,000 to a shard), ``--order-window 4`` also runs the global order with a
   window of 4 shards (its default before NOTE [ Global window ]; its requests fall with
-  the window: NOTE [ Lane groups ]); target global / local >= 0.9x. Also the peak RSS an epoch adds to one process reading rank 0
-  of 1 and of R ranks without workers, each order: the global order's default window is
-  longer on small samples (NOTE [ Global window ]), and a worker whose share of one is
-  more than the local order's window holds that share.
+  the window: NOTE [ Lane groups ]); target global / local >= 0.9x. Also the peak RSS
+  an epoch adds to one process reading rank 0 of 1 and of R ranks without workers, each
+  order: the global order's default window is longer on small samples (NOTE [ Global
+  window ]), and a worker whose share of one is more than the local order's window
+  holds that share.
 
 How rates are measured (the machine is shared and noisy): each contender runs once
 untimed (warm-up: page cache, imports, connections, server-side caches), then
@@ -64,6 +65,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -496,10 +498,10 @@ def bench_order(
             print("  target: shardstream global / local order >= 0.9x")
             for world in sorted({1, ranks}):
                 added = {
-                    label: order_memory(url, options, dict(order, num_replicas=world))
+                    label: epoch_memory(url, options, rank=0, num_replicas=world, **order)[1]
                     for label, order in orders.items()
                 }
-                shown = ", ".join(f"{label} +{mb:,.0f} MB" for label, mb in added.items())
+                shown = ", ".join(f"{label} +{size / MB:,.0f} MB" for label, size in added.items())
                 print(f"  peak RSS an epoch adds, rank 0 of {world} in one process (no workers): {shown}")
     finally:
         if proxy is not None:
@@ -569,52 +571,35 @@ _EPOCH_MEMORY = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 import shardstream
-spec, options = json.loads(sys.argv[2]), json.loads(sys.argv[3])
+spec, options, more = json.loads(sys.argv[2]), json.loads(sys.argv[3]), json.loads(sys.argv[4])
 source = spec if isinstance(spec, str) else [shardstream.Stream(url) for url in spec]
-dataset = shardstream.StreamingDataset(source, storage_options=options, decode=False)
+dataset = shardstream.StreamingDataset(source, storage_options=options, decode=False, **more)
 len(dataset)  # manifests read, plan made: what the epoch starts from
 def field(name):
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith(name + ":"))
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # the peak (VmHWM) starts again from here: what the imports took is not the epoch's
 start = field("VmRSS")
 count = sum(1 for _ in dataset)
 print(json.dumps([field("VmHWM"), field("VmHWM") - start, count]))
 """
 
 
-_ORDER_MEMORY = """
-import json, sys
-sys.path.insert(0, sys.argv[1])
-import shardstream
-url, options, order = sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
-dataset = shardstream.StreamingDataset(url, storage_options=options, decode=False, rank=0, **order)
-len(dataset)  # manifest read, plan made: what the epoch starts from
-def field(name):
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(name + ":"))
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # the peak (VmHWM) starts again from here
-start = field("VmRSS")
-sum(1 for _ in dataset)
-print(json.dumps(field("VmHWM") - start))
-"""
-
-
-def order_memory(url: str, options: dict, order: dict) -> float:
-    """MB that one epoch of rank 0 adds to the peak RSS of a fresh process, in ``order``."""
+def epoch_memory(spec: str | list[str], options: dict | None, **dataset: Any) -> tuple[int, int]:
+    """(peak RSS, peak RSS - RSS before the epoch) of one undecoded epoch in a fresh
+    process, the peak counted from the epoch's start; ``dataset``: more of
+    ``StreamingDataset``'s options (rank, num_replicas, order, ...)."""
     done = subprocess.run(
-        [sys.executable, "-c", _ORDER_MEMORY, str(ROOT), url, json.dumps(options), json.dumps(order)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return json.loads(done.stdout) / MB
-
-
-def epoch_memory(spec: str | list[str], options: dict | None) -> tuple[int, int]:
-    """(peak RSS, peak RSS - RSS before the epoch) of one undecoded epoch in a fresh process."""
-    done = subprocess.run(
-        [sys.executable, "-c", _EPOCH_MEMORY, str(ROOT), json.dumps(spec), json.dumps(options)],
+        [
+            sys.executable,
+            "-c",
+            _EPOCH_MEMORY,
+            str(ROOT),
+            json.dumps(spec),
+            json.dumps(options),
+            json.dumps(dataset),
+        ],
         capture_output=True,
         text=True,
         check=True,

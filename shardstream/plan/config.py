@@ -182,7 +182,7 @@ class PlanConfig:
         if self.shuffle_window is not None:
             return int(self.shuffle_window)
         if self.is_global and self.dataset_bytes is not None:
-            return global_window(sizes, int(self.dataset_bytes))
+            return global_window(sizes, self.dataset_bytes)
         return default_window(sizes)
 
     def hold_for(self, sizes: np.ndarray) -> int:

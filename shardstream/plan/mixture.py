@@ -372,6 +372,11 @@ class MixturePlan:
             raise PlanError(f"a MixturePlan needs a Mixture, not {type(mixture).__name__}")
         if not isinstance(config, PlanConfig):
             raise PlanError(f"config must be a PlanConfig, not {type(config).__name__}")
+        if config.dataset_bytes is not None:  # NOTE [ Global window ]
+            raise PlanError(
+                "dataset_bytes sizes the global window of one dataset; a mixture's window is "
+                "four mean-sized shards, as a mixture of StreamingDataset streams has it"
+            )
         self.mixture, self._config = mixture, config
         self._segments: Segments | None = None
         self._inner: Any
