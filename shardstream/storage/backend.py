@@ -170,6 +170,9 @@ class Backend:
         """Remove ``fspath``; a missing one is fine."""
         raise NotImplementedError
 
+    def confine(self, root: str, fspath: str) -> None:
+        """Raise unless a write of ``fspath`` stays inside ``root`` (only local folders have links)."""
+
     def sweep_temp(self, root: str, ours: Callable[[str], bool]) -> None:
         """Remove the temp files of writes that died, at the top of ``root``, whose target
         name ``ours`` accepts (only where in-flight writes live in the folder)."""
@@ -232,6 +235,9 @@ class LocalBackend(Backend):
     def delete(self, fspath: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.remove(fspath)
+
+    def confine(self, root: str, fspath: str) -> None:
+        local.check_inside(root, fspath)  # NOTE [ Writes stay inside the folder ] in local.py
 
     def sweep_temp(self, root: str, ours: Callable[[str], bool]) -> None:
         local.remove_temp_files(root, ours)

@@ -320,8 +320,7 @@ class Storage:
 
         ``durable=False``: see ``writer``.
         """
-        self._check_writable(path)
-        fspath = self._fspath(path)
+        fspath = self._target(path)
         self._backend.write(fspath, data, durable=durable, retried=self._upload_retry(path))
         self._forget_cached(path)
 
@@ -337,8 +336,7 @@ class Storage:
         surviving a crash (NOTE [ Durable before the manifest ] in pack/durable.py).
         An uploaded object is durable either way.
         """
-        self._check_writable(path)
-        fspath = self._fspath(path)
+        fspath = self._target(path)
         with self._backend.writer(fspath, durable=durable, retried=self._upload_retry(path)) as f:
             yield f
         self._forget_cached(path)
@@ -348,8 +346,7 @@ class Storage:
 
     def delete(self, path: str) -> None:
         """Remove ``path``; a missing one is fine."""
-        self._check_writable(path)
-        fspath = self._fspath(path)
+        fspath = self._target(path)
         self._retry(lambda: self._backend.delete(fspath), "delete", path)
         self._forget_cached(path)
 
@@ -369,12 +366,18 @@ class Storage:
 
         Only local folders hold such files: remote writes spool outside the dataset.
         """
-        self._check_writable(folder)
+        self._target(f"{folder}/-" if folder else "-")  # the folders down to ``folder``
         self._backend.sweep_temp(self._fspath(folder), ours)
 
-    def _check_writable(self, path: str) -> None:
+    def _target(self, path: str) -> str:
+        """The file system path of ``path``, to be written or deleted: refused on read-only
+        storage, or where it would lead outside the folder (NOTE [ Writes stay inside the
+        folder ] in local.py)."""
         if self.read_only:
             raise UsageError(f"read-only storage: cannot change {path or 'the folder'!r}", url=self.url)
+        fspath = self._fspath(path)
+        self._backend.confine(self._root, fspath)
+        return fspath
 
     def _forget_cached(self, path: str) -> None:
         self._backend.forget(self._fspath(path))

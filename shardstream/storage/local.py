@@ -19,6 +19,7 @@ __all__ = [
     "TEMP_PREFIX",
     "absolute_url",
     "atomic_writer",
+    "check_inside",
     "file_kind",
     "fsync_path",
     "list_files",
@@ -79,6 +80,46 @@ _KINDS = {
 def file_kind(mode: int) -> str:
     """What a file of ``mode`` (``st_mode``) is, in words: "a FIFO", "a socket", ..."""
     return _KINDS.get(stat.S_IFMT(mode), f"mode {stat.filemode(mode)}")
+
+
+# NOTE [ Writes stay inside the folder ]
+# A dataset folder whose ``.shardstream`` is a symbolic link to another dataset's (a
+# copy made with ``cp -s``, a link meant to share sidecars) would have a pack with
+# ``overwrite`` replace the other dataset's manifest and sidecars, and its
+# ``remove_temp_files`` sweep the other's temp files. So every write, delete and sweep
+# in a local folder first resolves the folders between the root and its target: a link
+# that leads outside the root, or a file where a folder must be, is refused, naming it,
+# before anything changes. The root itself may be a link (the user named it), and so may
+# the target (a rename replaces the link; a delete removes the link, not what it names).
+def check_inside(root: str, path: str) -> None:
+    """Raise ``StorageError`` unless writing ``path`` (below ``root``) stays inside ``root``:
+    every folder between must be a folder, and a link among them must lead inside ``root``
+    (NOTE [ Writes stay inside the folder ])."""
+    real_root = os.path.realpath(root)
+    folders = os.path.relpath(path, root).split(os.sep)[:-1]
+    current = root
+    for name in folders:
+        current = os.path.join(current, name)
+        try:
+            mode = os.lstat(current).st_mode
+        except FileNotFoundError:
+            return  # made as a real folder by the write
+        if stat.S_ISLNK(mode):
+            target = os.path.realpath(current)
+            if os.path.commonpath([target, real_root]) != real_root:
+                raise StorageError(
+                    f"{current} is a symbolic link to {target}, outside the dataset folder {root}: "
+                    "shardstream writes only inside the folder it packs or indexes; replace the link "
+                    "with a folder of its own (or remove it)",
+                    url=current,
+                )
+            mode = os.stat(current).st_mode
+        if not stat.S_ISDIR(mode):
+            raise StorageError(
+                f"{current} is {file_kind(mode)}, not a folder: shardstream keeps its manifest and "
+                "sample indexes in a folder of that name; move the file away (or use another folder)",
+                url=current,
+            )
 
 
 def _check_size(fd: int, size: int | None) -> None:
