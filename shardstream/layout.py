@@ -46,8 +46,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from shardstream._version import __version__
+from shardstream.errors import ManifestError
 from shardstream.formats import available_formats
-from shardstream.manifest import LEGACY_MANIFEST_NAME, MANIFEST_NAME, Manifest, ShardInfo
+from shardstream.manifest import LEGACY_MANIFEST_NAME, MANIFEST_NAME, Manifest, ShardInfo, TokensInfo
 
 if TYPE_CHECKING:
     from shardstream.formats import SampleIndex
@@ -168,6 +169,7 @@ class ShardResult:
     fields: tuple[str, ...] = ()
     schema: dict[str, str] = field(default_factory=dict)
     reused: bool = False
+    token_dtype: str | None = None  # a token shard's id type (``SampleIndex.token_dtype``)
 
 
 def fields_and_schema(index: SampleIndex) -> tuple[tuple[str, ...], dict[str, str]]:
@@ -175,8 +177,20 @@ def fields_and_schema(index: SampleIndex) -> tuple[tuple[str, ...], dict[str, st
     return tuple(index.fields), dict(index.schema)
 
 
-def build_manifest(format: str, results: list[ShardResult]) -> Manifest:
-    """The manifest of shards ``results`` (in order): fields are the union over shards."""
+def build_manifest(format: str, results: list[ShardResult], tokens: TokensInfo | None = None) -> Manifest:
+    """The manifest of shards ``results`` (in order): fields are the union over shards.
+
+    ``tokens`` describes a token dataset's ids; without it, token shards (those with a
+    ``token_dtype``) get a record of their type alone, which must be the same for all."""
+    dtypes = {r.token_dtype for r in results if r.token_dtype is not None}
+    if len(dtypes) > 1:
+        raise ManifestError(
+            f"token shards of several id types ({', '.join(sorted(dtypes))}); a dataset has one"
+        )
+    if tokens is None and dtypes:
+        tokens = TokensInfo(dtype=dtypes.pop())
+    elif tokens is not None and dtypes and dtypes != {tokens.dtype}:
+        raise ManifestError(f"token shards of {dtypes.pop()} ids in a dataset of {tokens.dtype} ids")
     fields: set[str] = set()
     schema: dict[str, str] = {}
     for result in results:
@@ -191,4 +205,5 @@ def build_manifest(format: str, results: list[ShardResult]) -> Manifest:
         schema=schema,
         key_column=key_column,
         writer=writer_name(),
+        tokens=tokens,
     )

@@ -29,6 +29,7 @@ __all__ = [
     "MANIFEST_VERSION",
     "Manifest",
     "ShardInfo",
+    "TokensInfo",
     "counts_checksum",
     "dataset_fingerprint",
 ]
@@ -37,7 +38,8 @@ MANIFEST_NAME = ".shardstream/manifest.json"
 LEGACY_MANIFEST_NAME = "manifest.json"  # where datasets of the legacy layout have it
 MANIFEST_VERSION = 1
 # The built-in formats; a manifest may name any format registered when it loads.
-FORMATS = ("tar", "parquet")
+FORMATS = ("tar", "parquet", "tokens")
+_TOKEN_DTYPES = ("uint16", "uint32", "uint8", "int8", "int16", "int32", "int64")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _PATHS = reprlib.Repr()
 _PATHS.maxstring = 200  # a path in an error whole (sidecars: .shardstream/<shard>.idx), a hostile one cut
@@ -53,9 +55,10 @@ class ShardInfo:
     sha256: str
     index: str  # sidecar with the per-sample index, relative to the dataset folder
     index_bytes: int = 0
+    tokens: int | None = None  # token ids in the shard (token datasets); its samples are documents
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        entry = {
             "path": self.path,
             "samples": self.samples,
             "bytes": self.bytes,
@@ -63,6 +66,54 @@ class ShardInfo:
             "index": self.index,
             "index_bytes": self.index_bytes,
         }
+        if self.tokens is not None:
+            entry["tokens"] = self.tokens
+        return entry
+
+
+@dataclass(frozen=True, slots=True)
+class TokensInfo:
+    """What the token ids of a token dataset are: their numpy type, and the tokenizer that
+    made them where known (a foreign corpus says only its type). ``tokenizer`` is its
+    fingerprint: ``sha256:<hex>`` of a ``tokenizer.json``'s bytes, or ``<name>@sha256:<hex>``."""
+
+    dtype: str
+    vocab_size: int | None = None
+    eos_id: int | None = None
+    bos_id: int | None = None
+    tokenizer: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _TOKEN_DTYPES:
+            raise ManifestError(
+                f"token type {reprlib.repr(self.dtype)} is not one of {', '.join(_TOKEN_DTYPES)}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "dtype": self.dtype,
+            "vocab_size": self.vocab_size,
+            "eos_id": self.eos_id,
+            "bos_id": self.bos_id,
+            "tokenizer": self.tokenizer,
+        }
+
+    @classmethod
+    def from_dict(cls, value: object, url: str | None) -> TokensInfo:
+        if not isinstance(value, dict):
+            raise ManifestError("manifest field 'tokens' must be a JSON object", url=url)
+        numbers = {}
+        for key in ("vocab_size", "eos_id", "bos_id"):
+            number = value.get(key)
+            numbers[key] = None if number is None else _count(number, f"tokens.{key}", url)
+        try:
+            return cls(
+                dtype=_string(value, "dtype", url),
+                tokenizer=_string(value, "tokenizer", url, optional=True),
+                **numbers,
+            )
+        except ManifestError as error:
+            raise ManifestError(error.message, url=url) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +127,7 @@ class Manifest:
     key_column: str | None = None  # Parquet: the column that names a sample, if any
     writer: str = ""
     version: int = MANIFEST_VERSION
+    tokens: TokensInfo | None = None  # token datasets: what their ids are
 
     def __post_init__(self) -> None:
         known = available_formats()
@@ -102,12 +154,18 @@ class Manifest:
         return sum(s.bytes for s in self.shards)
 
     @property
+    def num_tokens(self) -> int | None:
+        """Token ids in the dataset, where every shard counts them; else None."""
+        counts = [s.tokens for s in self.shards]
+        return None if not counts or None in counts else sum(c for c in counts if c is not None)
+
+    @property
     def shard_sizes(self) -> list[int]:
         """Sample count of each shard, in manifest order: the epoch plan's input."""
         return [s.samples for s in self.shards]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "version": self.version,
             "format": self.format,
             "writer": self.writer,
@@ -119,6 +177,10 @@ class Manifest:
             "num_bytes": self.num_bytes,
             "shards": [s.to_dict() for s in self.shards],
         }
+        if self.tokens is not None:  # only where there are tokens: other manifests keep their bytes
+            out["tokens"] = self.tokens.to_dict()
+            out["num_tokens"] = self.num_tokens
+        return out
 
     def to_json(self) -> str:
         """Deterministic JSON: the same manifest always gives the same bytes."""
@@ -159,6 +221,7 @@ class Manifest:
                 key_column=_string(data, "key_column", url, optional=True),
                 writer=_string(data, "writer", url, default=""),
                 version=version,
+                tokens=None if data.get("tokens") is None else TokensInfo.from_dict(data["tokens"], url),
             )
         except ManifestError as error:
             raise ManifestError(error.message, url=url, shard=error.shard) from None
@@ -249,6 +312,7 @@ def _shard_info(entry: object, number: int, url: str | None) -> ShardInfo:
         sha256=strings["sha256"],
         index=strings["index"],
         index_bytes=_count(entry.get("index_bytes", 0), "index_bytes", url, shard),
+        tokens=None if entry.get("tokens") is None else _count(entry["tokens"], "tokens", url, shard),
     )
 
 
@@ -258,13 +322,15 @@ def _inside(path: str) -> bool:
 
 
 def _check_totals(data: Mapping[str, Any], manifest: Manifest, url: str | None) -> None:
-    actual = {
+    actual: dict[str, int | None] = {
         "num_shards": len(manifest.shards),
         "num_samples": manifest.num_samples,
         "num_bytes": manifest.num_bytes,
     }
+    if manifest.tokens is not None:
+        actual["num_tokens"] = manifest.num_tokens
     for key, total in actual.items():
-        if key not in data:
+        if key not in data or (key == "num_tokens" and data[key] is None and total is None):
             continue
         given = _count(data[key], key, url)
         if given != total:

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any, TypeVar, cast
 
 from shardstream.digests import checks_of
-from shardstream.errors import ShardstreamError, UsageError
+from shardstream.errors import ShardstreamError, StorageError, UsageError
 from shardstream.formats import SampleIndex, ShardFormat, available_formats, get_format
 from shardstream.formats.checks import BlockHasher
 from shardstream.layout import (
@@ -102,13 +102,30 @@ def _read_shard(
 ) -> tuple[SampleIndex, tuple[str, ...], str, int]:
     """Index, fields, sha256 and size of a stored shard, read once where the format allows;
     the index is tied to the shard's bytes (``SampleIndex.checks``)."""
+    source = fmt.index_source(path, sidecar_name(path))
+    companion = None if source is None else _companion(storage, path, source)
     with storage.open(path) as f:
         reader = _OnePass(f, sequential=fmt.sequential_index)
-        index, fields = fmt.build_index(cast(IO[bytes], reader), name=path)
+        if companion is None:
+            index, fields = fmt.build_index(cast(IO[bytes], reader), name=path)
+        else:
+            index, fields = fmt.build_index_from(cast(IO[bytes], reader), companion, name=path)
         hashed = reader.finish()
     checks = hashed.checks() if hashed is not None else checks_of(storage, path)
     index.bind_checks(checks)
     return index, fields, checks.sha256, checks.size
+
+
+def _companion(storage: Storage, path: str, source: str) -> bytes:
+    """The bytes of ``source``, the file the format needs beside shard ``path`` to index it."""
+    try:
+        return storage.read(source)
+    except StorageError as error:
+        raise UsageError(
+            f"shard {path} is indexed from {source} beside it, which cannot be read: {error.message}",
+            url=storage.url,
+            shard=path,
+        ) from None
 
 
 def _map(function: Callable[[T], R], items: Iterable[T], threads: int) -> list[R]:
@@ -135,7 +152,8 @@ def _shard_format(paths: list[str], url: str) -> str:
             why = fmt.refusal(path)
             if why is not None:
                 raise UsageError(why, url=url, shard=path)
-    formats = {name for path in paths for name, fmt in registered.items() if path.endswith(fmt.suffix)}
+    present = set(paths)
+    formats = {name for path in paths for name, fmt in registered.items() if _is_shard(fmt, path, present)}
     if not formats:
         patterns = " or ".join(f"*{fmt.suffix}" for fmt in registered.values())
         raise UsageError(f"no shards ({patterns} files) in this folder", url=url)
@@ -143,6 +161,14 @@ def _shard_format(paths: list[str], url: str) -> str:
         held = " and ".join(name for name in registered if name in formats)
         raise UsageError(f"the folder holds {held} shards; a dataset has one format", url=url)
     return formats.pop()
+
+
+def _is_shard(fmt: ShardFormat, path: str, present: set[str]) -> bool:
+    """Whether ``index`` takes ``path`` as one of ``fmt``'s shards: a file of its suffix, or
+    of another tool's suffix (a Megatron ``.bin``) with that tool's index beside it."""
+    if path.endswith(fmt.suffix):
+        return True
+    return path.endswith(fmt.foreign_suffixes) and fmt.index_source(path, sidecar_name(path)) in present
 
 
 def _part_records(storage: Storage, files: list[str]) -> dict[str, tuple[ShardInfo, Manifest]]:
@@ -185,8 +211,10 @@ def _index_one(storage: Storage, fmt: ShardFormat, path: str) -> ShardResult:
     index, fields, digest, size = _read_shard(storage, fmt, path)
     sidecar = index.to_bytes()
     storage.write(sidecar_name(path), sidecar)
-    info = ShardInfo(path, index.num_samples, size, digest, sidecar_name(path), len(sidecar))
-    return ShardResult(info, tuple(fields), fields_and_schema(index)[1])
+    info = ShardInfo(
+        path, index.num_samples, size, digest, sidecar_name(path), len(sidecar), index.num_tokens
+    )
+    return ShardResult(info, tuple(fields), fields_and_schema(index)[1], token_dtype=index.token_dtype)
 
 
 def index_dataset(
@@ -213,7 +241,8 @@ def index_dataset(
         visible = [f for f in files if not _hidden(f)]
         format = _shard_format(visible, storage.url)
         fmt = get_format(format)
-        shards = [f for f in visible if f.endswith(fmt.suffix)]
+        present = set(visible)
+        shards = [f for f in visible if _is_shard(fmt, f, present)]
         records = _part_records(storage, files)
         present = set(files)
         for path, (info, _) in records.items():
@@ -226,11 +255,14 @@ def index_dataset(
         def one(path: str) -> ShardResult:
             if path in records and not rehash:
                 info, record = records[path]
-                return ShardResult(_moved(storage, info), record.fields, record.schema)
+                dtype = record.tokens.dtype if record.tokens is not None else None
+                return ShardResult(_moved(storage, info), record.fields, record.schema, token_dtype=dtype)
             return _index_one(storage, fmt, path)
 
         legacy = _legacy_manifest(storage, files)
-        manifest = build_manifest(format, _map(one, shards, threads))
+        described = {record.tokens for _, record in records.values() if record.tokens is not None}
+        tokens = described.pop() if len(described) == 1 else None  # what the parts' pack knew of its ids
+        manifest = build_manifest(format, _map(one, shards, threads), tokens)
         lease.check()
         moved_records = _move_part_records(storage, files, manifest)
         storage.write_manifest(manifest)

@@ -1,4 +1,4 @@
-"""Shard formats: tar (WebDataset conventions) and Parquet, behind one contract.
+"""Shard formats: tar (WebDataset conventions), Parquet and token arrays, behind one contract.
 
 A small registry maps a format's name to a stateless codec instance, read-only from
 the outside, as fsspec's ``registry.py`` does::
@@ -16,6 +16,7 @@ from shardstream.errors import UsageError
 from shardstream.formats.base import Sample, SampleIndex, ShardEncoder, ShardFormat
 from shardstream.formats.parquet import ParquetFormat
 from shardstream.formats.tar import TarFormat
+from shardstream.formats.tokens import TokensFormat
 
 __all__ = [
     "Sample",
@@ -24,12 +25,13 @@ __all__ = [
     "ParquetFormat",
     "ShardFormat",
     "TarFormat",
+    "TokensFormat",
     "available_formats",
     "get_format",
     "register_format",
 ]
 
-_BUILT_IN: dict[str, ShardFormat] = {"tar": TarFormat(), "parquet": ParquetFormat()}
+_BUILT_IN: dict[str, ShardFormat] = {"tar": TarFormat(), "parquet": ParquetFormat(), "tokens": TokensFormat()}
 _registry: dict[str, ShardFormat] = dict(_BUILT_IN)
 _view = MappingProxyType(_registry)
 

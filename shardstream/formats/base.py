@@ -184,6 +184,16 @@ class SampleIndex(ABC):
         """Field name -> type name, for formats with typed fields (Parquet); else empty."""
         return {}
 
+    @property
+    def num_tokens(self) -> int | None:
+        """Token ids in the shard, for token shards (the manifest's per-shard ``tokens``); else None."""
+        return None
+
+    @property
+    def token_dtype(self) -> str | None:
+        """The numpy name of a token shard's ids (``"uint16"``); None for other shards."""
+        return None
+
     @classmethod
     @abstractmethod
     def from_bytes(cls, data: bytes | memoryview, *, name: str) -> SampleIndex:
@@ -249,6 +259,9 @@ class ShardFormat(ABC):
     # padding to 512 bytes): pack advises another format when samples are this small
     # (NOTE [ Small samples in tar ] in shardstream/pack/api.py).
     member_overhead: ClassVar[int] = 0
+    # Suffixes of files other tools wrote that ``index`` takes as this format's shards
+    # (tokens: Megatron-LM's ``.bin``, datatrove's ``.ds``), beside ``suffix``.
+    foreign_suffixes: ClassVar[tuple[str, ...]] = ()
 
     def file_sizer(self) -> FileSizer:
         """``size(key, fields, sizes)``: the bytes a sample of files not read yet adds to a
@@ -283,6 +296,20 @@ class ShardFormat(ABC):
 
         Raises ``FormatError`` naming ``name`` and the offset for corrupt or truncated data.
         """
+
+    def index_source(self, path: str, sidecar: str) -> str | None:
+        """The file (relative to the dataset, as ``path``) whose bytes ``build_index_from``
+        needs to index shard ``path``, where the shard alone does not say where its samples
+        are (a flat token array: its sidecar ``sidecar``, or another tool's index beside
+        it); None where ``build_index`` reads the shard alone."""
+        return None
+
+    def build_index_from(
+        self, fileobj: IO[bytes], source: bytes, *, name: str
+    ) -> tuple[SampleIndex, tuple[str, ...]]:
+        """``build_index`` for a format whose ``index_source`` names a file: ``source`` is
+        that file's bytes. Reads the shard once from start to end, as ``build_index``."""
+        raise UsageError(f"format {self.name!r} indexes a shard from the shard alone", shard=name)
 
     @abstractmethod
     def load_index(self, data: bytes, *, name: str) -> SampleIndex:

@@ -213,6 +213,7 @@ class ShardOutput:
             sha256=digest,
             index=sidecar_name(self.name),
             index_bytes=len(sidecar),
+            tokens=index.num_tokens,
         )
         if reused:
             written = _write_if_changed(self._storage, info.index, sidecar, durable=self._durable)
@@ -221,7 +222,7 @@ class ShardOutput:
             written = True
         if written and self._on_stored is not None:
             self._on_stored(info.index)
-        return ShardResult(info, *fields_and_schema(index), reused=reused)
+        return ShardResult(info, *fields_and_schema(index), reused=reused, token_dtype=index.token_dtype)
 
     def abort(self) -> None:
         """Drop the shard: nothing of it becomes visible."""
