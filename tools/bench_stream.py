@@ -138,6 +138,22 @@ def report(title: str, measured: Rates, unit: str = "samples/s") -> None:
                 print(f"  {'':<{width}}   {mine} / {name} = {measured.ratio([name], mine)}")
 
 
+# The command line that --record stores with each result (tools/results.py); "" records nothing.
+RECORD = ""
+
+
+def paired(rates: Rates, others: list[str], ours: str = "shardstream") -> float:
+    return statistics.median(rates.ratios(others, ours))
+
+
+def recorded(claim: str, figures: dict[str, float], ratios: dict[str, float] | None = None) -> None:
+    """Append a result to the results file when run with --record."""
+    if RECORD:
+        from results import record
+
+        record(claim, RECORD, figures, ratios=ratios)
+
+
 def count_samples(iterable) -> int:  # type: ignore[no-untyped-def]
     count = 0
     for _ in iterable:
@@ -239,6 +255,27 @@ def bench_small(work: str, count: int, repeat: int) -> None:
     )
     decoded = rates.ratio(["shardstream parquet"], "shardstream parquet decoded")
     print(f"  decode=True / decode=False = {decoded} (Parquet)")
+    if others:
+        recorded(
+            "local-small",
+            {name: rates.rate(name) for name in rates.names},
+            {
+                "shardstream / best other, copies": paired(rates, others),
+                "shardstream / best other, mapped": paired(rates, others, "shardstream mapped"),
+            },
+        )
+    checks = {
+        "checked / unchecked, copies": paired(rates, ["shardstream unchecked"]),
+        "checked / unchecked, mapped": paired(rates, ["shardstream mapped unchecked"], "shardstream mapped"),
+    }
+    recorded("checks-cost", {}, checks)
+    decode = {
+        "decode=True / decode=False": paired(rates, ["shardstream"], "shardstream decoded"),
+        "decode=True / decode=False, Parquet": paired(
+            rates, ["shardstream parquet"], "shardstream parquet decoded"
+        ),
+    }
+    recorded("decode-cost", {}, decode)
 
 
 def large_sample(i: int) -> dict:
@@ -462,6 +499,7 @@ def bench_order(
     workers; ``window_shards``: also the global order with a window of that many shards."""
     ranks, workers = topology
     server, proxy = order_server(server_kind), None
+    ratios: dict[str, float] = {}
     try:
         options = server.options() if server_kind == "moto" else server.storage_options()
         where = f"{server_kind} S3"
@@ -496,6 +534,8 @@ def bench_order(
                 rates,
             )
             print("  target: shardstream global / local order >= 0.9x")
+            shape = f"{name}, rank 0 of {ranks} x {workers} workers"
+            ratios[shape] = paired(rates, ["local order"], "shardstream global")
             for world in sorted({1, ranks}):
                 added = {
                     label: epoch_memory(url, options, rank=0, num_replicas=world, **order)[1]
@@ -503,6 +543,9 @@ def bench_order(
                 }
                 shown = ", ".join(f"{label} +{size / MB:,.0f} MB" for label, size in added.items())
                 print(f"  peak RSS an epoch adds, rank 0 of {world} in one process (no workers): {shown}")
+                if world == 1 and name == "small":
+                    recorded("global-order-memory", {label: size / MB for label, size in added.items()})
+        recorded("global-order", {}, ratios)
     finally:
         if proxy is not None:
             proxy.stop()
@@ -511,13 +554,16 @@ def bench_order(
 
 def bench_mix(work: str, small: int, large: int, repeat: int) -> None:
     """A mixture of three streams against one dataset of the same samples (see the docstring)."""
-    mix_case("small", small_sample, small, small // 10, work, None, repeat)  # 10 shards
-    mix_case("large", large_sample, large, large // 10, work, None, repeat)
+    ratios: dict[str, float] = {}
+    mix_case("small", small_sample, small, small // 10, work, None, repeat, ratios)  # 10 shards
+    mix_case("large", large_sample, large, large // 10, work, None, repeat, ratios)
     server = MotoProcess("mix")
     try:
-        mix_case("large on moto S3", large_sample, large, large // 10, "s3://mix", server.options(), repeat)
+        on_s3 = "large on moto S3"
+        mix_case(on_s3, large_sample, large, large // 10, "s3://mix", server.options(), repeat, ratios)
     finally:
         server.stop()
+    recorded("mixture-cost", {}, ratios)
 
 
 def mix_case(
@@ -528,8 +574,10 @@ def mix_case(
     base: str,
     options: dict | None,
     repeat: int,
+    ratios: dict[str, float],
 ) -> None:
-    """One dataset of ``count`` samples, and the same samples as three streams under ``base``."""
+    """One dataset of ``count`` samples, and the same samples as three streams under
+    ``base``; the mixture's ratios to one dataset go into ``ratios``."""
     slug = name.replace(" ", "-")
     one, parts = f"{base}/mix-{slug}-one", []
     write_tar(one, map(make, range(count)), per_shard, options)
@@ -548,6 +596,7 @@ def mix_case(
         what = "decoded" if decode else "no decode"
         report(f"mix, {name}: {count:,} samples as 1 dataset or 3 streams, shuffled, {what}", rates)
         print("  target: mixture / one dataset >= 0.9x")
+        ratios[f"throughput, {name}, {what}"] = paired(rates, ["one dataset"], "shardstream mixture")
     peaks = {label: epoch_memory(spec, options) for label, spec in (("one dataset", one), ("mixture", parts))}
     whole = peaks["mixture"][0] / peaks["one dataset"][0]
     added = peaks["mixture"][1] / max(1, peaks["one dataset"][1])
@@ -557,6 +606,7 @@ def mix_case(
         f"(+{peaks['mixture'][1] / MB:,.0f} MB); mixture / one dataset = {whole:.2f}x "
         f"(what the epoch added: {added:.2f}x); target <= 1.1x"
     )
+    ratios[f"peak RSS, {name}"] = whole
 
 
 def opened(source: str | list[str], options: dict | None, decode: bool) -> shardstream.StreamingDataset:
@@ -659,7 +709,15 @@ def main() -> int:
         action="store_true",
         help="the order section reads through a WAN-shaped proxy (NOTE [ Order bench servers ])",
     )
+    parser.add_argument(
+        "--record", action="store_true", help="append the results to docs/benchmarks.json (tools/results.py)"
+    )
     args = parser.parse_args()
+    if args.record:
+        from results import command_line
+
+        global RECORD
+        RECORD = command_line()
     if args.order_samples is not None and args.order_samples < 1:
         parser.error("--order-samples must be at least 1")
     if args.order_window is not None and args.order_window < 1:
@@ -692,7 +750,7 @@ def main() -> int:
         if "wan" in only:
             import bench_wan
 
-            bench_wan.bench_wan(args.quick, 1 if args.quick else min(args.repeat, 3))
+            bench_wan.bench_wan(args.quick, 1 if args.quick else min(args.repeat, 3), record=RECORD)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

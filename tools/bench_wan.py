@@ -141,13 +141,31 @@ def show(title: str, rates: Rates, details: dict, unit: str) -> None:
         )
 
 
-def target(rates: Rates, ours: str, others: list[str], goal: float, what: str) -> None:
+# Each section's ratios by label, for --record's "wan-targets" row (tools/results.py).
+RATIOS: dict[str, float] = {}
+
+
+def target(rates: Rates, ours: str, others: list[str], goal: float, what: str, label: str = "") -> None:
     others = [o for o in others if o in rates.names]
     if ours not in rates.names or not others:
         return
     ratio = statistics.median(rates.ratios(others, ours))
     state = f"; target >= {goal}x: " + ("met" if ratio >= goal else "MISSED") if goal else ""
     print(f"  {what}: {ours} / {' | '.join(others)} = {ratio:.2f}x{state}")
+    if label:
+        RATIOS[label] = ratio
+
+
+def record_rates(claim: str, rates: Rates, details: dict, record: str) -> None:
+    """With --record: the cold rates (``claim``) and, for 1 MB, the peak RSS ("wan-memory")."""
+    if not record:
+        return
+    from results import record as append
+
+    cold = [name for name in rates.names if not name.endswith("warm")]
+    append(claim, record, {name: rates.rate(name) for name in cold})
+    if claim == "wan-large":
+        append("wan-memory", record, {name: details[name]["rss"] / MB for name in cold})
 
 
 def memory_target(details: dict, ours: str) -> None:
@@ -176,15 +194,35 @@ def bench_corpus(pool, name: str, where: dict, base: dict, repeat: int, large: b
     show(f"{name}: {where['count']:,} x {size} through the proxy, cold and warm epochs", rates, details, unit)
     cold_peers = [p for p in PEERS if p in rates.names]
     if large:
-        target(rates, "shardstream tar", ["boto3 x16"], 0.9, "1 MB cold vs the wire")
-        target(rates, "shardstream tar", cold_peers, 2.0, "1 MB cold vs the best peer")
+        target(rates, "shardstream tar", ["boto3 x16"], 0.9, "1 MB cold vs the wire", "1 MB cold / boto3 x16")
+        target(
+            rates, "shardstream tar", cold_peers, 2.0, "1 MB cold vs the best peer", "1 MB cold / best peer"
+        )
     else:
-        target(rates, "shardstream tar", cold_peers, 1.5, "~250 B cold, tar, vs the best peer")
-        target(rates, "shardstream parquet", cold_peers, 2.5, "~250 B cold, Parquet, vs the best peer")
+        tar, parquet = "~250 B cold, tar / best peer", "~250 B cold, Parquet / best peer"
+        target(rates, "shardstream tar", cold_peers, 1.5, "~250 B cold, tar, vs the best peer", tar)
+        target(
+            rates, "shardstream parquet", cold_peers, 2.5, "~250 B cold, Parquet, vs the best peer", parquet
+        )
     memory_target(details, "shardstream tar")
-    target(rates, "shardstream tar cache", ["shardstream tar"], 0.95, "cache, cold vs uncached cold")
-    target(rates, "shardstream tar cache warm", ["local disk warm"], 0.9, "cache, warm vs local disk")
+    target(
+        rates,
+        "shardstream tar cache",
+        ["shardstream tar"],
+        0.95,
+        "cache, cold vs uncached cold",
+        f"cache cold / uncached, {size}",
+    )
+    target(
+        rates,
+        "shardstream tar cache warm",
+        ["local disk warm"],
+        0.9,
+        "cache, warm vs local disk",
+        f"cache warm / local disk, {size}",
+    )
     target(rates, "shardstream tar cache warm", ["litdata warm", "mosaic warm"], 0, "warm vs the best peer")
+    record_rates("wan-large" if large else "wan-small", rates, details, base.get("record", ""))
 
 
 def bench_loopback(pool, where: dict, base: dict, repeat: int) -> None:  # type: ignore[no-untyped-def]
@@ -195,7 +233,12 @@ def bench_loopback(pool, where: dict, base: dict, repeat: int) -> None:  # type:
     show("large, loopback (no proxy), cold epoch", rates, details, "MB/s")
     memory_target({name.removesuffix(" (loopback)"): d for name, d in details.items()}, "shardstream tar")
     target(
-        rates, "shardstream tar (loopback)", ["boto3 (loopback)"], 0.9, "loopback 1 MB vs sequential boto3"
+        rates,
+        "shardstream tar (loopback)",
+        ["boto3 (loopback)"],
+        0.9,
+        "loopback 1 MB vs sequential boto3",
+        "loopback 1 MB / boto3 sequential",
     )
 
 
@@ -212,6 +255,11 @@ def bench_first_sample(pool, base: dict, shards: int) -> None:  # type: ignore[n
         f"{result['seconds'] * 1000:,.0f} ms, {result['gets']} GETs (peak RSS {result['rss'] / MB:,.0f} MB); "
         f"target <= 300 ms: {state}"
     )
+    if base.get("record"):
+        from results import record
+
+        figures = {"shardstream, rank 5 of 64": result["seconds"] * 1000}
+        record("first-sample", base["record"], figures, note=f"{result['gets']} GETs.")
 
 
 class ProxyProcess:
@@ -250,7 +298,10 @@ def bench_wan(
     bandwidth: float = BANDWIDTH,
     only: tuple[str, ...] = SECTIONS,
     tools: tuple[str, ...] = (),
+    record: str = "",
 ) -> None:
+    """Run the sections in ``only``; with ``record`` (the command line to store), append
+    each section's results to the results file (tools/results.py)."""
     large, small, shards = (10, 2_000, 40) if quick else (150, 20_000, 200)
     work = tempfile.mkdtemp(prefix="bench-wan-")
     server = MotoProcess(BUCKET)
@@ -266,6 +317,7 @@ def bench_wan(
             "server_pid": server.proc.pid,
         }
         base["tools"] = tools
+        base["record"] = record
         wanted = {"large", "loopback"} & set(only)
         big = (
             write_corpus("large", large_sample, large, max(1, large // 5), work, server.env) if wanted else {}
@@ -284,6 +336,10 @@ def bench_wan(
                 bench_first_sample(pool, base, shards)
             if "loopback" in only:
                 bench_loopback(pool, big, base, repeat)
+        if record and RATIOS:
+            from results import record as append
+
+            append("wan-targets", record, {}, ratios=RATIOS)
     finally:
         proxy.stop()
         server.stop()
@@ -300,10 +356,18 @@ def main() -> int:
     parser.add_argument("--bandwidth", type=float, default=BANDWIDTH, help="bytes/s per response")
     parser.add_argument("--only", default=",".join(SECTIONS), help="sections: " + ", ".join(SECTIONS))
     parser.add_argument("--tools", default="", help="contenders to run, by name (all if empty)")
+    parser.add_argument(
+        "--record", action="store_true", help="append the results to docs/benchmarks.json (tools/results.py)"
+    )
     args = parser.parse_args()
     only = tuple(args.only.split(","))
     tools = tuple(filter(None, args.tools.split(",")))
-    bench_wan(args.quick, args.repeat, args.latency, args.bandwidth, only, tools)
+    record = ""
+    if args.record:
+        from results import command_line
+
+        record = command_line()
+    bench_wan(args.quick, args.repeat, args.latency, args.bandwidth, only, tools, record)
     return 0
 
 
