@@ -87,6 +87,19 @@ def add_pack(subparsers: Any, common: argparse.ArgumentParser) -> None:
         "--part", metavar="I/N", help="pack only part I of N (0 <= I < N); then `shardstream index DEST`"
     )
     p.add_argument("--overwrite", action="store_true", help="replace another dataset already at DEST")
+    tokens = p.add_argument_group("tokenizing (with --format tokens or parquet)")
+    tokens.add_argument(
+        "--tokenizer", metavar="T", help="tokenize text: a tokenizer.json, or a name tokenizers can load"
+    )
+    tokens.add_argument(
+        "--text-field", metavar="F", help="the field holding the text (default: text, or txt)"
+    )
+    tokens.add_argument(
+        "--append-eos",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="end each document with the tokenizer's EOS (default: when it has one)",
+    )
     p.set_defaults(run=run_pack)
 
 
@@ -109,6 +122,9 @@ def run_pack(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             part=args.part,
             progress=progress,
+            tokenizer=args.tokenizer,
+            text_field=args.text_field,
+            append_eos=args.append_eos,
         )
     finally:
         progress.close()

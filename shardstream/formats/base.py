@@ -262,6 +262,9 @@ class ShardFormat(ABC):
     # Suffixes of files other tools wrote that ``index`` takes as this format's shards
     # (tokens: Megatron-LM's ``.bin``, datatrove's ``.ds``), beside ``suffix``.
     foreign_suffixes: ClassVar[tuple[str, ...]] = ()
+    # The field a pack with a tokenizer writes a document's token ids to (tokens: "tokens",
+    # Parquet: "input_ids"); None where the format stores no token ids (tar).
+    token_field: ClassVar[str | None] = None
 
     def file_sizer(self) -> FileSizer:
         """``size(key, fields, sizes)``: the bytes a sample of files not read yet adds to a
@@ -296,6 +299,10 @@ class ShardFormat(ABC):
 
         Raises ``FormatError`` naming ``name`` and the offset for corrupt or truncated data.
         """
+
+    def token_value(self, ids: np.ndarray) -> Any:
+        """A document's token ids as this format's encoder takes them in ``token_field``."""
+        return ids
 
     def index_source(self, path: str, sidecar: str) -> str | None:
         """The file (relative to the dataset, as ``path``) whose bytes ``build_index_from``

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
-from shardstream.errors import PackError
+from shardstream.errors import PackError, UsageError
 from shardstream.formats import get_format
 from shardstream.manifest import Manifest
 from shardstream.pack.dest import DatasetTarget
@@ -20,6 +20,7 @@ from shardstream.pack.options import PackOptions, Part, check_count
 from shardstream.pack.parallel import run_jobs
 from shardstream.pack.sources import Source, open_source
 from shardstream.pack.sources.base import Entry, input_storage
+from shardstream.pack.tokenize import load_tokenizing
 from shardstream.storage import Storage
 
 __all__ = ["SMALL_MEMBERS", "PackProgress", "advise_format", "pack"]
@@ -42,6 +43,9 @@ def pack(
     overwrite: bool = False,
     part: str | tuple[int, int] | Part | None = None,
     progress: PackProgress | None = None,
+    tokenizer: str | os.PathLike[str] | None = None,
+    text_field: str | None = None,
+    append_eos: bool | None = None,
 ) -> Manifest:
     """Pack ``source`` into shards at ``dest`` and return the manifest.
 
@@ -55,6 +59,13 @@ def pack(
     go to fsspec for ``dest`` (and for a remote source, unless ``source_options``).
     With ``part="I/N"`` only the I-th of N slices is packed, into shards named for the
     part and a part record instead of the manifest (``shardstream index`` joins parts).
+
+    With ``tokenizer`` (a ``tokenizer.json``, or a name that ``tokenizers`` or
+    ``transformers`` loads) each sample's ``text_field`` (default: ``text``, or a
+    folder's ``.txt`` files) is tokenized into a document of token ids, an EOS appended
+    where ``append_eos`` (default: when the tokenizer has one): ``format="tokens"``
+    writes flat token arrays, ``format="parquet"`` an ``input_ids`` column (NOTE
+    [ Tokenizing in the pack's workers ]).
 
     Workers are forked when this process runs no other thread (fsspec's aside), and
     spawned otherwise; a script that packs with spawned workers needs the usual
@@ -75,7 +86,12 @@ def pack(
         compression=compression,
         part=part,
         overwrite=overwrite,
+        tokenizing=None
+        if tokenizer is None
+        else load_tokenizing(tokenizer, text_field=text_field, append_eos=append_eos),
     )
+    if tokenizer is None and (text_field is not None or append_eos is not None):
+        raise UsageError("text_field and append_eos say how to tokenize: pass a tokenizer too")
     if workers is not None:
         workers = check_count("workers", workers)
     src = (

@@ -163,7 +163,7 @@ class DatasetTarget:
         """What decides this pack's shards: a rerun with the same may take over its files."""
         options = self.options
         part = options.part
-        return {
+        identity = {
             "source": None if self.origin is None else absolute_url(self.origin),
             "format": options.format,
             "shard_size": options.shard_size,
@@ -171,6 +171,9 @@ class DatasetTarget:
             "compression": options.compression,
             "part": None if part is None else f"{part.index}/{part.count}",
         }
+        if options.tokenizing is not None:  # only then: the records of other packs stay as they were
+            identity.update(options.tokenizing.identity())
+        return identity
 
     def _read_record(self) -> dict[str, Any] | None:
         try:
@@ -264,7 +267,10 @@ class DatasetTarget:
     def finish(self, results: list[ShardResult], sync: ShardSync) -> Manifest:
         """Remove what is stale, make the shards durable, then write the manifest (or the part's record)."""
         self._lease.check()  # nothing is deleted, nor a manifest written, by a pack taken over
-        manifest = build_manifest(self.options.format, results)
+        tokenizing = self.options.tokenizing
+        manifest = build_manifest(
+            self.options.format, results, None if tokenizing is None else tokenizing.info()
+        )
         names = {path for s in manifest.shards for path in (s.path, s.index)}
         prefix = self.options.prefix
         if self._protected is not None:

@@ -9,6 +9,7 @@ sizes and writes ] in ``parallel``). Nothing here starts or talks to a process.
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import zlib
 from collections.abc import Callable, Iterator
@@ -22,6 +23,7 @@ from shardstream.pack.options import PackOptions
 from shardstream.pack.shard import ShardOutput, ShardResult
 from shardstream.pack.sizing import sample_sizer
 from shardstream.pack.sources.base import Entry, Source, tar_ready
+from shardstream.pack.tokenize import DocumentWriter
 from shardstream.pack.writer import oversize_error
 from shardstream.storage import Storage
 
@@ -349,7 +351,10 @@ def write_job(
         expected=job.expected,
         on_stored=on_stored,
     )
-    write = output.write
+    documents = None
+    if options.tokenizing is not None:  # NOTE [ Tokenizing in the pack's workers ] in ``tokenize``
+        documents = DocumentWriter(output.write, options.tokenizing, options.fmt)
+    write = output.write if documents is None else documents.add
     reported = (0, 0)
     try:
         for done, entry in enumerate(job.entries, 1):
@@ -365,6 +370,8 @@ def write_job(
                 if progress is not None and done % _TICK == 0:
                     progress.update(done - reported[0], output.num_bytes - reported[1])
                     reported = (done, output.num_bytes)
+        if documents is not None:
+            documents.flush()
     except BaseException:
         output.abort()
         raise
@@ -372,6 +379,8 @@ def write_job(
         result = output.finish()  # which may encode the samples (Parquet)
     except RecursionError:
         raise _too_deep(job, source) from None
+    if documents is not None and result.info.tokens is None:  # a format that does not count them
+        result = dataclasses.replace(result, info=dataclasses.replace(result.info, tokens=documents.tokens))
     if progress is not None:
         progress.update(result.info.samples - reported[0], result.info.bytes - reported[1])
     return result

@@ -13,8 +13,9 @@ from functools import cache
 
 from shardstream.counts import MAX_COUNT, check_count
 from shardstream.errors import ShardstreamError, UsageError, shown
-from shardstream.formats import ShardFormat, get_format
+from shardstream.formats import ShardFormat, available_formats, get_format
 from shardstream.layout import SHARD_PREFIX, part_prefix, part_record_name, shard_name
+from shardstream.pack.tokenize import Tokenizing
 
 __all__ = [
     "DEFAULT_SHARD_SIZE",
@@ -115,10 +116,15 @@ class PackOptions:
     compression: str | None = None
     part: Part | None = None
     overwrite: bool = False
+    # text tokenized into documents: NOTE [ Tokenizing in the pack's workers ] in ``tokenize``
+    tokenizing: Tokenizing | None = None
 
     def __post_init__(self) -> None:
         # UsageError naming the known formats, or for a compression the format does not have
         get_format(self.format).encoder(io.BytesIO(), name="<options>", compression=self.compression)
+        if self.tokenizing is not None and get_format(self.format).token_field is None:
+            able = ", ".join(name for name, fmt in available_formats().items() if fmt.token_field is not None)
+            raise UsageError(f"{self.format} shards hold no token ids; a pack with a tokenizer writes {able}")
         if self.shard_size is not None:
             check_count("shard_size", self.shard_size)
         if self.samples_per_shard is not None:
@@ -134,6 +140,7 @@ class PackOptions:
         compression: str | None = None,
         part: str | tuple[int, int] | Part | None = None,
         overwrite: bool = False,
+        tokenizing: Tokenizing | None = None,
     ) -> PackOptions:
         """Options from user-facing values (``"256MB"``, ``"3/16"``)."""
         size = parse_size(shard_size) if shard_size is not None else None
@@ -148,6 +155,7 @@ class PackOptions:
             compression=None if compression in (None, "") else compression,
             part=parse_part(part),
             overwrite=bool(overwrite),
+            tokenizing=tokenizing,
         )
 
     @property

@@ -182,6 +182,7 @@ class TokensFormat(ShardFormat):
     name = "tokens"
     suffix = ".tokens"
     foreign_suffixes = (".bin", ".ds")
+    token_field = "tokens"
     sequential_index = True
 
     def encoder(self, fileobj: IO[bytes], *, name: str, compression: str | None = None) -> TokensEncoder:
