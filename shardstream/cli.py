@@ -182,6 +182,21 @@ def add_inspect(subparsers: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(run=run_inspect)
 
 
+def _tokens_line(tokens: dict[str, Any]) -> str:
+    """A token dataset's count, id type and tokenizer, for ``inspect``."""
+    count = tokens.get("num_tokens")
+    parts = [f"{count:,}" if isinstance(count, int) else "?", tokens["dtype"]]
+    for key, name in (
+        ("vocab_size", "vocabulary"),
+        ("eos_id", "eos"),
+        ("bos_id", "bos"),
+        ("tokenizer", "tokenizer"),
+    ):
+        if tokens.get(key) is not None:
+            parts.append(f"{name} {tokens[key]}")
+    return ", ".join(parts)
+
+
 def run_inspect(args: argparse.Namespace) -> int:
     from shardstream.catalog import inspect_dataset
 
@@ -203,6 +218,8 @@ def run_inspect(args: argparse.Namespace) -> int:
     ]
     if summary.schema:
         rows.append(("schema", ", ".join(f"{k}: {v}" for k, v in summary.schema.items())))
+    if summary.tokens is not None:
+        rows.append(("tokens", _tokens_line(summary.tokens)))
     more = " ..." if len(summary.sample_keys) < summary.num_samples else ""
     rows.append(("sample keys", ", ".join(summary.sample_keys) + more))
     if sizes:

@@ -155,6 +155,7 @@ def test_pack_verify_inspect_and_index(tmp_path, corpus):
     summary = inspect_dataset(str(dest))
     assert summary.format == "tokens"
     assert summary.num_samples == len(docs)
+    assert summary.tokens == {**manifest.tokens.to_dict(), "num_tokens": manifest.num_tokens}
     assert main(["inspect", str(dest)]) == 0
     assert main(["verify", str(dest)]) == 0
     # the sidecars hold the document ends: index rebuilds the manifest from them

@@ -28,9 +28,10 @@ class DatasetSummary:
     sample_keys: tuple[str, ...]
     shard_bytes: dict[str, float]  # min, p10, p50, p90, max, mean
     shard_samples: dict[str, float]
+    tokens: dict[str, Any] | None = None  # token datasets: the manifest's record and num_tokens
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "url": self.url,
             "format": self.format,
             "writer": self.writer,
@@ -43,6 +44,9 @@ class DatasetSummary:
             "shard_bytes": dict(self.shard_bytes),
             "shard_samples": dict(self.shard_samples),
         }
+        if self.tokens is not None:
+            out["tokens"] = dict(self.tokens)
+        return out
 
 
 def _distribution(values: list[int]) -> dict[str, float]:
@@ -89,6 +93,9 @@ def inspect_dataset(
             sample_keys=tuple(keys),
             shard_bytes=_distribution([s.bytes for s in manifest.shards]),
             shard_samples=_distribution([s.samples for s in manifest.shards]),
+            tokens=None
+            if manifest.tokens is None
+            else {**manifest.tokens.to_dict(), "num_tokens": manifest.num_tokens},
         )
     finally:
         storage.close()
