@@ -18,9 +18,9 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from shardstream.errors import StateError
-from shardstream.plan import EpochPlan, PlanConfig
+from shardstream.plan import Plan, PlanConfig, Shape, make_plan
 from shardstream.plan.config import check_count, shard_sizes_array
-from shardstream.plan.mixture import Mixture, MixturePlan, StreamSpec
+from shardstream.plan.mixture import Mixture, StreamSpec
 from shardstream.plan.state import ResumeState
 from shardstream.topology import detect_rank
 
@@ -90,8 +90,8 @@ class ShardSampler(Sampler[int]):
         self.offsets = np.cumsum(self.shard_sizes) - self.shard_sizes
         self.epoch = 0
         self._resume: ResumeState | None = None  # a loaded state for the next __iter__
-        self._next: EpochPlan | MixturePlan | None = None  # the plan of the next __iter__, once built
-        self._active: EpochPlan | MixturePlan | None = None  # the plan the latest __iter__ follows
+        self._next: Plan | None = None  # the plan of the next __iter__, once built
+        self._active: Plan | None = None  # the plan the latest __iter__ follows
 
     def set_epoch(self, epoch: int) -> None:
         """Use the order of ``epoch`` from the next iteration on (a loaded state of the
@@ -104,19 +104,15 @@ class ShardSampler(Sampler[int]):
         if self._resume is not None and not self._resume.of_epoch(self.epoch):
             self._resume, self._next = None, None
 
-    def plan(self) -> EpochPlan | MixturePlan:
+    def plan(self) -> Plan:
         """The plan the next iteration follows: resumed from a loaded state, or fresh."""
         if self._next is None:
-            topology = dict(world_size=self.num_replicas, num_workers=1, batch_size=self._batch)
-            resume = self._resume.plan if self._resume is not None else None
-            if self.mixture is not None and resume is not None:
-                self._next = MixturePlan.resume(self.mixture, self.config, resume, **topology)
-            elif self.mixture is not None:
-                self._next = MixturePlan(self.mixture, self.config, epoch=self.epoch, **topology)
-            elif resume is not None:
-                self._next = EpochPlan.resume(self.shard_sizes, self.config, resume, **topology)
+            shape = Shape(self.num_replicas, 1, self._batch)
+            source = self.mixture if self.mixture is not None else self.shard_sizes
+            if self._resume is not None:
+                self._next = make_plan(source, self.config, state=self._resume.plan, shape=shape)
             else:
-                self._next = EpochPlan(self.shard_sizes, self.config, epoch=self.epoch, **topology)
+                self._next = make_plan(source, self.config, epoch=self.epoch, shape=shape)
         return self._next
 
     @property
@@ -140,7 +136,7 @@ class ShardSampler(Sampler[int]):
             self._resume, self._next = None, None
         return self._indices(plan)
 
-    def _indices(self, plan: EpochPlan | MixturePlan) -> Iterator[int]:
+    def _indices(self, plan: Plan) -> Iterator[int]:
         for window in plan.worker_windows(self.rank, 0):
             for shards, indices in window.samples():
                 yield from (self.offsets[shards] + indices).tolist()

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shardstream.counts import check_int
 from shardstream.errors import PlanError
 
-__all__ = ["ByteRange", "Topology"]
+__all__ = ["ByteRange", "Shape", "Topology"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,3 +44,24 @@ class Topology:
             raise PlanError(f"rank {self.rank} is not in a world of size {self.world_size}")
         if self.num_workers < 1 or not 0 <= self.worker < self.num_workers:
             raise PlanError(f"worker {self.worker} is not one of {self.num_workers} workers")
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What a plan is cut for: ``world_size`` ranks of ``num_workers`` DataLoader workers
+    (0 is read as 1: the main process reads), each batch ``batch_size`` samples. A
+    :class:`Topology` less the rank and worker, plus the batch."""
+
+    world_size: int = 1
+    num_workers: int = 1
+    batch_size: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "world_size", check_int(self.world_size, "world_size", minimum=1, error=PlanError)
+        )
+        workers = check_int(self.num_workers, "num_workers", error=PlanError)
+        object.__setattr__(self, "num_workers", max(1, workers))
+        object.__setattr__(
+            self, "batch_size", check_int(self.batch_size, "batch_size", minimum=1, error=PlanError)
+        )

@@ -502,6 +502,7 @@ _STATEFUL = {
 # an object's. A new entry needs a reason; state that belongs to an object goes into it.
 PROCESS_STATE = {
     "formats/__init__.py:_registry": "the format registry (register_format), process-wide by design",
+    "plan/kinds.py:_registry": "the plan kind registry (register_plan_kind), process-wide by design",
     "pack/sources/__init__.py:_SOURCES": "the source registry (register_source)",
     "dataset/decode.py:_REGISTRY": "the decoder registry (register_decoder)",
     "formats/tar/header.py:_SIZE_RECIPES": "a bounded memo of a pure function: right in any process",
@@ -515,6 +516,8 @@ PROCESS_STATE = {
     "dataset/reader.py:_SKIPPED": "a log's once-per-shard filter (as warnings' registry): per process",
     "dataset/random_access.py:_OPENING": "guards making a MapDataset's per-process readers; made anew in a fork child",
     "dataset/budget.py:_OPEN": "this process's open read budgets, closed by its exit hook (weak references)",
+    "storage/deadline.py:_local": "the deadline of the read this thread is trying (thread-local, never shared)",
+    "storage/deadline.py:_watchdog": "the one thread that cuts bodies at their deadlines; made anew in a fork child",
     "storage/parts.py:_ARRIVALS": "whom the reads started in a context tell of their bytes (a context variable: per thread and context, never shared)",
     "dataset/streaming.py:_FROZEN_IN": "the worker process whose collector froze what it inherited (gc is per process)",
 }

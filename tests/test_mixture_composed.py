@@ -13,9 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardstream.errors import PlanError, StateError
-from shardstream.plan import PlanConfig
+from shardstream.plan import PlanConfig, Shape
 from shardstream.plan.composed import ComposedPlan
-from shardstream.plan.mixture import Mixture, MixturePlan, StreamSpec
+from shardstream.plan.kinds import MixturePlan
+from shardstream.plan.mixture import Mixture, StreamSpec
 from shardstream.plan.parts import PerStreamSequence, StratifiedSequence
 from shardstream.plan.spread import affine, golden_step
 
@@ -95,7 +96,7 @@ def test_same_global_batches_on_any_topology_each_stream_its_quota(mixture, conf
     one = plan_of(mixture, config, *topologies(data, size), epoch=epoch)
     batches = global_batches(one)
     assert global_batches(plan_of(mixture, config, *topologies(data, size), epoch=epoch)) == batches
-    quotas = one._inner.sequence.quotas
+    quotas = one.quotas
     count = mixture.total // size if config.drop_last else -(-mixture.total // size)
     assert len(batches) == count
     assert all(len(batch) == size for batch in batches)
@@ -126,7 +127,7 @@ def test_resume_on_another_topology_twice_equals_the_run(mixture, config, data):
         assert state["mix"] == mixture.mix
         assert state["global_batches"] == done + steps
         plan, done = plan_of(mixture, config, *topologies(data, size), state=state), done + steps
-        assert isinstance(plan._inner, ComposedPlan)
+        assert isinstance(plan, ComposedPlan)
         assert global_batches(plan) == whole[done:]
 
 
@@ -239,7 +240,7 @@ def test_a_long_epoch_plans_without_anything_per_batch(mix):
     resumed = plan_of(mixture, config, 4, 2, state=state)
     head = next(iter(resumed.worker_windows(3, 1)))
     assert len(head) > 0
-    assert sum(resumed._inner.sequence.quotas) == plan.batches_per_rank() * 64
+    assert sum(resumed.quotas) == plan.batches_per_rank() * 64
 
 
 def test_unshuffled_is_the_same_for_every_seed():
@@ -278,16 +279,17 @@ def test_refusals_say_why():
     with pytest.raises(StateError, match="the epoch has 6"):
         plan_of(stratified, config, 1, 1, state={**state, "global_batches": 7})
     with pytest.raises(PlanError, match="not 'random'"):
-        ComposedPlan(Mixture(specs), config, epoch=0, world_size=1, batch_size=6)
+        ComposedPlan.fresh(Mixture(specs), config, 0, Shape(1, 1, 6))
 
 
 def test_parts_share_one_bound_on_their_cached_chunk_orders():
     from shardstream.plan.global_order import _CACHED_BLOCKS
-    from shardstream.plan.mixture import Mixture, MixturePlan, StreamSpec
+    from shardstream.plan.kinds import MixturePlan
+    from shardstream.plan.mixture import Mixture, StreamSpec
 
     specs = [StreamSpec(f"s{i}", [50] * 4, f"f{i}", repeat=1 + i / 10) for i in range(10)]
     config = PlanConfig(seed=1, order="global", global_batch_size=40)
     for mix in ("stratified", "per_stream"):
         plan = MixturePlan(Mixture(specs, mix=mix), config, epoch=0, world_size=1, batch_size=40)
-        parts = plan._inner.sequence.parts
+        parts = plan.sequence.parts
         assert sum(part.sequence.cached_blocks for part in parts) <= max(_CACHED_BLOCKS, 4 * len(parts))

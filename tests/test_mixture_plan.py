@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardstream.errors import PlanError, StateError
-from shardstream.plan import PlanConfig, Run
-from shardstream.plan.global_order import GlobalPlan
-from shardstream.plan.mixture import Mixture, MixturePlan, Segments, StreamSpec, apportion
+from shardstream.plan import EpochPlan, PlanConfig, Run
+from shardstream.plan.kinds import MixturePlan
+from shardstream.plan.mixture import Mixture, Segments, StreamSpec, apportion
 
 PROPERTY = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -320,7 +320,7 @@ def test_a_mixture_state_does_not_load_into_one_dataset(mix):
         mixture.sizes if mix != "random" else [4, 4, 6]
     )  # what its inner plan runs on, unshuffled passes aside
     with pytest.raises(StateError, match="of a mixture of datasets"):
-        GlobalPlan.resume(sizes, config, state, world_size=1, batch_size=2)
+        EpochPlan.resume(sizes, config, state, world_size=1, batch_size=2)
 
 
 @PROPERTY

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from shardstream.errors import PlanError, StateError
 from shardstream.plan import EpochPlan, PlanConfig
-from shardstream.plan.global_order import GlobalPlan
+from shardstream.plan.batches import GlobalPlan
 
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

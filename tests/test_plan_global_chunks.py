@@ -18,7 +18,8 @@ from shardstream.pack import ShardWriter
 from shardstream.plan import EpochPlan, PlanConfig, Run
 from shardstream.plan.global_order import GlobalSequence
 from shardstream.plan.keys import nested_permutations, random_words
-from shardstream.plan.mixture import Mixture, MixturePlan, StreamSpec
+from shardstream.plan.kinds import MixturePlan
+from shardstream.plan.mixture import Mixture, StreamSpec
 
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -193,7 +193,7 @@ def test_mixture_indices_are_concat_dataset_indices_with_each_stream_its_quota(n
     mixture, dataset = mixture_of(mix), concat_dataset()
     sampler = ShardSampler(mixture, num_replicas=1, rank=0, seed=5, **options)
     got = collections.Counter(dataset[i][0] for i in sampler)
-    quotas = sampler.plan()._inner.sequence.quotas if mix != "random" else mixture.quotas
+    quotas = sampler.plan().quotas if mix != "random" else mixture.quotas
     padding = sum(got.values()) - sum(quotas)
     assert 0 <= padding < 12
     assert all(got[s] >= q for s, q in enumerate(quotas))

@@ -61,7 +61,8 @@ def run_length(plan, rank: int, worker: int, windows: int = 64) -> float:  # typ
 
 def _mixture_plan(sizes: list[int], config, mix: str, **topology):  # type: ignore[no-untyped-def]
     """The shards as three streams weighted 6:3:1 (60%, 30% and 10% of them), mixed."""
-    from shardstream.plan.mixture import Mixture, MixturePlan, StreamSpec
+    from shardstream.plan.kinds import MixturePlan
+    from shardstream.plan.mixture import Mixture, StreamSpec
 
     cuts = [0, len(sizes) * 6 // 10, len(sizes) * 9 // 10, len(sizes)]
     specs = [

@@ -11,7 +11,8 @@ import multiprocessing.context
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from shardstream.dataset.streaming import Plan, StreamingDataset
+    from shardstream.dataset.streaming import StreamingDataset
+    from shardstream.plan import Plan
 
 __all__ = ["Epoch", "LoaderBinding"]
 

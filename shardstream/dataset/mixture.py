@@ -40,7 +40,8 @@ from shardstream.dataset.mixture_reader import STREAM_KEY, MixtureReader
 from shardstream.dataset.streaming import StreamingDataset
 from shardstream.errors import PlanError, UsageError
 from shardstream.manifest import Manifest
-from shardstream.plan.mixture import MIXES, Mixture, MixturePlan, StreamSpec
+from shardstream.plan import PlanConfig, Shape, make_plan
+from shardstream.plan.mixture import MIXES, Mixture, StreamSpec
 from shardstream.storage import Storage
 
 __all__ = ["STREAM_KEY", "MixedDataset", "Stream"]
@@ -205,14 +206,12 @@ class MixedDataset(StreamingDataset):
         and "per_stream" round them to whole global batches (NOTE [ Composed batches ])."""
         plan = self.config.plan
         batch = int(plan.global_batch_size or 1) if plan.is_global else 1
-        return MixturePlan(self.mixture, plan, epoch=self.epoch, world_size=1, batch_size=batch).quotas
+        return make_plan(self.mixture, plan, epoch=self.epoch, shape=Shape(1, 1, batch)).quotas
 
     # -- plans and reads -----------------------------------------------------------------
 
-    def _plan(self, epoch: int, state: Mapping[str, Any] | None, topology: dict[str, int]) -> MixturePlan:
-        if state is None:
-            return MixturePlan(self.mixture, self.config.plan, epoch=epoch, **topology)
-        return MixturePlan.resume(self.mixture, self.config.plan, state, **topology)
+    def _plan_source(self) -> tuple[object, PlanConfig]:
+        return self.mixture, self.config.plan
 
     def _reader(self) -> MixtureReader:
         # One sidecar LRU for all streams, as one dataset has (NOTE [ Sidecars across

@@ -12,7 +12,7 @@ import dataclasses
 import gc
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeAlias, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from torch.utils.data import IterableDataset
 
@@ -28,7 +28,7 @@ from shardstream.dataset.reader import WindowReader, report_skip
 from shardstream.errors import FormatError, StateError, UsageError, shown
 from shardstream.formats.base import SampleColumns
 from shardstream.manifest import Manifest, dataset_fingerprint
-from shardstream.plan import EpochPlan, PlanConfig
+from shardstream.plan import Plan, PlanConfig, Shape, make_plan
 from shardstream.plan.state import RESUME_VERSION, ResumeState
 from shardstream.storage import Expected, Storage
 from shardstream.topology import Detector
@@ -36,10 +36,6 @@ from shardstream.topology import Detector
 if TYPE_CHECKING:
     from shardstream.dataset.mixture import Stream
     from shardstream.dataset.mixture_reader import MixtureReader
-    from shardstream.plan.mixture import MixturePlan
-
-# What a dataset plans with: one dataset's EpochPlan, or a mixture's (NOTE [ Mixtures ]).
-Plan: TypeAlias = "EpochPlan | MixturePlan"
 
 __all__ = ["STATE_VERSION", "StreamingDataset"]
 
@@ -273,20 +269,21 @@ class StreamingDataset(IterableDataset):
         if num_workers is None:
             num_workers = 1 if self._loader_shape is None else self._loader_shape[1]
         epoch = self.epoch
-        kwargs = dict(world_size=world, num_workers=num_workers, batch_size=self.batch_size())
+        shape = Shape(world, num_workers, self.batch_size())
         state = self._resume if self._resume is not None and self._resume.of_epoch(epoch) else None
         if consume:
             self._resume = None
-        return self._plan(epoch, None if state is None else state.plan, kwargs)
+        source, config = self._plan_source()
+        if state is None:
+            return make_plan(source, config, epoch=epoch, shape=shape)
+        return make_plan(source, config, state=state.plan, shape=shape)
 
-    def _plan(self, epoch: int, state: Mapping[str, Any] | None, topology: dict[str, int]) -> Plan:
-        """A fresh plan of ``epoch``, or the plan ``state`` resumes, on ``topology``."""
-        sizes, config = self.manifest.shard_sizes, self.config.plan
+    def _plan_source(self) -> tuple[object, PlanConfig]:
+        """What this dataset's plans are made of (``make_plan``'s source) and their config."""
+        config = self.config.plan
         if config.is_global:  # its default window follows the dataset's bytes (NOTE [ Global window ])
             config = dataclasses.replace(config, dataset_bytes=self.manifest.num_bytes)
-        if state is None:
-            return EpochPlan(sizes, config, epoch=epoch, **topology)
-        return EpochPlan.resume(sizes, config, state, **topology)
+        return self.manifest.shard_sizes, config
 
     def state_dict(self) -> dict[str, Any]:
         """Where the latest in-process iteration stands (iterating the dataset directly;

@@ -2,16 +2,33 @@
 
 Pure: numpy only, no I/O, no torch. See DESIGN.md, "The epoch plan".
 
-    plan = EpochPlan(shard_sizes, PlanConfig(seed=0), epoch=3, world_size=8, num_workers=4, batch_size=32)
+    plan = make_plan(shard_sizes, PlanConfig(seed=0), epoch=3, shape=Shape(8, 4, 32))
     for window in plan.worker_windows(rank, worker): ...   # runs to read, and the order to yield
     state = plan.state_dict(steps)                          # after `steps` batches per rank
-    plan = EpochPlan.resume(shard_sizes, config, state, world_size=16, num_workers=2, batch_size=32)
+    plan = make_plan(shard_sizes, config, state=state, shape=Shape(16, 2, 32))
+
+``EpochPlan(shard_sizes, config, epoch=..., world_size=..., num_workers=..., batch_size=...)``
+and ``EpochPlan.resume(...)`` make the same plans with the keywords of earlier releases.
+Every kind of plan (plan/kinds.py) keeps the ``Plan`` protocol.
 """
 
 from __future__ import annotations
 
 from shardstream.plan.config import PlanConfig, Run, Window
-from shardstream.plan.epoch import EpochPlan
+from shardstream.plan.kinds import EpochPlan, Plan, PlanKind, make_plan, plan_kinds, register_plan_kind
 from shardstream.plan.state import STATE_VERSION
+from shardstream.types import Shape
 
-__all__ = ["STATE_VERSION", "EpochPlan", "PlanConfig", "Run", "Window"]
+__all__ = [
+    "STATE_VERSION",
+    "EpochPlan",
+    "Plan",
+    "PlanConfig",
+    "PlanKind",
+    "Run",
+    "Shape",
+    "Window",
+    "make_plan",
+    "plan_kinds",
+    "register_plan_kind",
+]

@@ -57,86 +57,54 @@ from typing import Any
 import numpy as np
 
 from shardstream.errors import PlanError, StateError
+from shardstream.plan.batches import BatchPlan, check_global, read_taken
 from shardstream.plan.config import PlanConfig, Window, check_count
-from shardstream.plan.global_order import GlobalPlan, lanes_of
-from shardstream.plan.mixture import Mixture
+from shardstream.plan.mixture import Mixture, check_mixture, check_mixture_state, mixture_view
 from shardstream.plan.parts import ComposedSequence, PerStreamSequence, StratifiedSequence
-from shardstream.plan.state import read_global_state
+from shardstream.plan.state import Key
+from shardstream.plan.view import ShardView
+from shardstream.types import Shape
 
 __all__ = ["ComposedPlan"]
 
 
-class ComposedPlan(GlobalPlan):
+class ComposedPlan(BatchPlan[ComposedSequence]):
     """The plan of a mix="stratified" or "per_stream" epoch (NOTE [ Composed batches ]) for
     every rank and worker, as a ``GlobalPlan``'s: ``batch_size`` is ``global_batch_size //
     world_size`` and ``state_dict(steps)`` counts global batches. Its runs are of mixture
-    shards. ``MixturePlan`` makes it."""
-
-    def __init__(
-        self,
-        mixture: Mixture,
-        config: PlanConfig,
-        *,
-        epoch: int,
-        world_size: int,
-        num_workers: int = 1,
-        batch_size: int = 1,
-    ) -> None:
-        self._composed_setup(mixture, config, check_count(epoch, "epoch"), 0)
-        self._topology(world_size, num_workers, batch_size, error=PlanError)
+    shards; its states carry the mixture's streams."""
 
     @classmethod
-    def resume(  # type: ignore[override]  # a mixture in place of shard sizes
-        cls,
-        mixture: Mixture,
-        config: PlanConfig,
-        state: Mapping[str, Any],
-        *,
-        world_size: int,
-        num_workers: int = 1,
-        batch_size: int = 1,
+    def fresh(cls, mixture: Mixture, config: PlanConfig, epoch: int, shape: Shape) -> ComposedPlan:
+        mixture = _check(mixture, config)
+        epoch = check_count(epoch, "epoch")
+        sequence = _sequence(mixture, config, epoch)
+        return cls(_view(mixture, sequence), config, epoch, shape, sequence, 0)
+
+    @classmethod
+    def resume(
+        cls, mixture: Mixture, config: PlanConfig, state: Mapping[str, Any], shape: Shape
     ) -> ComposedPlan:
-        """The rest of the epoch after the global batches the state took, on any topology
+        """The rest of the epoch after the global batches the state took, on any shape
         whose world size divides the global batch size."""
-        _check_config(config)
-        window = config.window_for(mixture.sizes)
-        epoch, taken = read_global_state(state, mixture.sizes, config, window=window, lanes=lanes_of(config))
-        plan = object.__new__(cls)
-        plan._composed_setup(mixture, config, epoch, taken)
-        if taken > plan._sequence.batches:
-            raise StateError(
-                f"the state says {taken} global batches were taken, the epoch has {plan._sequence.batches}"
-            )
-        plan._topology(world_size, num_workers, batch_size, error=StateError)
-        return plan
-
-    def _composed_setup(self, mixture: Mixture, config: PlanConfig, epoch: int, taken: int) -> None:
-        _check_config(config)
-        if mixture.mix not in _SEQUENCES:
-            raise PlanError(f"a ComposedPlan composes mix='stratified' or 'per_stream', not {mixture.mix!r}")
-        self._mixture, self._config, self._epoch, self._taken, self._first = mixture, config, epoch, taken, 0
-        self._sizes = mixture.sizes
-        self._window, self._hold = config.window_for(mixture.sizes), config.hold_for(mixture.sizes)
-        self._sequence = _SEQUENCES[mixture.mix](  # type: ignore[assignment]  # composed, not one GlobalSequence
-            mixture, config, epoch=epoch, window=self._window
-        )
-
-    @property
-    def sequence(self) -> ComposedSequence:  # type: ignore[override]  # the parts' composition
-        return self._sequence  # type: ignore[return-value]
+        mixture = _check(mixture, config)
+        check_mixture_state(mixture, state)
+        epoch, taken = read_taken(mixture_view(mixture), config, state)
+        sequence = _sequence(mixture, config, epoch)
+        return cls(_view(mixture, sequence), config, epoch, shape, sequence, taken, error=StateError)
 
     def __repr__(self) -> str:
         return (
-            f"ComposedPlan(mix={self._mixture.mix!r}, epoch={self.epoch}, world_size={self.world_size}, "
+            f"ComposedPlan(mix={self._view.state[Key.MIX]!r}, epoch={self.epoch}, world_size={self.world_size}, "
             f"num_workers={self.num_workers}, global_batch_size={self._sequence.size}, "
-            f"quotas={self.sequence.quotas}, global_batches_taken={self._taken} of {self._sequence.batches})"
+            f"quotas={self.quotas}, global_batches_taken={self._taken} of {self._sequence.batches})"
         )
 
-    # -- what a worker reads: GlobalPlan's windows, cut from the composed batches ---------
+    # -- what a worker reads: a GlobalPlan's windows, cut from the composed batches --------
 
     def _window_maker(self, rank: int) -> Callable[[int, int, np.ndarray], Window]:
-        sequence = self.sequence
-        lo, hi = rank * self._batch, (rank + 1) * self._batch
+        sequence = self._sequence
+        lo, hi = rank * self.batch_size, (rank + 1) * self.batch_size
 
         def window_of(first: int, stop: int, batches: np.ndarray) -> Window:
             build = functools.partial(sequence.window_parts, batches, lo, hi)
@@ -151,6 +119,18 @@ _SEQUENCES: dict[str, type[ComposedSequence]] = {
 }
 
 
-def _check_config(config: PlanConfig) -> None:
-    if not isinstance(config, PlanConfig) or not config.is_global:
-        raise PlanError("mix='stratified' and 'per_stream' compose global batches: they need order='global'")
+def _check(mixture: Mixture, config: PlanConfig) -> Mixture:
+    mixture = check_mixture(mixture, config)
+    check_global(config, "mix='stratified' and 'per_stream' compose global batches: a mixture of them")
+    if mixture.mix not in _SEQUENCES:
+        raise PlanError(f"a ComposedPlan composes mix='stratified' or 'per_stream', not {mixture.mix!r}")
+    return mixture
+
+
+def _sequence(mixture: Mixture, config: PlanConfig, epoch: int) -> ComposedSequence:
+    return _SEQUENCES[mixture.mix](mixture, config, epoch=epoch, window=config.window_for(mixture.sizes))
+
+
+def _view(mixture: Mixture, sequence: ComposedSequence) -> ShardView:
+    """The mixture's shards as they are; the quotas its sequence rounds to whole batches."""
+    return mixture_view(mixture, quotas=sequence.quotas)

@@ -171,31 +171,29 @@ sequence is then a function of the sources, the weights, ``G`` and the lanes onl
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
-
 import numpy as np
 
-from shardstream.errors import PlanError, StateError
 from shardstream.plan.config import (
     DEFAULT_LANES,
     DEFAULT_RUN,
     PlanConfig,
     Run,
-    Window,
-    check_count,
-    shard_sizes_array,
 )
-from shardstream.plan.epoch import EpochPlan
 from shardstream.plan.groups import GroupLayout
 from shardstream.plan.intervals import from_points, points
 from shardstream.plan.keys import TAG_GLOBAL, nested_permutations, random_words
 from shardstream.plan.shards import ShardOrder
-from shardstream.plan.state import make_global_state, read_global_state
 from shardstream.plan.windows import split_even
 
-__all__ = ["BLOCK_WORDS", "GROUP_LEVELS", "MAX_GROUP", "GlobalPlan", "GlobalSequence", "group_of", "lanes_of"]
+__all__ = [
+    "BLOCK_WORDS",
+    "GROUP_LEVELS",
+    "MAX_GROUP",
+    "GlobalSequence",
+    "group_of",
+    "lanes_of",
+    "window_parts",
+]
 
 # Chunk permutations of a lane are drawn this many words per keyed stream (a block of
 # windows); a block's permutations are cached per lane while a worker reads them.
@@ -204,8 +202,6 @@ _CACHED_BLOCKS = 128  # 8 MiB at most (BLOCK_WORDS int64 each)
 # The blocks of many lanes are made in one nested order of about this many words at most
 # (one call per lane cost ~0.7 ms each; all at once, their temporaries several MB).
 _FILL_WORDS = 1 << 14
-# A worker's first Window holds about this many samples, then each one twice the last.
-_FIRST_WINDOW = 1024
 # NOTE [ Lane groups ]: at most this many lanes share a group, and a group's lanes share
 # the top GROUP_LEVELS levels of their chunk order (one range for up to 2**GROUP_LEVELS workers).
 MAX_GROUP = 8
@@ -418,7 +414,7 @@ class GlobalSequence:
         return tuple(found)
 
 
-def _window_parts(
+def window_parts(
     sequence: GlobalSequence, batches: np.ndarray, pieces: list[tuple[int, int, int]]
 ) -> tuple[tuple[Run, ...], np.ndarray]:
     """The runs (ascending positions) and yield order of a worker's batches of one window."""
@@ -429,166 +425,3 @@ def _window_parts(
     order[ascending] = np.arange(positions.size, dtype=np.int64)
     order.setflags(write=False)
     return runs, order
-
-
-class GlobalPlan(EpochPlan):
-    """The plan of an order="global" epoch for every rank and worker; see NOTE [ Global order ].
-
-    The interface is :class:`EpochPlan`'s; ``batch_size`` must be ``global_batch_size //
-    world_size``, and ``state_dict(steps)`` counts global batches (every rank takes one per step).
-    """
-
-    def __init__(
-        self,
-        shard_sizes: Sequence[int] | np.ndarray,
-        config: PlanConfig,
-        *,
-        epoch: int,
-        world_size: int,
-        num_workers: int = 1,
-        batch_size: int = 1,
-    ) -> None:
-        self._global_setup(shard_sizes, config, check_count(epoch, "epoch"), 0)
-        self._topology(world_size, num_workers, batch_size, error=PlanError)
-
-    @classmethod
-    def resume(
-        cls,
-        shard_sizes: Sequence[int] | np.ndarray,
-        config: PlanConfig,
-        state: Mapping[str, Any],
-        *,
-        world_size: int,
-        num_workers: int = 1,
-        batch_size: int = 1,
-    ) -> EpochPlan:
-        """The rest of the epoch after the global batches the state took, on any topology
-        whose world size divides the global batch size."""
-        sizes = shard_sizes_array(shard_sizes)
-        if not isinstance(config, PlanConfig) or not config.is_global:
-            raise PlanError("GlobalPlan.resume needs a PlanConfig with order='global'")
-        window = config.window_for(sizes)
-        epoch, taken = read_global_state(state, sizes, config, window=window, lanes=lanes_of(config))
-        plan = object.__new__(cls)
-        plan._global_setup(sizes, config, epoch, taken)
-        if taken > plan._sequence.batches:
-            raise StateError(
-                f"the state says {taken} global batches were taken, the epoch has {plan._sequence.batches}"
-            )
-        plan._topology(world_size, num_workers, batch_size, error=StateError)
-        return plan
-
-    def _global_setup(
-        self, shard_sizes: Sequence[int] | np.ndarray, config: PlanConfig, epoch: int, taken: int
-    ) -> None:
-        if not isinstance(config, PlanConfig) or not config.is_global:
-            raise PlanError("a GlobalPlan needs a PlanConfig with order='global'")
-        self._sizes = shard_sizes_array(shard_sizes)
-        self._config, self._epoch, self._taken, self._first = config, epoch, taken, 0
-        self._window, self._hold = config.window_for(self._sizes), config.hold_for(self._sizes)
-        shards = ShardOrder(self._sizes, shuffle=config.shuffle, seed=config.seed, epoch=epoch)
-        self._sequence = GlobalSequence(shards, config, epoch=epoch, window=self._window)
-
-    def _topology(
-        self, world_size: int, num_workers: int, batch_size: int, *, error: type[Exception]
-    ) -> None:
-        world = check_count(world_size, "world_size", minimum=1)
-        self._workers = max(1, check_count(num_workers, "num_workers"))
-        batch = check_count(batch_size, "batch_size", minimum=1)
-        size = self._sequence.size
-        if size % world:
-            raise error(
-                f"order='global' with global_batch_size={size} runs on a world size that divides it, "
-                f"not on {world} ranks"
-            )
-        if batch != size // world:
-            raise error(
-                f"order='global' with global_batch_size={size} on {world} ranks takes batches of "
-                f"{size // world} samples per rank, not batch_size={batch}"
-            )
-        self._world, self._batch = world, batch
-
-    # -- what the plan is ------------------------------------------------------------------
-
-    @property
-    def world_size(self) -> int:
-        return self._world
-
-    @property
-    def num_workers(self) -> int:
-        return self._workers
-
-    @property
-    def batch_size(self) -> int:
-        return self._batch
-
-    @property
-    def sequence(self) -> GlobalSequence:
-        return self._sequence
-
-    @property
-    def global_batches_taken(self) -> int:
-        return self._taken
-
-    def _left(self, worker: int) -> int:
-        left = self._sequence.batches - self._taken
-        return (left // self._workers + (worker < left % self._workers)) * self._batch
-
-    def samples_per_rank(self) -> int:
-        return (self._sequence.batches - self._taken) * self._batch
-
-    def batches_per_rank(self) -> int:
-        return self._sequence.batches - self._taken
-
-    def __repr__(self) -> str:
-        return (
-            f"GlobalPlan(epoch={self.epoch}, world_size={self.world_size}, num_workers={self.num_workers}, "
-            f"global_batch_size={self._sequence.size}, read_lanes={self._sequence.lanes}, "
-            f"global_batches_taken={self._taken} of {self._sequence.batches})"
-        )
-
-    # -- what a worker reads ---------------------------------------------------------------
-
-    def _windows(self, rank: int, worker: int) -> Iterator[Window]:
-        sequence, step, per = self._sequence, self._workers, self._sequence.per_window
-        window_of = self._window_maker(rank)
-        # whole windows of the sequence per Window: see NOTE [ Global order ]
-        share = max(1, per * self._batch // step)  # this worker's samples of one window
-        most = max(1, self._hold // share)  # NOTE [ Global window ]
-        count = max(1, min(most, _FIRST_WINDOW // share))
-        first = self._taken + worker
-        while first < sequence.batches:
-            stop = min((first // per + count) * per, sequence.batches)
-            batches = np.arange(first, stop, step, dtype=np.int64)  # never empty: first < stop
-            yield window_of(first, stop, batches)
-            first, count = int(batches[-1]) + step, min(most, 2 * count)
-
-    def _window_maker(self, rank: int) -> Callable[[int, int, np.ndarray], Window]:
-        """``(first, stop, batches) -> Window``: rank ``rank``'s part of ``batches`` (of the
-        sequence's batches ``[first, stop)``), laid out lazily."""
-        sequence = self._sequence
-        pieces = sequence.pieces(rank * self._batch, (rank + 1) * self._batch)
-
-        def window_of(first: int, stop: int, batches: np.ndarray) -> Window:
-            build = functools.partial(_window_parts, sequence, batches, pieces)
-            return Window.lazy(sequence.window_shards(first, stop, pieces), build)
-
-        return window_of
-
-    # -- resume ----------------------------------------------------------------------------
-
-    def state_dict(self, steps: int) -> dict[str, Any]:
-        """The state after every rank took ``steps`` batches (global batches) of this plan."""
-        steps = check_count(steps, "steps")
-        if steps > self.batches_per_rank():
-            raise PlanError(
-                f"steps={steps} is more than the {self.batches_per_rank()} batches this plan has per rank"
-            )
-        return make_global_state(
-            self._sizes,
-            self._config,
-            epoch=self._epoch,
-            window=self._window,
-            lanes=self._sequence.lanes,
-            taken=self._taken + steps,
-        )

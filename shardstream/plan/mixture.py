@@ -41,10 +41,9 @@ the stream that differs.
 
 from __future__ import annotations
 
-import functools
 import math
 import numbers
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -53,12 +52,22 @@ import numpy as np
 
 from shardstream.counts import check_int
 from shardstream.errors import PlanError, StateError, shown
-from shardstream.plan.config import PlanConfig, Run, Window, check_count, shard_sizes_array
-from shardstream.plan.epoch import EpochPlan
+from shardstream.plan.config import PlanConfig, check_count, shard_sizes_array
 from shardstream.plan.keys import TAG_PASS, permutation
 from shardstream.plan.state import Key
+from shardstream.plan.view import Segments, ShardView
 
-__all__ = ["MIXES", "Mixture", "MixturePlan", "Segments", "StreamSpec"]
+__all__ = [
+    "MIXES",
+    "Mixture",
+    "Segments",
+    "StreamSpec",
+    "apportion",
+    "check_mixture",
+    "check_mixture_state",
+    "mixture_view",
+    "random_view",
+]
 
 MIXES = ("random", "stratified", "per_stream")
 # The keys of one stream in a mixture's state (Mixture.describe).
@@ -245,243 +254,56 @@ def apportion(total: int, shares: Sequence[Fraction]) -> tuple[int, ...]:
     return tuple(counts)
 
 
-@dataclass(frozen=True, eq=False)
-class Segments:
-    """One stream's samples of one epoch, in order: segment ``i`` is samples
-    ``[start[i], stop[i])`` of mixture shard ``shard[i]``; a plan reads the segments as
-    its shards ("virtual shards", NOTE [ Mixtures ])."""
+def mixture_view(
+    mixture: Mixture, segments: Segments | None = None, quotas: tuple[int, ...] = ()
+) -> ShardView:
+    """The shards a plan of ``mixture`` runs on: its streams' segments (mix="random"), or its
+    shards as they are; its states carry the mix and the streams (NOTE [ Mixtures ])."""
+    state = {Key.MIX: mixture.mix, Key.STREAMS: mixture.describe()}
+    sizes = mixture.sizes if segments is None else segments.sizes
+    return ShardView(sizes, segments, state, quotas or mixture.quotas)
 
-    shard: np.ndarray
-    start: np.ndarray
-    stop: np.ndarray
 
-    @property
-    def sizes(self) -> np.ndarray:
-        return self.stop - self.start
-
-    def __len__(self) -> int:
-        return int(self.shard.size)
-
-    @staticmethod
-    def concat(parts: Sequence[Segments]) -> Segments:
-        if not parts:
-            empty = np.zeros(0, dtype=np.int64)
-            return Segments(empty, empty, empty)
-        return Segments(*(np.concatenate([getattr(p, k) for p in parts]) for k in ("shard", "start", "stop")))
-
-    def split(self, at: int) -> tuple[Segments, Segments]:
-        """The first ``at`` samples, and the rest (a segment cut in two if need be)."""
-        ends = np.cumsum(self.sizes)
-        cut = int(np.searchsorted(ends, at, side="left"))  # the segment holding sample `at - 1`
-        if cut >= len(self):
-            return self, Segments.concat([])
-        inside = int(at - (ends[cut] - self.sizes[cut]))  # samples of segment `cut` that go first
-        middle = int(self.start[cut]) + inside
-        head = Segments(self.shard[: cut + 1], self.start[: cut + 1], self.stop[: cut + 1].copy())
-        head.stop[cut] = middle
-        tail = Segments(self.shard[cut:], self.start[cut:].copy(), self.stop[cut:])
-        tail.start[0] = middle
-        return _nonempty(head), _nonempty(tail)
-
-    def runs(self, runs: Iterable[Run]) -> tuple[Run, ...]:
-        """Runs over the segments (``Run.shard`` a segment number) as runs of mixture shards."""
-        shard, start = self.shard, self.start
-        return tuple(
-            Run(int(shard[r.shard]), int(start[r.shard]) + r.start, int(start[r.shard]) + r.stop)
-            for r in runs
+def check_mixture(mixture: object, config: PlanConfig) -> Mixture:
+    """``mixture``, or ``PlanError`` if it or ``config`` cannot make a plan of one."""
+    if not isinstance(mixture, Mixture):
+        raise PlanError(f"a mixture's plan needs a Mixture, not {type(mixture).__name__}")
+    if not isinstance(config, PlanConfig):
+        raise PlanError(f"config must be a PlanConfig, not {type(config).__name__}")
+    if config.dataset_bytes is not None:  # NOTE [ Global window ]
+        raise PlanError(
+            "dataset_bytes sizes the global window of one dataset; a mixture's window is "
+            "four mean-sized shards, as a mixture of StreamingDataset streams has it"
         )
-
-    def shards_of(self, virtual: Iterable[int]) -> tuple[int, ...]:
-        """The mixture shards of segment numbers, each once, in order."""
-        return tuple(dict.fromkeys(int(self.shard[v]) for v in virtual))
-
-
-def _inner_state(state: Mapping[str, Any]) -> dict[str, Any]:
-    """A mixture's state without the mixture (checked already): its inner plan's state,
-    which a plan of one dataset would refuse with them (``state._check_plan``)."""
-    return {key: value for key, value in state.items() if key not in (Key.MIX, Key.STREAMS)}
-
-
-def _mapped_window(segments: Segments, window: Window) -> tuple[tuple[Run, ...], np.ndarray]:
-    """The runs (over real shards) and order of a window over segments."""
-    return segments.runs(window.runs), window.order
-
-
-def _nonempty(segments: Segments) -> Segments:
-    keep = segments.stop > segments.start
-    return Segments(segments.shard[keep], segments.start[keep], segments.stop[keep])
-
-
-class MixturePlan:
-    """The plan of one epoch of a mixture, with ``EpochPlan``'s interface: its windows'
-    ``Run.shard`` are mixture shard numbers (stream ``s``'s shard ``i`` is
-    ``mixture.shard_offsets[s] + i``); see NOTE [ Mixtures ]."""
-
-    def __init__(
-        self,
-        mixture: Mixture,
-        config: PlanConfig,
-        *,
-        epoch: int,
-        world_size: int,
-        num_workers: int = 1,
-        batch_size: int = 1,
-    ) -> None:
-        topology = dict(world_size=world_size, num_workers=num_workers, batch_size=batch_size)
-        self._setup(mixture, config, check_count(epoch, "epoch"), None, topology)
-
-    @classmethod
-    def resume(
-        cls,
-        mixture: Mixture,
-        config: PlanConfig,
-        state: Mapping[str, Any],
-        *,
-        world_size: int,
-        num_workers: int = 1,
-        batch_size: int = 1,
-    ) -> MixturePlan:
-        """The rest of the epoch a ``state_dict()`` stopped in, on this topology;
-        ``StateError`` if the state is of another mixture, dataset, seed or version."""
-        if not isinstance(mixture, Mixture):
-            raise PlanError(f"a MixturePlan needs a Mixture, not {type(mixture).__name__}")
-        if not isinstance(state, Mapping):
-            raise StateError(f"a plan state is a mapping, not {type(state).__name__}")
-        if Key.STREAMS not in state:
-            raise StateError("the state is of a single dataset, not of a mixture")
-        if state.get(Key.MIX) != mixture.mix:
-            raise StateError(
-                f"the state was saved with mix={shown(state.get(Key.MIX))}, this mixture has mix={mixture.mix!r}"
-            )
-        mixture.check(state[Key.STREAMS])
-        epoch = check_int(state.get(Key.EPOCH), "plan state field 'epoch'", error=StateError)
-        plan = cls.__new__(cls)
-        topology = dict(world_size=world_size, num_workers=num_workers, batch_size=batch_size)
-        plan._setup(mixture, config, epoch, state, topology)
-        return plan
-
-    def _setup(
-        self,
-        mixture: Mixture,
-        config: PlanConfig,
-        epoch: int,
-        state: Mapping[str, Any] | None,
-        topology: dict[str, int],
-    ) -> None:
-        if not isinstance(mixture, Mixture):
-            raise PlanError(f"a MixturePlan needs a Mixture, not {type(mixture).__name__}")
-        if not isinstance(config, PlanConfig):
-            raise PlanError(f"config must be a PlanConfig, not {type(config).__name__}")
-        if config.dataset_bytes is not None:  # NOTE [ Global window ]
-            raise PlanError(
-                "dataset_bytes sizes the global window of one dataset; a mixture's window is "
-                "four mean-sized shards, as a mixture of StreamingDataset streams has it"
-            )
-        self.mixture, self._config = mixture, config
-        self._segments: Segments | None = None
-        self._inner: Any
-        if mixture.mix != "random":
-            if not config.is_global:
-                raise PlanError(
-                    f"mix={mixture.mix!r} composes global batches: it needs order='global' and a global_batch_size"
-                )
-            from shardstream.plan.composed import ComposedPlan
-
-            if state is None:
-                self._inner = ComposedPlan(mixture, config, epoch=epoch, **topology)
-            else:
-                self._inner = ComposedPlan.resume(mixture, config, _inner_state(state), **topology)
-            return
-        segments = Segments.concat(
-            [
-                mixture.segments(stream, epoch, seed=config.seed, shuffle=config.shuffle)
-                for stream in range(len(mixture.streams))
-            ]
+    if mixture.mix != "random" and not config.is_global:
+        raise PlanError(
+            f"mix={mixture.mix!r} composes global batches: it needs order='global' and a global_batch_size"
         )
-        self._segments = segments
-        if state is None:
-            self._inner = EpochPlan(segments.sizes, config, epoch=epoch, **topology)
-        else:
-            self._inner = EpochPlan.resume(segments.sizes, config, _inner_state(state), **topology)
+    return mixture
 
-    # -- what the plan is: the inner plan's --------------------------------------------------
 
-    @property
-    def epoch(self) -> int:
-        return int(self._inner.epoch)
-
-    def of_epoch(self, epoch: int) -> bool:
-        return bool(self._inner.of_epoch(epoch))
-
-    @property
-    def world_size(self) -> int:
-        return int(self._inner.world_size)
-
-    @property
-    def num_workers(self) -> int:
-        return int(self._inner.num_workers)
-
-    @property
-    def batch_size(self) -> int:
-        return int(self._inner.batch_size)
-
-    @property
-    def shuffle_window(self) -> int:
-        return int(self._inner.shuffle_window)
-
-    @property
-    def quotas(self) -> tuple[int, ...]:
-        """What each stream gives this epoch over all ranks, padding aside: the mixture's
-        quotas, rounded to whole global batches by mix="stratified" and "per_stream"."""
-        if self._segments is None:
-            return tuple(self._inner.sequence.quotas)
-        return self.mixture.quotas
-
-    def samples_per_rank(self) -> int:
-        return int(self._inner.samples_per_rank())
-
-    def worker_num_samples(self, rank: int, worker: int) -> int:
-        return int(self._inner.worker_num_samples(rank, worker))
-
-    def batches_per_rank(self) -> int:
-        return int(self._inner.batches_per_rank())
-
-    def first_worker(self) -> int:
-        return int(self._inner.first_worker())
-
-    def __repr__(self) -> str:
-        return f"MixturePlan({self.mixture!r}, {self._inner!r})"
-
-    # -- what a worker reads: the inner plan's, over real shards ----------------------------
-
-    def worker_windows(self, rank: int, worker: int) -> Iterator[Window]:
-        windows = self._inner.worker_windows(rank, worker)
-        segments = self._segments
-        if segments is None:  # a ComposedPlan reads mixture shards already
-            return windows
-        return (
-            Window.lazy(segments.shards_of(w.shards), functools.partial(_mapped_window, segments, w))
-            for w in windows
+def check_mixture_state(mixture: Mixture, state: object) -> int:
+    """The epoch of a mixture's state, or ``StateError`` if it is of another mixture (it names
+    the stream that differs), of another mix, or of a single dataset."""
+    if not isinstance(state, Mapping):
+        raise StateError(f"a plan state is a mapping, not {type(state).__name__}")
+    if Key.STREAMS not in state:
+        raise StateError("the state is of a single dataset, not of a mixture")
+    if state.get(Key.MIX) != mixture.mix:
+        raise StateError(
+            f"the state was saved with mix={shown(state.get(Key.MIX))}, this mixture has mix={mixture.mix!r}"
         )
+    mixture.check(state[Key.STREAMS])
+    return check_int(state.get(Key.EPOCH), "plan state field 'epoch'", error=StateError)
 
-    def worker_samples(self, rank: int, worker: int) -> Iterator[tuple[int, int]]:
-        return self._mapped(self._inner.worker_samples(rank, worker))
 
-    def rank_samples(self, rank: int) -> Iterator[tuple[int, int]]:
-        return self._mapped(self._inner.rank_samples(rank))
-
-    def _mapped(self, samples: Iterator[tuple[int, int]]) -> Iterator[tuple[int, int]]:
-        """Samples over segments as samples of mixture shards (a ComposedPlan's are already)."""
-        if self._segments is None:
-            return samples
-        shard, start = self._segments.shard.tolist(), self._segments.start.tolist()
-        return ((shard[virtual], start[virtual] + index) for virtual, index in samples)
-
-    # -- resume ----------------------------------------------------------------------------
-
-    def state_dict(self, steps: int) -> dict[str, Any]:
-        """The inner plan's state after ``steps`` batches per rank, with the mixture."""
-        state = dict(self._inner.state_dict(steps))
-        state[Key.MIX] = self.mixture.mix
-        state[Key.STREAMS] = self.mixture.describe()
-        return state
+def random_view(mixture: Mixture, config: PlanConfig, epoch: int) -> ShardView:
+    """mix="random": every stream's segments of ``epoch`` as the shards of one plan of the
+    config's order, which interleaves the streams (NOTE [ Mixtures ])."""
+    segments = Segments.concat(
+        [
+            mixture.segments(stream, epoch, seed=config.seed, shuffle=config.shuffle)
+            for stream in range(len(mixture.streams))
+        ]
+    )
+    return mixture_view(mixture, segments)

@@ -29,6 +29,7 @@ __all__ = [
     "RESUME_VERSION",
     "STATE_VERSION",
     "Key",
+    "ORDER_KEYS",
     "ResumeState",
     "make_global_state",
     "make_state",
@@ -83,6 +84,15 @@ class Key:
     PLAN = "plan"
 
 
+# The keys of an order's state (local or global); a kind of plan adds its own beside them
+# (``ShardView.state``), and a plan refuses a state that carries keys of another kind.
+ORDER_KEYS = frozenset(
+    (
+        Key.VERSION, Key.EPOCH, Key.SEED, Key.SHUFFLE, Key.DROP_LAST, Key.SHUFFLE_WINDOW, Key.NUM_SAMPLES,
+        Key.NUM_SHARDS, Key.COUNTS_CHECKSUM, Key.PASSES, Key.ORDER, Key.GLOBAL_BATCH_SIZE, Key.READ_LANES,
+        Key.GLOBAL_BATCHES, Key.GLOBAL_SEQUENCE,
+    )
+)  # fmt: skip
 _RECORD_KEYS = (Key.WORLD_SIZE, Key.NUM_WORKERS, Key.BATCH_SIZE, Key.STEPS)
 # Re-cutting a pass holds a few integers per rank x worker of it; more than this many
 # workers is not a state any real run wrote.
