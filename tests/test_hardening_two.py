@@ -3,6 +3,7 @@ folders that are not what they seem."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -11,9 +12,11 @@ import pytest
 
 from shardstream.catalog import index_dataset, verify_dataset
 from shardstream.cli import main
-from shardstream.errors import StorageError
+from shardstream.errors import StorageError, TransientStorageError, UsageError
 from shardstream.pack import ShardWriter, pack
-from shardstream.storage import Storage
+from shardstream.storage import ReadPool, RetryPolicy, Storage
+from shardstream.testing.wanproxy import ForwardingProxy, ProxyHandler
+from shardstream.types import ByteRange
 from tests.test_pack_restart import snapshot
 
 
@@ -116,3 +119,83 @@ def test_a_metadata_folder_that_is_a_file_is_named(tmp_path, capsys, command):
     assert f"{tmp_path / 'A' / '.shardstream'} is a regular file, not a folder" in err
     assert "move the file away" in err
     assert (tmp_path / "A" / ".shardstream").read_text() == "not a folder"
+
+
+# -- item 2: a body that arrives one byte at a time ---------------------------------------
+
+
+class DripProxy(ForwardingProxy):
+    """A proxy that sends each GET's body one byte every ``interval`` seconds."""
+
+    def __init__(self, upstream: str, *, interval: float) -> None:
+        super().__init__(upstream)
+        self.interval = interval
+
+    def write_body(self, handler: ProxyHandler, response: http.client.HTTPResponse) -> int:
+        data = response.read()
+        for i in range(len(data)):
+            handler.wfile.write(data[i : i + 1])
+            if self._stopping.wait(self.interval):
+                raise ConnectionAbortedError("proxy stopping")
+        return len(data)
+
+
+# An option that only a botocore client honours (NOTE [ Lean GETs ]): reads go through it.
+BOTOCORE = {"tcp_keepalive": False}
+
+
+@pytest.fixture
+def dripping(s3, moto_server):
+    """A 4 KiB object behind a proxy that drips bodies at 20 bytes/s; (url, options)."""
+    base, options = s3
+    with Storage(f"{base}/ds", options) as storage:
+        storage.write("shard-000000.tar", bytes(range(256)) * 16)
+    with DripProxy(moto_server.endpoint, interval=0.05) as proxy:
+        yield f"{base}/ds", {**options, "endpoint_url": proxy.endpoint}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("client", ["lean", "botocore"])
+@pytest.mark.parametrize("how", ["range", "whole", "parts"])
+def test_a_dripping_body_fails_within_the_read_timeout(dripping, client, how):
+    url, options = dripping
+    config = {"connect_timeout": 5, "read_timeout": 5, **(BOTOCORE if client == "botocore" else {})}
+    retry = RetryPolicy(attempts=50, base_delay=0.01, max_delay=0.02, timeout=1.5)
+    storage = Storage(url, {**options, "config_kwargs": config}, retry=retry)
+    pool = ReadPool(2)
+    reads = {
+        "range": lambda: storage.read("shard-000000.tar", ByteRange(0, 4000)),
+        "whole": lambda: storage.read("shard-000000.tar"),
+        "parts": lambda: storage.read_parts("shard-000000.tar", ByteRange(0, 4096), expect=None, pool=pool),
+    }
+    try:
+        with pytest.raises(TransientStorageError) as info:
+            reads[how]()
+    finally:
+        pool.close()
+        storage.close()
+    message = str(info.value)
+    assert "RetryPolicy.timeout 1.5 s" in message, message
+    assert "the body was still arriving at the read's deadline" in message, message
+    assert info.value.url == f"{url}/shard-000000.tar"
+
+
+@pytest.mark.timeout(60)
+def test_min_rate_lets_a_slow_steady_body_finish_and_bounds_it_still(dripping):
+    url, options = dripping
+    slow = RetryPolicy(attempts=3, base_delay=0.01, timeout=0.5, min_rate=5)  # 60 s for 300 bytes
+    with Storage(url, options, retry=slow) as storage:
+        assert storage.read("shard-000000.tar", ByteRange(0, 30)) == bytes(range(30))  # ~1.5 s
+    tight = RetryPolicy(attempts=3, base_delay=0.01, timeout=0.5, min_rate=1000)
+    with Storage(url, options, retry=tight) as storage, pytest.raises(TransientStorageError) as info:
+        storage.read("shard-000000.tar", ByteRange(0, 1000))
+    assert "1.0 s at RetryPolicy.min_rate 1000 bytes/s" in str(info.value)
+
+
+def test_min_rate_is_validated():
+    for bad in (0, -1, float("inf"), float("nan")):
+        with pytest.raises(UsageError, match=r"RetryPolicy\.min_rate"):
+            RetryPolicy(min_rate=bad)
+    assert RetryPolicy(timeout=10, min_rate=100).budget(5000) == 50
+    assert RetryPolicy(timeout=10, min_rate=100).budget(50) == 10
+    assert RetryPolicy(timeout=None, min_rate=100).budget(5000) is None

@@ -375,7 +375,7 @@ def test_an_endpoint_that_never_answers_fails_within_the_bound_naming_it(reads):
     assert tries < 1000
 
 
-def test_the_bound_still_allows_a_second_try_after_a_long_one(monkeypatch):
+def test_no_try_starts_past_the_deadline_but_min_rate_gives_a_long_read_more_time(monkeypatch):
     from shardstream.storage import retry as retry_module
 
     clock = [0.0]
@@ -387,9 +387,19 @@ def test_the_bound_still_allows_a_second_try_after_a_long_one(monkeypatch):
         clock[0] += 100.0
         raise TimeoutError("timed out")
 
-    policy = RetryPolicy(attempts=5, base_delay=0, timeout=10)
-    with pytest.raises(TransientStorageError, match=r"after 2 tries .*RetryPolicy\.timeout 10 s"):
-        retry_module.call_with_retry(long_then_broken, policy, what="read", url="u", sleep=lambda s: None)
+    def read(policy: RetryPolicy) -> None:
+        calls.clear()
+        clock[0] = 0.0
+        retry_module.call_with_retry(
+            long_then_broken, policy, what="read", url="u", rng=ByteRange(0, 1500), sleep=lambda s: None
+        )
+
+    with pytest.raises(TransientStorageError, match=r"after 1 tries .*RetryPolicy\.timeout 10 s"):
+        read(RetryPolicy(attempts=5, base_delay=0, timeout=10))
+    assert calls == [0.0]
+    # 1500 bytes at 10 bytes/s: 150 s for the read, so a second try starts at 100 s
+    with pytest.raises(TransientStorageError, match=r"after 2 tries .*150\.0 s at RetryPolicy\.min_rate 10"):
+        read(RetryPolicy(attempts=5, base_delay=0, timeout=10, min_rate=10))
     assert calls == [0.0, 100.0]
 
 

@@ -14,15 +14,18 @@
 # NOTE [ Bounded waits ]
 # Each try is bounded by the client's connect and read timeouts (botocore and s3fs:
 # ``storage_options={"config_kwargs": {"connect_timeout": 5, "read_timeout": 15}}``, the
-# defaults); the tries together by ``RetryPolicy.timeout``: no new try starts once that
-# many seconds have passed since the first (or would pass during the backoff), so an
-# endpoint that accepts connections and never answers fails one read in about
-# ``timeout`` + one try, not attempts x read_timeout. A second try is always made (when
-# ``attempts`` allows): a long transfer (a whole shard on a slow link) that breaks after
-# ``timeout`` seconds is still retried once. The error names both bounds. Uploads are
-# not bounded by ``timeout``: a shard upload may take longer than it in every try, and
-# cutting its retries would fail a pack that a slow link completes; each of its tries is
-# still bounded by the client's timeouts.
+# defaults); a read, all its tries and the bodies they read, by ``RetryPolicy.timeout``:
+# no new try starts once that many seconds have passed since the first (or would pass
+# during the backoff), and a body still arriving then is cut off (NOTE [ Deadlines on
+# bodies ] in deadline.py), so an endpoint that accepts connections and never answers,
+# or answers one byte at a time, fails one read in about ``timeout``, not attempts x
+# read_timeout (nor never). A long transfer on a slow link would be cut by the same
+# bound, so ``RetryPolicy.min_rate`` (bytes/s) lets a read of n bytes take up to
+# n / min_rate seconds instead where that is longer: a minimum rate rather than a
+# fixed time. The error names the bounds. Uploads are not bounded by ``timeout``: a
+# shard upload may take longer than it in every try, and cutting its retries would fail
+# a pack that a slow link completes; each of its tries is still bounded by the client's
+# timeouts.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from shardstream.errors import ShardstreamError, StorageError, TransientStorageError, UsageError
+from shardstream.storage import deadline
 from shardstream.types import ByteRange
 
 __all__ = ["RetryPolicy", "call_with_retry", "is_not_found", "is_transient"]
@@ -108,14 +112,17 @@ class RetryPolicy:
 
     ``attempts`` counts all tries (1 = no retry). Between tries the wait is drawn
     uniformly from ``[0, min(max_delay, base_delay * 2**n)]`` ("full jitter"), so many
-    ranks that failed together do not come back together. ``timeout``: seconds after
-    which no new try starts (None: no bound); see NOTE [ Bounded waits ].
+    ranks that failed together do not come back together. ``timeout``: seconds
+    within which a read ends, all its tries and the bodies they read (None: no bound);
+    ``min_rate``: bytes/s at which a read of n bytes may take n / min_rate seconds where
+    that is longer than ``timeout`` (None: ``timeout`` alone); see NOTE [ Bounded waits ].
     """
 
     attempts: int = 8
     base_delay: float = 0.05
     max_delay: float = 4.0
     timeout: float | None = 60.0
+    min_rate: float | None = None
 
     def __post_init__(self) -> None:
         if self.attempts < 1:
@@ -124,6 +131,16 @@ class RetryPolicy:
             raise UsageError(f"RetryPolicy delays must be >= 0, not {self.base_delay}, {self.max_delay}")
         if self.timeout is not None and not (self.timeout > 0 and math.isfinite(self.timeout)):
             raise UsageError(f"RetryPolicy.timeout must be > 0 seconds or None, not {self.timeout}")
+        if self.min_rate is not None and not (self.min_rate > 0 and math.isfinite(self.min_rate)):
+            raise UsageError(f"RetryPolicy.min_rate must be > 0 bytes/s or None, not {self.min_rate}")
+
+    def budget(self, length: int | None) -> float | None:
+        """Seconds a read of ``length`` bytes (None: unknown) may take in all (None: no bound)."""
+        if self.timeout is None:
+            return None
+        if self.min_rate is None or length is None:
+            return self.timeout
+        return max(self.timeout, length / self.min_rate)
 
     def delay(self, failures: int) -> float:
         """Seconds to wait after the ``failures``-th failed try (1-based)."""
@@ -237,11 +254,14 @@ def call_with_retry(
     """
     wait = sleep if sleep is not None else _sleep
     started = _clock()
+    budget = policy.budget(None if rng is None else rng.length) if bounded else None
+    ends = None if budget is None else started + budget
     last: BaseException | None = None
     tries = 0
     for tries in range(1, policy.attempts + 1):
         try:
-            return operation()
+            with deadline.scope(ends, _limits(policy, budget)):
+                return operation()
         except Exception as error:
             if not is_transient(error):
                 raise permanent_error(error, what, url, rng) from error
@@ -249,24 +269,28 @@ def call_with_retry(
             if tries == policy.attempts:
                 break
             delay = policy.delay(tries)
-            if (
-                bounded
-                and tries > 1
-                and policy.timeout is not None
-                and _clock() - started + delay > policy.timeout
-            ):
+            if ends is not None and _clock() + delay > ends:
                 break  # NOTE [ Bounded waits ]
             wait(delay)
     elapsed = _clock() - started
     raise TransientStorageError(
         f"{what}{_where(rng)} failed after {tries} tries in {elapsed:.1f} s: {type(last).__name__}: {last}"
-        + _bounds(last, policy, timeouts),
+        + _bounds(last, policy, timeouts, budget),
         url=url,
         offset=rng.start if rng is not None else None,
     ) from last
 
 
-def _bounds(error: BaseException | None, policy: RetryPolicy, timeouts: str | Callable[[], str]) -> str:
+def _limits(policy: RetryPolicy, budget: float | None) -> str:
+    """The bound of a read's tries in words: the timeout, or the time its min_rate gives."""
+    if budget is None or policy.timeout is None or budget <= policy.timeout:
+        return f"RetryPolicy.timeout {policy.timeout:g} s" if budget is not None else "no bound"
+    return f"{budget:.1f} s at RetryPolicy.min_rate {policy.min_rate:g} bytes/s"
+
+
+def _bounds(
+    error: BaseException | None, policy: RetryPolicy, timeouts: str | Callable[[], str], budget: float | None
+) -> str:
     """What bounded the waits, said where a try timed out (NOTE [ Bounded waits ])."""
     timed_out = error is not None and any(
         isinstance(link, TimeoutError) or "timeout" in type(link).__name__.lower() or "timed out" in str(link)
@@ -277,5 +301,4 @@ def _bounds(error: BaseException | None, policy: RetryPolicy, timeouts: str | Ca
     if callable(timeouts):
         timeouts = timeouts()
     each = f"each try: {timeouts}; " if timeouts else ""
-    total = "no bound" if policy.timeout is None else f"{policy.timeout:g} s"
-    return f" (timed out; {each}all tries: RetryPolicy.timeout {total})"
+    return f" (timed out; {each}all tries: {_limits(policy, budget)})"

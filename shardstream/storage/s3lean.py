@@ -161,6 +161,10 @@ class _Body:
     def read(self) -> bytes:
         return bytes(self._response.read())
 
+    def shutdown(self) -> None:
+        """Cut the body off: a read blocked on it wakes (NOTE [ Deadlines on bodies ])."""
+        self._response.shutdown()
+
     def close(self) -> None:
         self._raw_stream.close()
 

@@ -29,6 +29,8 @@
 # - Given the size the manifest says, every response's total is checked against it: a
 #   ranged GET's ``Content-Range: bytes a-b/TOTAL``, a whole GET's ``Content-Length``
 #   (NOTE [ Reads check the manifest ] in expect.py).
+# - Every body is read under its read's deadline, which cuts it off when it is still
+#   arriving then (NOTE [ Deadlines on bodies ] in deadline.py).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from shardstream.errors import TransientStorageError
+from shardstream.storage import deadline
 from shardstream.storage.expect import SizeChanged
 from shardstream.storage.s3lean import LeanClient
 from shardstream.storage.streams import Body
@@ -291,7 +294,7 @@ class S3Reader:
         plain = status == (200 if rng is None else 206) and not response.get("ContentEncoding")
         if raw is None or not plain or not hasattr(raw, "readinto"):
             return io.BytesIO(_body(response, rng))
-        return cast(Body, raw)
+        return _Guarded(cast(Body, raw), _cut(response))
 
     def _get(self, bucket: str, key: str, rng: ByteRange | None, size: int | None) -> Any:
         """The GetObject response (its body unread), or None for a range past the end."""
@@ -358,13 +361,37 @@ def _body(response: Any, rng: ByteRange | None) -> bytes:
     (status 200; a 206 body is the range, whatever its ``ContentEncoding``)."""
     body = response["Body"]
     try:
-        data = body.read()
+        with deadline.reading(_cut(response)):
+            data = body.read()
     finally:
         body.close()
     _check_length(response, len(data))
     if rng is not None and response["ResponseMetadata"].get("HTTPStatusCode") == 200:
         data = data[rng.start : rng.end]
     return data
+
+
+def _cut(response: Mapping[str, Any]) -> Any:
+    """What cuts a response's body off, waking a read blocked on it: urllib3's
+    ``shutdown`` of its socket (None where the body has none)."""
+    body = response["Body"]
+    return getattr(body, "shutdown", None) or getattr(getattr(body, "_raw_stream", None), "shutdown", None)
+
+
+class _Guarded:
+    """A body read under its read's deadline (NOTE [ Deadlines on bodies ] in deadline.py)."""
+
+    __slots__ = ("_body", "_cut")
+
+    def __init__(self, body: Body, cut: Any) -> None:
+        self._body, self._cut = body, cut
+
+    def readinto(self, buffer: memoryview, /) -> int | None:
+        with deadline.reading(self._cut):
+            return self._body.readinto(buffer)
+
+    def close(self) -> None:
+        self._body.close()
 
 
 def _check_length(response: Mapping[str, Any], got: int) -> None:

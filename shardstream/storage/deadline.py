@@ -1,0 +1,155 @@
+"""A read's deadline, enforced on response bodies too (NOTE [ Deadlines on bodies ]).
+
+# NOTE [ Deadlines on bodies ]
+# A client's read timeout bounds each receive on a socket, not a body: an endpoint that
+# sends one byte a second never lets a receive time out, and http.client fills a buffer
+# receive by receive, so one ``readinto`` of a MiB waited for days and a read promising
+# to fail within ``RetryPolicy.timeout`` hung. So ``call_with_retry`` runs each try in a
+# ``scope`` holding the read's deadline (its start plus ``RetryPolicy.budget``: the
+# timeout, or longer for a long range where a ``min_rate`` is set), and the S3 reader
+# reads every body ``reading`` that scope with a way to cut the body off (urllib3's
+# ``shutdown`` of its socket, which wakes a blocked receive). One watchdog thread per
+# process cuts what is still being read at its deadline; the read then fails as a
+# ``BodyDeadline`` (a ``TimeoutError``, so its message names the bounds) and no new try
+# starts. A scope costs a thread-local write per try; only a try that reads a body
+# registers with the watchdog, which exits when it has had nothing to watch for a while
+# and is made again (in a fork child too) when needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+__all__ = ["BodyDeadline", "reading", "scope"]
+
+_clock = time.monotonic
+_IDLE_EXIT = 5.0  # seconds the watchdog waits with nothing to watch before it exits
+
+
+class BodyDeadline(TimeoutError):
+    """A body still arriving when its read's deadline passed."""
+
+
+class _Scope:
+    """One try of a read: its deadline, and the cut of the body it reads now, if any."""
+
+    __slots__ = ("cut", "deadline", "fired", "lock", "watched", "what")
+
+    def __init__(self, deadline: float, what: str) -> None:
+        self.deadline, self.what = deadline, what
+        self.cut: Callable[[], object] | None = None
+        self.fired = False
+        self.watched = False
+        self.lock = threading.Lock()
+
+    def expire(self) -> None:
+        with self.lock:
+            self.fired = True
+            cut = self.cut
+        if cut is not None:
+            with contextlib.suppress(Exception):  # a body closed meanwhile: nothing to cut
+                cut()
+
+    def error(self) -> BodyDeadline:
+        return BodyDeadline(f"timed out: the body was still arriving at the read's deadline ({self.what})")
+
+
+class _Watchdog:
+    """Expires scopes at their deadlines, in one daemon thread made when first needed."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, _Scope]] = []
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, scope: _Scope) -> None:
+        with self._cond:
+            heapq.heappush(self._heap, (scope.deadline, next(self._order), scope))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="shardstream-deadlines", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                due = self._due()
+                if due is None:
+                    self._thread = None
+                    return
+            for scope in due:
+                scope.expire()
+
+    def _due(self) -> list[_Scope] | None:
+        """The scopes past their deadline, waiting for the first; None after an idle spell."""
+        while True:
+            now = _clock()
+            due = []
+            while self._heap and self._heap[0][0] <= now:
+                due.append(heapq.heappop(self._heap)[2])
+            if due:
+                return due
+            if not self._heap:
+                if not self._cond.wait(_IDLE_EXIT) and not self._heap:
+                    return None
+                continue
+            self._cond.wait(self._heap[0][0] - now)
+
+
+_watchdog = _Watchdog()
+_local = threading.local()
+
+
+def _new_watchdog_in_child() -> None:  # the parent's thread is not in the child
+    global _watchdog
+    _watchdog = _Watchdog()
+
+
+os.register_at_fork(after_in_child=_new_watchdog_in_child)
+
+
+@contextlib.contextmanager
+def scope(deadline: float | None, what: str) -> Iterator[None]:
+    """Run one try with ``deadline`` (a ``time.monotonic`` time; None: none) on the bodies
+    it reads; ``what`` says what bounded it, for the error."""
+    previous = getattr(_local, "scope", None)
+    _local.scope = None if deadline is None else _Scope(deadline, what)
+    try:
+        yield
+    finally:
+        _local.scope = previous
+
+
+@contextlib.contextmanager
+def reading(cut: Callable[[], object] | None) -> Iterator[None]:
+    """Read (part of) a body, which ``cut`` cuts off, under this thread's scope: past its
+    deadline the read raises ``BodyDeadline`` (NOTE [ Deadlines on bodies ])."""
+    current: _Scope | None = getattr(_local, "scope", None)
+    if current is None or cut is None:
+        yield
+        return
+    if current.fired or _clock() >= current.deadline:
+        raise current.error()
+    if not current.watched:
+        current.watched = True
+        _watchdog.watch(current)
+    with current.lock:
+        current.cut = cut
+    try:
+        yield
+    except Exception as error:
+        if current.fired:
+            raise current.error() from error
+        raise
+    finally:
+        with current.lock:
+            current.cut = None
+    if current.fired:  # cut just as it ended: the bytes may be short
+        raise current.error()
