@@ -10,7 +10,10 @@ import reprlib
 
 __all__ = [
     "FormatError",
+    "KeyNotFoundError",
     "ManifestError",
+    "MissingDependencyError",
+    "NotADatasetError",
     "PackError",
     "PlanError",
     "ShardstreamError",
@@ -116,6 +119,11 @@ class ManifestError(ShardstreamError):
     """A missing, unreadable or unsupported ``manifest.json``."""
 
 
+class NotADatasetError(ManifestError):
+    """A URL with no manifest: a missing path or bucket, raw files, shards another tool
+    wrote, or a pack that has not finished; the message says which."""
+
+
 class FormatError(ShardstreamError):
     """A shard or sample index whose bytes are corrupt, truncated or not of its format."""
 
@@ -138,3 +146,11 @@ class PlanError(ShardstreamError):
 
 class StateError(ShardstreamError):
     """A resume state that does not fit: other dataset, seed, or unknown version."""
+
+
+class KeyNotFoundError(ShardstreamError, KeyError):
+    """No sample has the ``__key__`` asked for; a ``KeyError`` too, as a mapping's is."""
+
+
+class MissingDependencyError(UsageError, ImportError):
+    """An optional package is not installed; the message names the extra that brings it."""

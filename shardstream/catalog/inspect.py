@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from shardstream.diagnose import read_manifest
 from shardstream.formats import get_format
 from shardstream.storage import Storage
 
@@ -73,7 +74,7 @@ def inspect_dataset(
     """A summary of the dataset at ``url`` from its manifest and its first shard's index."""
     storage = Storage(url, storage_options)
     try:
-        manifest = storage.read_manifest()
+        manifest = read_manifest(storage)
         keys: list[str] = []
         fmt = get_format(manifest.format)
         for shard in manifest.shards:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardstream.catalog.index import _DEFAULT_THREADS, _hidden, _map, _read_shard
+from shardstream.diagnose import read_manifest
 from shardstream.digests import checks_of
 from shardstream.errors import FormatError, ShardstreamError, StorageError
 from shardstream.formats import SampleIndex, ShardFormat, get_format
@@ -119,7 +120,7 @@ def verify_dataset(
     """Re-read every shard of the dataset at ``url`` and report each one that is not sound."""
     storage = Storage(url, storage_options)
     try:
-        manifest = storage.read_manifest()
+        manifest = read_manifest(storage)
         fmt = get_format(manifest.format)
 
         def one(info: ShardInfo) -> tuple[list[ShardProblem], bool]:

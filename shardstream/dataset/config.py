@@ -14,6 +14,7 @@ from shardstream.counts import check_int
 from shardstream.dataset.budget import DEFAULT_READ_BUDGET
 from shardstream.dataset.decode import Decoder, SampleDecoder
 from shardstream.dataset.fetch import READ_THREADS
+from shardstream.diagnose import read_manifest
 from shardstream.errors import ManifestError, PlanError, UsageError
 from shardstream.manifest import Manifest
 from shardstream.plan import PlanConfig
@@ -151,7 +152,7 @@ def read_streamable_manifest(storage: Storage) -> Manifest:
     (it refuses an empty source), so it is hand-made or cut short, and streaming it would
     end every epoch at once with no error (issue 10: ``verify`` names the shard files
     beside it)."""
-    manifest = storage.read_manifest()
+    manifest = read_manifest(storage)  # where there is none, it says why
     if not manifest.shards:
         raise ManifestError(
             f"the manifest of {storage.url} lists no shards: nothing to read "

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from shardstream.errors import FormatError, ShardstreamError, UsageError
+from shardstream.errors import FormatError, MissingDependencyError, ShardstreamError, UsageError
 from shardstream.formats.base import sample_builder
 
 __all__ = [
@@ -103,8 +103,14 @@ def _npz(data: bytes) -> dict[str, Any]:
 
 def _image(data: bytes) -> Any:
     import numpy as np
-    from PIL import Image
 
+    try:
+        from PIL import Image
+    except ImportError as error:
+        raise MissingDependencyError(
+            f"decoding an image needs Pillow ({error}): pip install 'shardstream[image]',"
+            " or pass decode=False for the raw bytes"
+        ) from None
     with Image.open(io.BytesIO(data)) as opened:
         opened.load()
         image: Image.Image = opened
@@ -112,7 +118,8 @@ def _image(data: bytes) -> Any:
             image = image.convert("RGBA" if "transparency" in image.info else "RGB")
         elif image.mode == "1":
             image = image.convert("L")
-        return np.asarray(image)
+        # a writable array (np.asarray's is read-only, which torch.from_numpy warns about)
+        return np.array(image)
 
 
 def _torch(data: bytes) -> Any:

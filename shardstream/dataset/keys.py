@@ -20,6 +20,7 @@ import collections
 import itertools
 from typing import Any
 
+from shardstream.errors import KeyNotFoundError, shown
 from shardstream.formats.base import SampleIndex
 
 __all__ = ["KEY_TABLES", "KeyFinder"]
@@ -37,9 +38,10 @@ class KeyFinder:
         self._tables: collections.OrderedDict[int, dict[str, int]] = collections.OrderedDict()
 
     def index_of(self, key: str) -> int:
-        """The dataset index of the sample named ``key``; ``KeyError`` if there is none."""
+        """The dataset index of the sample named ``key``; a ``KeyNotFoundError`` (a
+        ``ShardstreamError`` and a ``KeyError``) if there is none."""
         if not isinstance(key, str):
-            raise KeyError(key)
+            raise self._missing(key, f"a key is a str, not {type(key).__name__}")
         shard = self._bisect(key)
         if shard is not None:
             found = self._in_shard(shard, key)
@@ -49,7 +51,11 @@ class KeyFinder:
             found = self._in_shard(shard, key)
             if found is not None:
                 return self._offsets[shard] + found
-        raise KeyError(key)
+        raise self._missing(key, f"no sample of its {len(self._offsets)} shards has it")
+
+    def _missing(self, key: object, why: str) -> KeyNotFoundError:
+        storage = getattr(self._reader, "storage", None)
+        return KeyNotFoundError(f"key {shown(key)} not found: {why}", url=getattr(storage, "url", None))
 
     def _index(self, shard: int) -> SampleIndex:
         index: SampleIndex = self._reader.index(shard)

@@ -328,7 +328,8 @@ class MapDataset(Dataset):
     # -- keys ----------------------------------------------------------------------------
 
     def index_of(self, key: str) -> int:
-        """The index of the sample whose ``__key__`` is ``key`` (``KeyError`` if none);
+        """The index of the sample whose ``__key__`` is ``key`` (if none, a ``KeyNotFoundError``,
+        which is a ``ShardstreamError`` and a ``KeyError``);
         see :class:`~shardstream.dataset.keys.KeyFinder` for what a lookup reads."""
         return self._parts()[2].index_of(key)
 

@@ -24,7 +24,7 @@ import io
 from collections.abc import Callable, Iterator, Mapping
 from typing import IO, Any, TypeVar
 
-from shardstream.errors import ManifestError, StorageError, UsageError
+from shardstream.errors import NotADatasetError, StorageError, UsageError
 from shardstream.manifest import LEGACY_MANIFEST_NAME, MANIFEST_NAME, Manifest
 from shardstream.storage import cached as through_cache
 from shardstream.storage import local
@@ -397,7 +397,7 @@ class Storage:
                     continue
                 raise
             return Manifest.from_json(data, url=self.full_url(name))
-        raise ManifestError(
+        raise NotADatasetError(
             f"no {MANIFEST_NAME} (nor {LEGACY_MANIFEST_NAME}) at {self.url}: not a shardstream dataset "
             f"(run `shardstream index {self.url}`)",
             url=self.full_url(MANIFEST_NAME),
