@@ -16,6 +16,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "shardstream"
 
 FORBIDDEN = {
     "formats": {
+        "shardstream.tokens",
         "shardstream.storage",
         "shardstream.plan",
         "shardstream.dataset",
@@ -24,6 +25,7 @@ FORBIDDEN = {
         "torch",
     },
     "storage": {
+        "shardstream.tokens",
         "shardstream.formats",
         "shardstream.plan",
         "shardstream.dataset",
@@ -31,6 +33,21 @@ FORBIDDEN = {
         "torch",
     },
     "plan": {
+        "shardstream.tokens",
+        "shardstream.formats",
+        "shardstream.storage",
+        "shardstream.dataset",
+        "shardstream.pack",
+        "fsspec",
+        "torch",
+        "os",
+        "io",
+        "socket",
+        "pathlib",
+        "random",
+    },
+    # packed token sequences: pure like the plan, and below formats, storage and the dataset
+    "tokens": {
         "shardstream.formats",
         "shardstream.storage",
         "shardstream.dataset",

@@ -1,0 +1,200 @@
+"""A shard's packed sequences: how many, and which tokens each is made of (NOTE [ Packed sequences ])."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from shardstream.errors import FormatError, PlanError
+from shardstream.tokens.bestfit import best_fit
+from shardstream.tokens.fitfile import BestFit
+from shardstream.tokens.packing import Packing
+from shardstream.tokens.pieces import SequencePieces, check_ends, split_documents
+
+__all__ = ["SequenceLayout", "SequenceRun", "sequence_layout"]
+
+# NOTE [ Packed sequences ]
+# A packed sequence of seq_len tokens is the plan's sample: the plan runs over the
+# sequence count of each shard (a sequence never crosses a shard), and a reader maps a run
+# of consecutive sequences [start, stop) of a shard to the contiguous tokens that hold them
+# (``SequenceRun.tokens``, documents ``SequenceRun.docs``), reads them with one ranged read,
+# and builds the sequences (build.py). A sequence is made of pieces, each a slice of one
+# document; its label at a piece's last token is the next token of that document where the
+# document goes on (concat cuts a document at every sequence end, best_fit cuts the
+# documents longer than seq_len), else -100, so a run reads at most one token past its
+# last piece. Every mode gives the same pieces for a sequence however the run around it
+# was cut, so a sequence built alone equals the one built in any run.
+# - concat: tokens [i*S, (i+1)*S) of the shard; the tail under S is dropped, and counted.
+# - best_fit: the bins of NOTE [ Best-fit bins ] (bestfit.py), read from a sidecar or made
+#   when the layout is; a run needs the blocks it touches.
+# - pad: the pieces of seq_len tokens of each document in order, one per sequence; with
+#   long_docs="truncate" only each document's first (the rest dropped, and counted).
+# Empty documents have no piece, in any mode.
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class SequenceRun:
+    """Sequences ``[start, stop)`` of a shard: the documents ``docs`` and tokens ``tokens``
+    (half-open ranges, numbered in the shard) that hold them, and their pieces."""
+
+    start: int
+    stop: int
+    seq_len: int
+    docs: tuple[int, int]
+    tokens: tuple[int, int]
+    pieces: SequencePieces
+
+    @property
+    def count(self) -> int:
+        return self.stop - self.start
+
+
+class SequenceLayout(Protocol):
+    """A shard's sequences under one ``Packing``."""
+
+    @property
+    def packing(self) -> Packing: ...
+
+    @property
+    def count(self) -> int:
+        """The sequences in the shard."""
+
+    @property
+    def dropped(self) -> int:
+        """The shard's tokens in no sequence (concat's tail, what truncate cuts)."""
+
+    def run(self, start: int, stop: int) -> SequenceRun:
+        """Sequences ``[start, stop)``: where they are and their pieces."""
+
+
+def sequence_layout(
+    packing: Packing, ends: np.ndarray, *, fit: BestFit | None = None, shard: str | None = None
+) -> SequenceLayout:
+    """The sequences of a shard whose documents end at ``ends`` (int64 token offsets).
+
+    ``fit`` is the shard's best-fit sidecar (``BestFit.from_bytes``) for ``best_fit``; without
+    one the bins are made here (a pure function, NOTE [ Best-fit bins ])."""
+    ends = check_ends(ends, shard=shard)
+    if packing.mode == "concat":
+        return ConcatLayout(packing, ends)
+    if packing.mode == "pad":
+        doc, lo, hi = split_documents(ends, packing.seq_len)
+        if packing.long_docs == "truncate":
+            keep = np.ones(len(doc), dtype=bool)
+            keep[1:] = doc[1:] != doc[:-1]
+            doc, lo, hi = doc[keep], lo[keep], hi[keep]
+        return PieceLayout.of(packing, ends, (doc, lo, hi), np.arange(len(doc)), np.arange(len(doc) + 1))
+    if fit is None:
+        fit = best_fit(ends, packing.seq_len)
+    else:
+        fit.check(ends, packing.seq_len, name=shard)
+    doc, lo, hi = split_documents(ends, packing.seq_len, fit.cuts)
+    if len(doc) != len(fit.order) or (
+        len(doc) and (np.add.reduceat((hi - lo)[fit.order], fit.first[:-1]) > packing.seq_len).any()
+    ):
+        raise FormatError(
+            "best-fit sidecar's sequences do not fit the shard's documents: rebuild it", shard=shard
+        )
+    return PieceLayout.of(packing, ends, (doc, lo, hi), fit.order, fit.first)
+
+
+def _check_run(start: int, stop: int, count: int) -> None:
+    if not 0 <= start <= stop <= count:
+        raise PlanError(f"sequences [{start}, {stop}) are outside the shard's {count}")
+
+
+def _empty(packing: Packing, start: int) -> SequenceRun:
+    none = np.zeros(0, dtype=np.int64)
+    return SequenceRun(
+        start, start, packing.seq_len, (0, 0), (0, 0), SequencePieces(none, none, none, none, none > 0)
+    )
+
+
+def _run(packing: Packing, ends: np.ndarray, start: int, stop: int, pieces: SequencePieces) -> SequenceRun:
+    """The run of ``pieces`` with its token and document ranges."""
+    if not len(pieces):
+        return _empty(packing, start)
+    t0 = int(pieces.lo.min())
+    t1 = int((pieces.hi + pieces.more).max())
+    d0, d1 = np.searchsorted(ends, [t0, t1 - 1], side="right")
+    return SequenceRun(start, stop, packing.seq_len, (int(d0), int(d1) + 1), (t0, t1), pieces)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ConcatLayout:
+    """concat: sequence ``i`` is tokens ``[i*S, (i+1)*S)``, its pieces found when asked."""
+
+    packing: Packing
+    ends: np.ndarray
+
+    @property
+    def count(self) -> int:
+        return self._total // self.packing.seq_len
+
+    @property
+    def dropped(self) -> int:
+        return self._total - self.count * self.packing.seq_len
+
+    @property
+    def _total(self) -> int:
+        return int(self.ends[-1]) if len(self.ends) else 0
+
+    def run(self, start: int, stop: int) -> SequenceRun:
+        _check_run(start, stop, self.count)
+        if start == stop:
+            return _empty(self.packing, start)
+        size, ends = self.packing.seq_len, self.ends
+        lo_tok, hi_tok = start * size, stop * size
+        inside = ends[
+            np.searchsorted(ends, lo_tok, side="right") : np.searchsorted(ends, hi_tok, side="left")
+        ]
+        bounds = np.union1d(inside, np.arange(lo_tok + size, hi_tok + 1, size, dtype=np.int64))
+        lo = np.concatenate([[lo_tok], bounds[:-1]]).astype(np.int64)
+        doc = np.searchsorted(ends, lo, side="right")
+        pieces = SequencePieces(lo // size - start, doc, lo, bounds, bounds < ends[doc])
+        return _run(self.packing, ends, start, stop, pieces)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PieceLayout:
+    """best_fit and pad: a table of the shard's pieces, sequence ``i`` being pieces
+    ``order[first[i]:first[i + 1]]``."""
+
+    packing: Packing
+    ends: np.ndarray
+    doc: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    order: np.ndarray
+    first: np.ndarray
+
+    @classmethod
+    def of(
+        cls,
+        packing: Packing,
+        ends: np.ndarray,
+        pieces: tuple[np.ndarray, ...],
+        order: np.ndarray,
+        first: np.ndarray,
+    ) -> PieceLayout:
+        doc, lo, hi = pieces
+        return cls(packing, ends, doc, lo, hi, order, first)
+
+    @property
+    def count(self) -> int:
+        return len(self.first) - 1
+
+    @property
+    def dropped(self) -> int:
+        total = int(self.ends[-1]) if len(self.ends) else 0
+        return total - int((self.hi - self.lo).sum())
+
+    def run(self, start: int, stop: int) -> SequenceRun:
+        _check_run(start, stop, self.count)
+        index = self.order[self.first[start] : self.first[stop]]
+        seq = np.repeat(np.arange(stop - start, dtype=np.int64), np.diff(self.first[start : stop + 1]))
+        doc, hi = self.doc[index], self.hi[index]
+        pieces = SequencePieces(seq, doc, self.lo[index], hi, hi < self.ends[doc])
+        return _run(self.packing, self.ends, start, stop, pieces)
