@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +25,7 @@ from shardstream.plan import Plan, PlanConfig, PlanKind, Shape, make_plan, plan_
 from shardstream.plan.epoch import LocalPlan
 from shardstream.plan.kinds import unregister_plan_kind
 from shardstream.plan.mixture import Mixture, StreamSpec
+from shardstream.plan.tokens import TokenSequences
 from shardstream.plan.view import Segments, ShardView
 
 # -- a kind defined by this file alone -----------------------------------------------------
@@ -75,7 +76,7 @@ def cases(draw: st.DrawFn, kind: str) -> tuple[object, PlanConfig]:
     """A source and a config that ``kind`` plans."""
     seed, shuffle = draw(st.integers(0, 2**32)), draw(st.booleans())
     window = draw(st.none() | st.integers(1, 12))
-    if kind in ("global", "composed"):
+    if kind in ("global", "composed") or (kind == "tokens" and draw(st.booleans())):
         config = PlanConfig(
             seed=seed, shuffle=shuffle, shuffle_window=window, order="global", global_batch_size=GLOBAL_BATCH
         )
@@ -85,6 +86,8 @@ def cases(draw: st.DrawFn, kind: str) -> tuple[object, PlanConfig]:
         return _sizes(draw), config
     if kind == "reversed-test":
         return Reversed(tuple(_sizes(draw))), config
+    if kind == "tokens":
+        return TokenSequences(np.array(_sizes(draw)), 16, "concat", "split", "bpe@0"), config
     streams = [
         StreamSpec(f"s{i}", _sizes(draw), f"f{i}", repeat=draw(st.sampled_from([None, 0.5, 2])))
         for i in range(draw(st.integers(1, 3)))
@@ -104,8 +107,12 @@ def _streams(source: object) -> np.ndarray:
     """Shard offsets of each stream (one stream for a dataset of its own)."""
     if isinstance(source, Mixture):
         return source.shard_offsets
-    sizes = source.sizes if isinstance(source, Reversed) else source
-    return np.array([0, len(sizes)])
+    return np.array([0, len(_own(source))])
+
+
+def _own(source: object) -> Sequence[int]:
+    """The shard sizes of a source that is one dataset."""
+    return source.sizes if isinstance(source, (Reversed, TokenSequences)) else source  # type: ignore[return-value]
 
 
 def _batches(plan: Plan, rank: int) -> Iterator[list[tuple[int, int]]]:
@@ -126,7 +133,7 @@ def _epoch(plan: Plan) -> list[list[list[tuple[int, int]]]]:
     return [list(_batches(plan, rank)) for rank in range(plan.world_size)]
 
 
-KINDS = ["local", "global", "mixture", "composed", "reversed-test"]
+KINDS = ["local", "global", "mixture", "composed", "tokens", "reversed-test"]
 
 
 def test_the_built_in_kinds_and_this_files_kind_are_registered():
@@ -150,12 +157,11 @@ def test_every_kind_gives_equal_counts_and_every_sample_of_its_quota(kind, data)
     by_stream = collections.Counter(
         int(np.searchsorted(offsets, shard, side="right")) - 1 for shard, _ in seen.elements()
     )
-    padding = plan.batch_size * world if kind in ("global", "composed") else world
+    padding = plan.batch_size * world if config.is_global else world
     for stream, quota in enumerate(plan.quotas):
         assert quota <= by_stream[stream] < quota + padding  # every sample of its quota, then padding
-    if kind in ("local", "global", "reversed-test"):  # a dataset of its own: each sample once, then repeats
-        sizes = source.sizes if isinstance(source, Reversed) else source
-        assert {(s, i) for s, n in enumerate(sizes) for i in range(n)} == set(seen)
+    if not isinstance(source, Mixture):  # a dataset of its own: each sample once, then repeats
+        assert {(s, i) for s, n in enumerate(_own(source)) for i in range(n)} == set(seen)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -169,7 +175,7 @@ def test_every_kind_resumes_on_another_shape_as_it_would_have_continued(kind, da
     whole = _epoch(plan)
     resumed = make_plan(source, config, state=plan.state_dict(steps), shape=_shape(config, *after))
     rest = _epoch(resumed)
-    if kind in ("global", "composed"):  # the same global batches, whatever the shape
+    if config.is_global:  # the same global batches, whatever the shape
         joined = [list(itertools.chain(*parts)) for parts in zip(*whole, strict=True)]
         assert [list(itertools.chain(*parts)) for parts in zip(*rest, strict=True)] == joined[steps:]
         return
@@ -188,8 +194,23 @@ EXAMPLES = {
         Mixture([StreamSpec("a", [5, 3], "fa"), StreamSpec("b", [4], "fb")], mix="stratified"),
         PlanConfig(seed=3, order="global", global_batch_size=GLOBAL_BATCH),
     ),
+    "tokens": (TokenSequences(np.array([5, 3, 4]), 16, "concat", "split", "bpe@0"), PlanConfig(seed=3)),
     "reversed-test": (Reversed((5, 3, 4)), PlanConfig(seed=3)),
 }
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("seq_len", 32), ("packing", "best_fit"), ("long_docs", "truncate"), ("tokenizer", "bpe@1")],
+)
+def test_a_token_state_resumes_only_sequences_made_the_same_way(field, value):
+    source, config = EXAMPLES["tokens"]
+    state = make_plan(source, config, epoch=0, shape=Shape(2, 1, 1)).state_dict(2)
+    again = make_plan(source, config, state=state, shape=Shape(1, 2, 1))
+    assert again.samples_per_rank() == 12 - 4
+    other = TokenSequences(source.sizes, **{**source.record(), field: value})
+    with pytest.raises(StateError, match=f"saved over sequences with {field}="):
+        make_plan(other, config, state=state, shape=Shape(1, 2, 1))
 
 
 @pytest.mark.parametrize(("saved", "loaded"), [(a, b) for a in KINDS for b in KINDS if a != b])

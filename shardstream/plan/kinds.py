@@ -8,7 +8,8 @@ makes a fresh plan of an epoch or resumes one from a state. ``make_plan`` asks t
 registered kinds in order and the first that selects makes the plan, as MosaicML picks
 its partition functions from a dict. The kinds are siblings: the local order
 (plan/epoch.py), the global order (plan/batches.py), the mixtures (a random mix runs as
-one of those over its streams' segments; the composed mixes in plan/composed.py). A new
+one of those over its streams' segments; the composed mixes in plan/composed.py), token
+sequences (plan/tokens.py: an order over per-shard sequence counts). A new
 kind is one module and one ``register_plan_kind`` line; ``tests/test_plan_kinds.py``
 runs every registered kind through one conformance harness.
 """
@@ -23,11 +24,13 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from shardstream.errors import PlanError
+from shardstream.plan import tokens
 from shardstream.plan.batches import GlobalPlan
 from shardstream.plan.composed import ComposedPlan
 from shardstream.plan.config import PlanConfig, Window
 from shardstream.plan.epoch import LocalPlan
 from shardstream.plan.mixture import Mixture, StreamSpec, check_mixture, check_mixture_state, random_view
+from shardstream.plan.orders import order_plan
 from shardstream.plan.view import ShardView
 from shardstream.types import Shape
 
@@ -150,19 +153,15 @@ def _mixture(source: object) -> Mixture:
     return source if isinstance(source, Mixture) else Mixture(source)  # type: ignore[arg-type]  # checked by Mixture
 
 
-def _order_plan(config: PlanConfig) -> type[LocalPlan] | type[GlobalPlan]:
-    return GlobalPlan if config.is_global else LocalPlan
-
-
 def _random_fresh(source: object, config: PlanConfig, epoch: int, shape: Shape) -> Plan:
     mixture = check_mixture(_mixture(source), config)
-    return _order_plan(config).fresh(random_view(mixture, config, epoch), config, epoch, shape)
+    return order_plan(config).fresh(random_view(mixture, config, epoch), config, epoch, shape)
 
 
 def _random_resume(source: object, config: PlanConfig, state: Mapping[str, Any], shape: Shape) -> Plan:
     mixture = check_mixture(_mixture(source), config)
     epoch = check_mixture_state(mixture, state)
-    return _order_plan(config).resume(random_view(mixture, config, epoch), config, state, shape)
+    return order_plan(config).resume(random_view(mixture, config, epoch), config, state, shape)
 
 
 def _is_mixture(source: object) -> bool:
@@ -194,6 +193,7 @@ _BUILT_IN = (
         lambda source, config, epoch, shape: ComposedPlan.fresh(_mixture(source), config, epoch, shape),
         lambda source, config, state, shape: ComposedPlan.resume(_mixture(source), config, state, shape),
     ),
+    PlanKind("tokens", tokens.selects, tokens.fresh, tokens.resume),  # type: ignore[arg-type]
 )
 for _kind in _BUILT_IN:
     register_plan_kind(_kind)

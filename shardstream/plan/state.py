@@ -69,6 +69,12 @@ class Key:
     # a mixture (NOTE [ Mixtures ]): the inner plan's state with these
     MIX = "mix"
     STREAMS = "streams"
+    # token sequences (plan/tokens.py): how the sequences a state counts were made
+    SEQUENCES = "sequences"
+    SEQ_LEN = "seq_len"
+    PACKING = "packing"
+    LONG_DOCS = "long_docs"
+    TOKENIZER = "tokenizer"
     # a stream of a mixture's state (with NUM_SHARDS and NUM_SAMPLES)
     NAME = "name"
     FINGERPRINT = "fingerprint"
