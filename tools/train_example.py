@@ -6,7 +6,7 @@
 The model is a toy (it learns the mean byte of each text sample from its first bytes);
 the data handling is the real thing. Rerun the same command after stopping it and it
 resumes from the checkpoint at the exact batch where it stopped, on any number of ranks
-or workers. ``--keys-log FILE`` appends the keys each rank trains on, one per line, so a
+(one process, or torchrun with several, in either direction) or workers. ``--keys-log FILE`` appends the keys each rank trains on, one per line, so a
 test can check that an epoch saw every sample exactly once across a stop and a resume.
 """
 
@@ -36,6 +36,16 @@ def to_tensors(samples: list[dict]) -> tuple[torch.Tensor, torch.Tensor, list[st
     return inputs, targets, [sample["__key__"] for sample in samples]
 
 
+def unwrapped(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A model state without DDP's ``module.`` prefix: checkpoints are saved from the bare
+    model, so one from a run under torchrun (older ones kept the prefix) loads in one
+    process and the other way round."""
+    prefix = "module."
+    if state and all(name.startswith(prefix) for name in state):
+        return {name.removeprefix(prefix): value for name, value in state.items()}
+    return state
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -61,16 +71,16 @@ def main() -> int:
     loader = shardstream.DataLoader(
         dataset, batch_size=args.batch_size, num_workers=args.workers, collate_fn=to_tensors
     )
-    model = torch.nn.Linear(PREFIX, 1)
-    if distributed:
-        model = torch.nn.parallel.DistributedDataParallel(model)
+    model = torch.nn.Linear(PREFIX, 1)  # the bare model: what a checkpoint holds
+    checkpoint_path = pathlib.Path(args.checkpoint)
+    checkpoint = torch.load(checkpoint_path, weights_only=False) if checkpoint_path.exists() else None
+    if checkpoint is not None:  # before DDP wraps it: the same keys on any number of ranks
+        model.load_state_dict(unwrapped(checkpoint["model"]))
+    trained = torch.nn.parallel.DistributedDataParallel(model) if distributed else model
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
     start_epoch = 0
-    checkpoint_path = pathlib.Path(args.checkpoint)
-    if checkpoint_path.exists():
-        checkpoint = torch.load(checkpoint_path, weights_only=False)
-        model.load_state_dict(checkpoint["model"])
+    if checkpoint is not None:
         optimizer.load_state_dict(checkpoint["optimizer"])
         loader.load_state_dict(checkpoint["data"])  # exact, also on another number of ranks
         start_epoch = checkpoint["data"]["epoch"]
@@ -91,7 +101,7 @@ def main() -> int:
     for epoch in range(start_epoch, args.epochs):
         dataset.set_epoch(epoch)
         for inputs, targets, keys in loader:
-            loss = torch.nn.functional.mse_loss(model(inputs), targets)
+            loss = torch.nn.functional.mse_loss(trained(inputs), targets)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
