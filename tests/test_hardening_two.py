@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import multiprocessing
 import os
 import shutil
 
@@ -14,7 +15,8 @@ from shardstream.catalog import index_dataset, verify_dataset
 from shardstream.cli import main
 from shardstream.errors import StorageError, TransientStorageError, UsageError
 from shardstream.pack import ShardWriter, pack
-from shardstream.storage import ReadPool, RetryPolicy, Storage
+from shardstream.storage import Expected, ReadPool, RetryPolicy, Storage
+from shardstream.storage import cached as cached_module
 from shardstream.testing.wanproxy import ForwardingProxy, ProxyHandler
 from shardstream.types import ByteRange
 from tests.test_pack_restart import snapshot
@@ -199,3 +201,80 @@ def test_min_rate_is_validated():
     assert RetryPolicy(timeout=10, min_rate=100).budget(5000) == 50
     assert RetryPolicy(timeout=10, min_rate=100).budget(50) == 10
     assert RetryPolicy(timeout=None, min_rate=100).budget(5000) is None
+
+
+# -- item 5: a cache shared by processes under a small limit ------------------------------
+
+
+SHARDS = {f"shard-{n:06d}.tar": bytes([n]) * 5000 + os.urandom(3000) for n in range(4)}
+
+
+@pytest.fixture
+def remote(s3):
+    base, options = s3
+    with Storage(f"{base}/ds", options) as storage:
+        for name, data in SHARDS.items():
+            storage.write(name, data)
+    return f"{base}/ds", options
+
+
+def vanishing(monkeypatch, times: int) -> list[str]:
+    """Make each cache entry vanish (as another process's eviction does) right after it is
+    fetched, the first ``times`` times; the entries that vanished."""
+    real = cached_module.cached_path
+    gone: list[str] = []
+
+    def fetched_then_evicted(*args, **kwargs):
+        entry = real(*args, **kwargs)
+        if len(gone) < times:
+            os.unlink(entry)
+            gone.append(entry)
+        return entry
+
+    monkeypatch.setattr(cached_module, "cached_path", fetched_then_evicted)
+    return gone
+
+
+@pytest.mark.parametrize("times", [1, 100])  # fetched again; read uncached when it keeps vanishing
+@pytest.mark.parametrize("how", ["map", "read", "open"])
+def test_a_cache_entry_evicted_before_it_is_read_is_fetched_again(remote, tmp_path, monkeypatch, how, times):
+    url, options = remote
+    gone = vanishing(monkeypatch, times)
+    name, data = "shard-000001.tar", SHARDS["shard-000001.tar"]
+    expect = Expected(len(data))
+    with Storage(url, options, cache_dir=str(tmp_path / "cache"), cache_limit=1) as storage:
+        if how == "map":
+            got = bytes(storage.map(name, ByteRange(10, 6000), expect=expect))
+            assert got == data[10:6000]
+        elif how == "read":
+            assert storage.read(name, ByteRange(10, 6000), expect=expect) == data[10:6000]
+        else:
+            with storage.open(name, expect=expect) as f:
+                assert f.read() == data
+    assert gone
+
+
+def _read_everything(url: str, options: dict, cache: str, rounds: int) -> None:
+    with Storage(url, options, cache_dir=cache, cache_limit=1) as storage:
+        for _ in range(rounds):
+            for name, data in SHARDS.items():
+                expect = Expected(len(data))
+                if bytes(storage.map(name, ByteRange(100, 7000), expect=expect)) != data[100:7000]:
+                    raise SystemExit(3)
+                if storage.read(name, ByteRange(0, 50), expect=expect) != data[:50]:
+                    raise SystemExit(4)
+
+
+@pytest.mark.timeout(120)
+def test_readers_sharing_a_cache_with_a_tiny_limit_never_die(remote, tmp_path):
+    url, options = remote
+    context = multiprocessing.get_context("fork")
+    readers = [
+        context.Process(target=_read_everything, args=(url, options, str(tmp_path / "cache"), 15))
+        for _ in range(4)
+    ]
+    for reader in readers:
+        reader.start()
+    for reader in readers:
+        reader.join(100)
+    assert [reader.exitcode for reader in readers] == [0, 0, 0, 0]

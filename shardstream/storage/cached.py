@@ -33,7 +33,7 @@ import hashlib
 import os
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from shardstream.crc import crc32
 from shardstream.errors import StorageError, UsageError
@@ -46,22 +46,57 @@ from shardstream.types import ByteRange
 if TYPE_CHECKING:
     from shardstream.storage.core import Storage
 
-__all__ = ["cache_key", "cached_path", "read_cached"]
+__all__ = ["cache_key", "cached_path", "read_cached", "with_entry"]
+
+T = TypeVar("T")
+
+
+# NOTE [ Entries that vanish ]
+# Processes that share a cache directory evict each other's entries (LRU, under one
+# ``cache_limit``), so an entry may be gone between ``fetch`` returning its path and the
+# reader opening it: with a limit smaller than one shard, the entry a process has just
+# filled is the oldest for every other process. So every use of an entry (a read, a
+# mapping, an open stream) goes through ``with_entry``: an entry that vanished is fetched
+# again, a few times, and then the bytes are read from storage directly, uncached. Once
+# open (or mapped), an entry stays readable whatever happens to its name: eviction only
+# unlinks. Nothing else in the cache is needed to read: a lock file evicted with its
+# entry only lets two processes fill the same entry at once, and the second rename wins.
+_ENTRY_TRIES = 3
+
+
+def with_entry(
+    storage: Storage,
+    path: str,
+    expect: Expected | None,
+    pool: ReadPool | None,
+    use: Callable[[str], T],
+    uncached: Callable[[], T],
+) -> T:
+    """``use(entry)`` of ``path``'s cache entry (filled first if need be), or ``uncached()``
+    where the entry keeps vanishing (NOTE [ Entries that vanish ])."""
+    for _ in range(_ENTRY_TRIES):
+        entry = cached_path(storage, path, expect, pool)
+        try:
+            return use(entry)
+        except FileNotFoundError:
+            continue
+    return uncached()
 
 
 def read_cached(
     storage: Storage, path: str, rng: ByteRange | None, expect: Expected | None, pool: ReadPool | None
 ) -> bytes:
-    for _ in range(3):  # an entry evicted by another process between fetch and read is fetched again
-        entry = cached_path(storage, path, expect, pool)
-        try:
-            data = local.read(entry, rng)
-        except FileNotFoundError:
-            continue
-        if rng is not None and len(data) != rng.length:
-            storage._short_read(path, rng, len(data))
-        return data
-    return storage._read_direct(path, rng, expect)
+    data = with_entry(
+        storage,
+        path,
+        expect,
+        pool,
+        lambda entry: local.read(entry, rng),
+        lambda: storage._read_direct(path, rng, expect),
+    )
+    if rng is not None and len(data) != rng.length:
+        storage._short_read(path, rng, len(data))
+    return data
 
 
 def cache_key(storage: Storage, path: str) -> str:

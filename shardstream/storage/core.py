@@ -237,11 +237,18 @@ class Storage:
         With ``expect``, an object of another size fails at once (local files and the
         cache are checked on open, remote streams on every ranged read).
         """
-        if self._cache is not None:
-            return open(through_cache.cached_path(self, path, expect), "rb")  # the caller closes it
+        if self._cache is not None:  # the caller closes it
+            opener = lambda entry: open(entry, "rb")  # noqa: E731, SIM115
+            return through_cache.with_entry(
+                self, path, expect, None, opener, lambda: self._stream(path, expect)
+            )
         opened = self._open_direct(path, expect)
         if opened is not None:
             return opened
+        return self._stream(path, expect)
+
+    def _stream(self, path: str, expect: Expected | None) -> IO[bytes]:
+        """A stream of ranged reads of an object, not cached."""
         size = expect.size if expect is not None and expect.size is not None else self.size(path)
         raw = RangeReader(
             lambda start, end: self._read_direct(path, ByteRange(start, end), expect),
@@ -275,8 +282,9 @@ class Storage:
         mapping: ``UsageError`` there without ``cache_dir``. ``pool``: as for ``read``.
         """
         if self._cache is not None:  # the cache entry, checked against expect
-            entry = through_cache.cached_path(self, path, expect, pool)
-            return local.map_range(entry, rng, self.full_url(path))
+            mapped = lambda entry: local.map_range(entry, rng, self.full_url(path))  # noqa: E731
+            uncached = lambda: memoryview(self._read_direct(path, rng, expect))  # noqa: E731
+            return through_cache.with_entry(self, path, expect, pool, mapped, uncached)
         size = expect.size if expect is not None else None
         try:
             return self._backend.map(self._fspath(path), rng, self.full_url(path), size)
