@@ -19,6 +19,7 @@ from shardstream.errors import ManifestError, PlanError, UsageError
 from shardstream.manifest import Manifest
 from shardstream.plan import PlanConfig
 from shardstream.storage import Storage
+from shardstream.tokens import Packing
 
 __all__ = ["LOCAL_READS", "ON_ERROR", "DatasetConfig", "read_streamable_manifest"]
 
@@ -57,6 +58,8 @@ class DatasetConfig:
     # in flight per worker (NOTE [ Getting the bytes ]).
     read_budget: int = DEFAULT_READ_BUDGET
     read_concurrency: int = READ_THREADS
+    # A token dataset read as packed sequences (NOTE [ Reading sequences ]); None: as documents.
+    sequences: Packing | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.url, str) or not self.url:
@@ -98,10 +101,16 @@ class DatasetConfig:
         order: str = "local",
         global_batch_size: int | None = None,
         read_lanes: int | None = None,
+        seq_len: int | None = None,
+        packing: str | None = None,
+        long_docs: str | None = None,
         **options: Any,
     ) -> DatasetConfig:
         """The config for ``StreamingDataset(url, ...)``: snapshots the decoder registry."""
         url = str(url).rstrip("/") or str(url)
+        sequences = _packing(url, seq_len, packing, long_docs)
+        if sequences is not None:
+            decode = False  # the sequences are arrays already
         # A user's bad value is a UsageError naming the dataset, as for every other
         # option; PlanConfig would refuse it too, but as a PlanError.
         check_int(seed, "seed", minimum=None, url=url)
@@ -121,7 +130,12 @@ class DatasetConfig:
             raise UsageError(str(error), url=url) from error
         decoder = SampleDecoder.build(decoders, allow_pickle=allow_pickle) if decode else None
         return cls(
-            url=url, plan=plan, decoder=decoder, storage_options=dict(storage_options or {}), **options
+            url=url,
+            plan=plan,
+            decoder=decoder,
+            storage_options=dict(storage_options or {}),
+            sequences=sequences,
+            **options,
         )
 
     def open_storage(self) -> Storage:
@@ -145,6 +159,20 @@ class DatasetConfig:
     @property
     def shuffle_window(self) -> int | None:
         return self.plan.shuffle_window
+
+
+def _packing(url: str, seq_len: int | None, packing: str | None, long_docs: str | None) -> Packing | None:
+    """How a token dataset's documents become sequences, or None to read documents."""
+    if seq_len is None:
+        if packing is not None or long_docs is not None:
+            raise UsageError(
+                "packing and long_docs are options of packed sequences: give a seq_len too", url=url
+            )
+        return None
+    try:
+        return Packing(seq_len, packing or "concat", long_docs or "split")
+    except UsageError as error:
+        raise UsageError(error.message, url=url) from None
 
 
 def read_streamable_manifest(storage: Storage) -> Manifest:

@@ -37,6 +37,7 @@ from shardstream.dataset.config import DatasetConfig
 from shardstream.dataset.decode import Decoder, SampleDecoder
 from shardstream.dataset.indexes import IndexCache
 from shardstream.dataset.mixture_reader import STREAM_KEY, MixtureReader
+from shardstream.dataset.sequences import SequenceReader, TokenShards
 from shardstream.dataset.streaming import StreamingDataset
 from shardstream.errors import PlanError, UsageError
 from shardstream.manifest import Manifest
@@ -191,7 +192,7 @@ class MixedDataset(StreamingDataset):
         """The streams' shard sizes and quotas per epoch (their manifests read once)."""
         if self._mixture is None:
             specs = [
-                stream.spec(dataset.manifest.shard_sizes, dataset.fingerprint)
+                stream.spec(*dataset.plan_shards())
                 for stream, dataset in zip(self.streams, self.datasets, strict=True)
             ]
             try:
@@ -213,7 +214,7 @@ class MixedDataset(StreamingDataset):
     def _plan_source(self) -> tuple[object, PlanConfig]:
         return self.mixture, self.config.plan
 
-    def _reader(self) -> MixtureReader:
+    def _reader(self) -> MixtureReader | SequenceReader:
         # One sidecar LRU for all streams, as one dataset has (NOTE [ Sidecars across
         # epochs ]): entries are keyed by the whole ShardInfo, sha256 included, so streams
         # never see each other's. Made anew in each process, as a stream's Storage is.
@@ -223,12 +224,16 @@ class MixedDataset(StreamingDataset):
             _ = dataset.storage  # made first: a new Storage comes with a new LRU
             dataset._indexes = self._indexes
         readers = [dataset._window_reader() for dataset in self.datasets]
-        return MixtureReader(
+        reader = MixtureReader(
             readers,
             self.mixture.shard_offsets,
             prefetch=self.config.prefetch_windows,
             read_budget=self.config.read_budget,
         )
+        if self.config.sequences is None:
+            return reader
+        shards = TokenShards.of([dataset.manifest for dataset in self.datasets], mixture=True)
+        return SequenceReader(reader, self.config.sequences, shards)
 
 
 def _stream_dataset(config: DatasetConfig) -> StreamingDataset:

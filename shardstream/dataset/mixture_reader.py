@@ -76,6 +76,11 @@ class MixtureReader:
             parts.setdefault(stream, []).append(Run(run.shard - base, run.start, run.stop))
         return streams, parts
 
+    def index(self, shard: int) -> Any:
+        """The sample index of mixture shard ``shard``, from its stream's reader."""
+        stream = self._stream_of(shard)
+        return self.readers[stream].index(shard - int(self._offsets[stream]))
+
     # -- one window ----------------------------------------------------------------------
 
     def fetch(self, window: Any, take: Callable[[int], None] | None = None) -> list[list[Fetched]]:

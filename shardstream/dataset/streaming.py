@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+import numpy as np
 from torch.utils.data import IterableDataset
 
 from shardstream.counts import check_int
@@ -25,12 +26,15 @@ from shardstream.dataset.decode import Decoder
 from shardstream.dataset.fetch import READ_THREADS, expectations
 from shardstream.dataset.indexes import IndexCache
 from shardstream.dataset.reader import WindowReader, report_skip
+from shardstream.dataset.sequences import SequenceReader, TokenShards, check_token_dataset, sequence_counts
 from shardstream.errors import FormatError, StateError, UsageError, shown
 from shardstream.formats.base import SampleColumns
 from shardstream.manifest import Manifest, dataset_fingerprint
 from shardstream.plan import Plan, PlanConfig, Shape, make_plan
 from shardstream.plan.state import RESUME_VERSION, ResumeState
+from shardstream.plan.tokens import TokenSequences
 from shardstream.storage import Expected, Storage
+from shardstream.tokens import Packing
 from shardstream.topology import Detector
 
 if TYPE_CHECKING:
@@ -131,6 +135,9 @@ class StreamingDataset(IterableDataset):
         local_reads: str = "auto",
         read_budget: int = DEFAULT_READ_BUDGET,
         read_concurrency: int = READ_THREADS,
+        seq_len: int | None = None,
+        packing: str | None = None,
+        long_docs: str | None = None,
     ) -> None:
         if mix is not None or epoch_size is not None:
             raise UsageError("mix and epoch_size are options of a mixture (a list of Streams)", url=str(url))
@@ -158,6 +165,9 @@ class StreamingDataset(IterableDataset):
             local_reads=local_reads,
             read_budget=read_budget,
             read_concurrency=read_concurrency,
+            seq_len=seq_len,
+            packing=packing,
+            long_docs=long_docs,
         )
         self._start(config, topology)
 
@@ -190,6 +200,7 @@ class StreamingDataset(IterableDataset):
         self._indexes: IndexCache | None = None
         self._expected: Mapping[str, Expected] | None = None
         self._iteration: _Iteration | None = None  # the latest in-process one
+        self._sequences: TokenSequences | None = None  # a token dataset's sequences, once counted
         self.num_skipped = 0  # samples skipped with on_error="skip", in this process
 
     # -- what the dataset is -------------------------------------------------------------
@@ -283,7 +294,38 @@ class StreamingDataset(IterableDataset):
         config = self.config.plan
         if config.is_global:  # its default window follows the dataset's bytes (NOTE [ Global window ])
             config = dataclasses.replace(config, dataset_bytes=self.manifest.num_bytes)
-        return self.manifest.shard_sizes, config
+        packing = self.config.sequences
+        if packing is None:
+            return self.manifest.shard_sizes, config
+        return self._token_sequences(packing), config
+
+    def plan_shards(self) -> tuple[np.ndarray, str]:
+        """What a mixture plans this stream with: its samples per shard (sequences, where
+        it is read as sequences) and a fingerprint that holds how those were made."""
+        packing = self.config.sequences
+        if packing is None:
+            return np.asarray(self.manifest.shard_sizes, dtype=np.int64), self.fingerprint
+        sequences = self._token_sequences(packing)
+        made = ",".join(f"{key}={value}" for key, value in sequences.record().items())
+        return sequences.sizes, f"{self.fingerprint};sequences:{made}"
+
+    def _token_sequences(self, packing: Packing) -> TokenSequences:
+        """The plan's source of a token dataset read as sequences (NOTE [ Reading sequences ]):
+        their counts per shard, worked out once and carried to workers with the dataset."""
+        if self._sequences is None:
+            manifest = self.manifest
+            check_token_dataset(manifest, self.url)
+            reader = self._window_reader()
+            try:
+                layouts = SequenceReader(reader, packing, TokenShards.of([manifest])).layout
+                counts = sequence_counts(packing, manifest, layouts)
+            finally:
+                reader.close()
+            tokenizer = manifest.tokens.tokenizer if manifest.tokens is not None else None
+            self._sequences = TokenSequences(
+                counts, packing.seq_len, packing.mode, packing.long_docs, tokenizer or ""
+            )
+        return self._sequences
 
     def state_dict(self) -> dict[str, Any]:
         """Where the latest in-process iteration stands (iterating the dataset directly;
@@ -358,8 +400,11 @@ class StreamingDataset(IterableDataset):
             self._iteration = iteration
         return self._samples(self._reader(), plan.worker_windows(rank, worker), iteration)
 
-    def _reader(self) -> WindowReader | MixtureReader:
+    def _reader(self) -> WindowReader | MixtureReader | SequenceReader:
         """A reader of this dataset's windows for one iteration (in this process)."""
+        if self.config.sequences is not None:
+            shards = TokenShards.of([self.manifest])
+            return SequenceReader(self._window_reader(), self.config.sequences, shards)
         return self._window_reader()
 
     def _window_reader(self) -> WindowReader:
@@ -384,7 +429,10 @@ class StreamingDataset(IterableDataset):
         return self._expected
 
     def _samples(
-        self, reader: WindowReader | MixtureReader, windows: Iterator[Any], iteration: _Iteration
+        self,
+        reader: WindowReader | MixtureReader | SequenceReader,
+        windows: Iterator[Any],
+        iteration: _Iteration,
     ) -> Iterator[Any]:
         decoder, transform = self.config.decoder, self.config.transform
         try:

@@ -1,0 +1,189 @@
+"""Packed sequences from a token dataset: the plan's samples are sequences, the shards'
+samples are documents.
+
+NOTE [ Reading sequences ]
+A token dataset read with ``seq_len`` is planned over per-shard sequence counts (the
+"tokens" plan kind, plan/tokens.py): a worker's windows hold runs of sequences of a
+shard. Each such window is read as a window of documents: a run of sequences needs the
+documents that hold its tokens (``SequenceLayout.run``; with concat, best-fit blocks and
+pad these are consecutive), the runs of a shard are joined where their documents touch,
+and the document window goes through the ``WindowReader`` as any window does (ranged
+reads, the read budget, prefetch, checks, the cache). Its documents in run order are one
+flat token array per joined run, the sequences are built from it (``build_sequences``)
+and yielded in the sequence window's order. The document window keeps its documents in
+run order and is never cut in pieces, so every window read gives back one window of
+sequences, in turn. A document the format cannot read cannot be skipped: the sequences
+around it would change, so it is an error whatever ``on_error`` says.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardstream.dataset.mixture_reader import STREAM_KEY
+from shardstream.errors import FormatError, UsageError
+from shardstream.formats.base import SampleColumns
+from shardstream.formats.tokens import doc_ends
+from shardstream.manifest import Manifest
+from shardstream.plan import Run, Window
+from shardstream.tokens import Packing, SequenceLayout, SequenceRun, build_sequences, sequence_layout
+
+__all__ = ["SequenceReader", "TokenShards", "check_token_dataset", "sequence_counts"]
+
+# Shard layouts kept per reader (a window touches a few shards; best-fit layouts hold a
+# table of the shard's pieces).
+_LAYOUTS = 64
+
+
+def check_token_dataset(manifest: Manifest, url: str) -> None:
+    """``UsageError`` unless ``manifest`` is of a token dataset (``seq_len`` needs one)."""
+    if manifest.format != "tokens" or manifest.tokens is None:
+        raise UsageError(
+            f"seq_len reads packed sequences of a token dataset; this one is {manifest.format!r} "
+            "(pack it with `shardstream pack SRC DEST --format tokens --tokenizer T`)",
+            url=url,
+        )
+
+
+def sequence_counts(packing: Packing, manifest: Manifest, layouts: Any) -> np.ndarray:
+    """The sequences of every shard: concat's from the manifest's token counts; the others'
+    from each shard's document ends (``layouts(shard)``, which reads its sidecar)."""
+    if packing.mode == "concat" and all(info.tokens is not None for info in manifest.shards):
+        return np.array(
+            [int(info.tokens or 0) // packing.seq_len for info in manifest.shards], dtype=np.int64
+        )
+    return np.array([layouts(shard).count for shard in range(len(manifest.shards))], dtype=np.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenShards:
+    """The token shards a reader's windows number (one dataset's, or a mixture's streams'
+    one after another): each one's path, the number of its first document among all of
+    them, its stream (``None``: one dataset), and the id that pads a sequence (its
+    stream's end-of-document id, else 0)."""
+
+    paths: tuple[str, ...]
+    doc_base: tuple[int, ...]
+    streams: tuple[int, ...] | None
+    pads: tuple[int, ...]
+
+    @classmethod
+    def of(cls, manifests: Sequence[Manifest], *, mixture: bool = False) -> TokenShards:
+        paths, counts, streams, pads = [], [], [], []
+        for number, manifest in enumerate(manifests):
+            eos = manifest.tokens.eos_id if manifest.tokens is not None else None
+            for info in manifest.shards:
+                paths.append(info.path)
+                counts.append(info.samples)
+                streams.append(number)
+                pads.append(0 if eos is None else int(eos))
+        base = np.cumsum(counts, dtype=np.int64) - np.asarray(counts, dtype=np.int64)
+        return cls(tuple(paths), tuple(base.tolist()), tuple(streams) if mixture else None, tuple(pads))
+
+
+class SequenceReader:
+    """Reads windows of sequences through ``reader`` (a ``WindowReader`` of the token
+    shards' documents, or a ``MixtureReader`` of several datasets'); NOTE [ Reading
+    sequences ]."""
+
+    def __init__(self, reader: Any, packing: Packing, shards: TokenShards) -> None:
+        self.reader, self.packing, self.shards = reader, packing, shards
+        self._layouts: collections.OrderedDict[int, SequenceLayout] = collections.OrderedDict()
+
+    def layout(self, shard: int) -> SequenceLayout:
+        """The sequences of ``shard`` (its sidecar read once, the layout kept a while)."""
+        found = self._layouts.get(shard)
+        if found is None:
+            name = self.shards.paths[shard]
+            found = sequence_layout(self.packing, doc_ends(self.reader.index(shard)), shard=name)
+            self._layouts[shard] = found
+            while len(self._layouts) > _LAYOUTS:
+                self._layouts.popitem(last=False)
+        self._layouts.move_to_end(shard)
+        return found
+
+    def stream(self, windows: Iterator[Window]) -> Iterator[tuple[Window, list[dict[str, Any]], bool]]:
+        """``(window, sequences, False)`` for each window of sequences, in yield order."""
+        pending: collections.deque[tuple[Window, list[tuple[SequenceRun, int]], list[Run]]] = (
+            collections.deque()
+        )
+
+        def documents() -> Iterator[Window]:
+            for window in windows:
+                runs = [(run.shard, self.layout(run.shard).run(run.start, run.stop)) for run in window.runs]
+                joined, placed = _joined(runs)
+                pending.append((window, placed, joined))
+                yield Window(joined, np.arange(sum(len(r) for r in joined), dtype=np.int64))
+
+        for _, docs, holes in self.reader.stream(documents()):
+            window, placed, joined = pending.popleft()
+            if holes:
+                raise FormatError(
+                    "a document of a token shard could not be read: its sequences cannot be built"
+                )
+            listed = docs.samples() if isinstance(docs, SampleColumns) else docs
+            sequences = self._built(placed, joined, listed)
+            yield window, [sequences[i] for i in window.order.tolist()], False
+
+    def _built(
+        self, placed: list[tuple[SequenceRun, int]], joined: list[Run], docs: list[Any]
+    ) -> list[dict[str, Any]]:
+        """Every sequence of ``placed`` (its runs in order, each with its joined run), as samples."""
+        flats, first = [], 0
+        for run in joined:
+            parts = [doc["tokens"] for doc in docs[first : first + len(run)]]
+            first += len(run)
+            flats.append(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
+        out: list[dict[str, Any]] = []
+        for seq_run, at in placed:
+            run = joined[at]
+            ends = doc_ends(self.reader.index(run.shard))
+            token_lo = int(ends[run.start - 1]) if run.start else 0
+            arrays = build_sequences(
+                seq_run,
+                flats[at],
+                token_lo,
+                doc_base=self.shards.doc_base[run.shard],
+                pad_id=self.shards.pads[run.shard],
+            )
+            if self.shards.streams is not None:
+                arrays[STREAM_KEY] = np.full(seq_run.count, self.shards.streams[run.shard])
+            names = list(arrays)
+            out.extend(dict(zip(names, row, strict=True)) for row in zip(*arrays.values(), strict=True))
+        return out
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+def _joined(runs: list[tuple[int, SequenceRun]]) -> tuple[list[Run], list[tuple[SequenceRun, int]]]:
+    """The document runs that hold ``runs`` (a shard's joined where they touch, in order of
+    first use), and each sequence run with the number of the document run that holds it."""
+    spans: dict[int, list[list[int]]] = {}
+    for shard, run in runs:
+        if run.count:
+            spans.setdefault(shard, []).append([run.docs[0], run.docs[1]])
+    joined: list[Run] = []
+    where: dict[int, list[tuple[int, int, int]]] = {}
+    for shard, found in spans.items():
+        found.sort()
+        merged = [found[0]]
+        for lo, hi in found[1:]:
+            if lo <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], hi)
+            else:
+                merged.append([lo, hi])
+        for lo, hi in merged:
+            where.setdefault(shard, []).append((lo, hi, len(joined)))
+            joined.append(Run(shard, lo, hi))
+    placed = []
+    for shard, run in runs:
+        if run.count:
+            at = next(number for lo, hi, number in where[shard] if lo <= run.docs[0] and run.docs[1] <= hi)
+            placed.append((run, at))
+    return joined, placed
