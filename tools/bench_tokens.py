@@ -37,6 +37,167 @@ def section(
 # -- sections: each between its own markers, so that edits to one never touch another --
 
 # -- section tokenize (begin) --
+# Tokenizing in pack against the tokenizers batch encoder alone, on the same text and
+# cores: the pack runs as the CLI does (a fresh process, so the encoder's threads are its
+# own), for each --workers count; the encoder alone runs so too, on the texts in pack's
+# batches. Each side is timed inside its process, its start and imports left out.
+
+
+def _options_tokenize(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("tokenize")
+    group.add_argument("--text-mb", type=float, default=32.0, help="MB of text to tokenize (default: 32)")
+    group.add_argument(
+        "--tokenizer", help="a tokenizer.json (default: a byte-level BPE of --vocab ids trained here)"
+    )
+    group.add_argument(
+        "--vocab", type=int, default=32000, help="vocabulary of the trained BPE (default: 32000)"
+    )
+    group.add_argument(
+        "--workers", type=int, action="append", help="pack --workers counts to time (default: 1 and 2)"
+    )
+    group.add_argument("--repeat", type=int, default=2, help="runs of each, the best kept (default: 2)")
+
+
+OPTIONS.append(_options_tokenize)
+
+
+def _corpus_texts(megabytes: float, seed: int = 0) -> list[str]:
+    """English-like documents (Zipf words, lognormal lengths) of about ``megabytes`` MB."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    letters = np.array(list("etaoinshrdlcumwfgypbvkjxqz"))
+    weights = 1.0 / np.arange(1, 27)
+    words = [
+        "".join(rng.choice(letters, int(n), p=weights / weights.sum())) for n in rng.integers(1, 11, 20000)
+    ]
+    ranks = 1.0 / np.arange(1, len(words) + 1)
+    ranks /= ranks.sum()
+    texts, size = [], 0
+    while size < megabytes * 1e6:
+        count = int(min(rng.lognormal(5.5, 1.0), 20000))  # words: a mean of ~400, some long
+        text = " ".join(words[i] for i in rng.choice(len(words), count, p=ranks))
+        texts.append(text)
+        size += len(text) + 1
+    return texts
+
+
+def _bench_tokenizer(args: argparse.Namespace, texts: list[str], folder: Path) -> Path:
+    if args.tokenizer:
+        return Path(args.tokenizer)
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=args.vocab,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(texts[: max(1, len(texts) // 8)], trainer=trainer)
+    path = folder / "tokenizer.json"
+    tokenizer.save(str(path))
+    return path
+
+
+_ENCODER_CHILD = """
+import json, sys, time
+from tokenizers import Tokenizer
+source, tokenizer, batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
+with open(source, encoding="utf-8") as f:
+    texts = [json.loads(line)["text"] for line in f]
+tok = Tokenizer.from_file(tokenizer)
+encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
+start = time.perf_counter()
+tokens = sum(len(e.ids) for i in range(0, len(texts), batch) for e in encode(texts[i : i + batch]))
+print(time.perf_counter() - start, tokens)
+"""
+
+
+def _time_encoder(source: Path, tokenizer: Path) -> tuple[float, int]:
+    """Seconds of the batch encoder alone over the texts of ``source``, in batches as pack
+    makes them, in a fresh process as the pack runs; and the tokens it made."""
+    import subprocess
+
+    from shardstream.pack.tokenize import _BATCH
+
+    argv = [str(source), str(tokenizer), str(_BATCH)]
+    done = subprocess.run(
+        [sys.executable, "-c", _ENCODER_CHILD, *argv], check=True, cwd=ROOT, capture_output=True, text=True
+    )
+    seconds, tokens = done.stdout.split()[-2:]
+    return float(seconds), int(tokens)
+
+
+_PACK_CHILD = """
+import sys, time
+from shardstream.pack import pack
+source, dest, tokenizer, workers, per_shard = sys.argv[1:]
+start = time.perf_counter()
+pack(source, dest, format="tokens", tokenizer=tokenizer, workers=int(workers), samples_per_shard=int(per_shard))
+print(time.perf_counter() - start)
+"""
+
+
+def _time_pack(source: Path, tokenizer: Path, dest: Path, workers: int, per_shard: int) -> float:
+    """Seconds of one ``pack(..., tokenizer=)`` in a fresh process (its start and imports left
+    out: a fixed cost, not the pack's rate)."""
+    import shutil
+    import subprocess
+
+    shutil.rmtree(dest, ignore_errors=True)
+    argv = [str(source), str(dest), str(tokenizer), str(workers), str(per_shard)]
+    done = subprocess.run(
+        [sys.executable, "-c", _PACK_CHILD, *argv], check=True, cwd=ROOT, capture_output=True, text=True
+    )
+    return float(done.stdout.split()[-1])
+
+
+@section("tokenize")
+def bench_tokenize(args: argparse.Namespace) -> None:
+    import json
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="bench-tokens-") as tmp:
+        folder = Path(tmp)
+        texts = _corpus_texts(args.text_mb)
+        megabytes = sum(len(t.encode()) + 1 for t in texts) / 1e6
+        tokenizer = _bench_tokenizer(args, texts, folder)
+        source = folder / "corpus.jsonl"
+        source.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        print(
+            f"{len(texts):,} documents, {megabytes:.1f} MB of text, {cores} cores, tokenizer {tokenizer.name}"
+        )
+        counts = args.workers or [1, 2]
+        per_shard = max(1, len(texts) // 16)  # 16 shards whatever the workers
+        best = dict.fromkeys(["encoder", *counts], float("inf"))
+        tokens = 0
+        for _ in range(args.repeat):  # interleaved: the machine's other load falls on all alike
+            seconds, tokens = _time_encoder(source, tokenizer)
+            best["encoder"] = min(best["encoder"], seconds)
+            for workers in counts:
+                took = _time_pack(source, tokenizer, folder / "ds", workers, per_shard)
+                best[workers] = min(best[workers], took)
+        base = megabytes / best["encoder"]
+        print(
+            f"tokenizers batch encoder alone  {base:8.2f} MB/s  {tokens / best['encoder'] / 1e6:6.2f} M tokens/s"
+        )
+        rates = {}
+        for workers in counts:
+            took = best[workers]
+            rates[workers] = megabytes / took
+            print(
+                f"pack --workers {workers:<2}              {rates[workers]:8.2f} MB/s  "
+                f"{tokens / took / 1e6:6.2f} M tokens/s  {rates[workers] / base:.2f}x of the encoder alone"
+            )
+        first = min(rates)
+        for workers in sorted(rates)[1:]:
+            print(f"--workers {workers} against --workers {first}: {rates[workers] / rates[first]:.2f}x")
+
+
 # -- section tokenize (end) --
 
 # -- sections bestfit, build (begin) --

@@ -70,7 +70,7 @@ from shardstream.pack.jobs import (
     size_chunk,
     write_job,
 )
-from shardstream.pack.lifeline import cap_workers, die_with_parent
+from shardstream.pack.lifeline import cap_workers, die_with_parent, usable_cores
 from shardstream.pack.shard import ShardResult
 
 __all__ = ["JobContext", "ShardJob", "ShardJobs", "ShardPlan", "run_jobs"]
@@ -79,9 +79,11 @@ __all__ = ["JobContext", "ShardJob", "ShardJobs", "ShardPlan", "run_jobs"]
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(context: JobContext, parent: int) -> None:
+def _init_worker(context: JobContext, parent: int, children: int = 1) -> None:
     die_with_parent(parent)  # NOTE [ Workers die with their pack ] in ``lifeline``
     gc.disable()  # NOTE [ Garbage collection during a pack ]
+    if context.options.tokenizing is not None:  # NOTE [ Tokenizing in the pack's workers ] in ``tokenize``
+        os.environ.setdefault("RAYON_NUM_THREADS", str(max(1, usable_cores() // children)))
     _WORKER["context"] = context
     _WORKER["size"] = EntrySizer(context.source, context.options)
 
@@ -213,7 +215,10 @@ class _Pool:
         self.pool: ProcessPoolExecutor | None = None
         if children:
             self.pool = ProcessPoolExecutor(
-                children, mp_context=_mp_context(), initializer=_init_worker, initargs=(context, os.getpid())
+                children,
+                mp_context=_mp_context(),
+                initializer=_init_worker,
+                initargs=(context, os.getpid(), children),
             )
             self.pool.submit(os.getpid)  # with fork, every worker starts at the first submit
 

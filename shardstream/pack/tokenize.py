@@ -14,6 +14,10 @@ document of token ids, in the processes that write the shards.
 # loads the tokenizer once, from the JSON the parent read (no download in a worker; the
 # fingerprint is of those bytes). Documents are encoded with the tokenizer's own special
 # tokens (a template that adds a BOS adds it), then an EOS is appended when asked.
+# The encoder runs its own threads (Rust's rayon, one per core by default): a pack that
+# writes in N worker processes gives each cores / N of them (``RAYON_NUM_THREADS``, unless
+# the user set it), so that N workers do not run N times the cores in threads that spin
+# waiting for each other; one worker (this process) keeps the encoder's default.
 """
 
 from __future__ import annotations
