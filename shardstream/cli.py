@@ -9,6 +9,7 @@ finding bad shards), 2 for usage errors; no traceback unless ``--debug``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -19,7 +20,7 @@ from typing import Any
 from shardstream._version import __version__
 from shardstream.counts import check_count
 from shardstream.errors import ShardstreamError, UsageError
-from shardstream.progress import ProgressBar, human_bytes
+from shardstream.progress import ProgressBar, human_bytes, plural
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main", "storage_options_for"]
 
@@ -108,28 +109,29 @@ def run_pack(args: argparse.Namespace) -> int:
 
     progress = ProgressBar("pack", enabled=False if args.quiet else None)
     try:
-        manifest = pack(
-            args.source,
-            args.dest,
-            format=args.format,
-            shard_size=args.shard_size,
-            samples_per_shard=args.samples_per_shard,
-            workers=args.workers,
-            storage_options=storage_options_for(args.dest, args.endpoint_url),
-            source_options=storage_options_for(args.source, args.endpoint_url),
-            compression=args.compression,
-            source_type=args.source_type,
-            overwrite=args.overwrite,
-            part=args.part,
-            progress=progress,
-            tokenizer=args.tokenizer,
-            text_field=args.text_field,
-            append_eos=args.append_eos,
-        )
+        with contextlib.nullcontext() if args.quiet else progress.messages():
+            manifest = pack(
+                args.source,
+                args.dest,
+                format=args.format,
+                shard_size=args.shard_size,
+                samples_per_shard=args.samples_per_shard,
+                workers=args.workers,
+                storage_options=storage_options_for(args.dest, args.endpoint_url),
+                source_options=storage_options_for(args.source, args.endpoint_url),
+                compression=args.compression,
+                source_type=args.source_type,
+                overwrite=args.overwrite,
+                part=args.part,
+                progress=progress,
+                tokenizer=args.tokenizer,
+                text_field=args.text_field,
+                append_eos=args.append_eos,
+            )
     finally:
         progress.close()
     if not args.quiet:
-        where = f"into {len(manifest.shards)} shards at {args.dest}"
+        where = f"into {plural(len(manifest.shards), 'shard')} at {args.dest}"
         print(progress.summary(where))
         if args.part:
             print(f"part {args.part} done; when every part is, run: shardstream index {args.dest}")
@@ -165,7 +167,8 @@ def run_index(args: argparse.Namespace) -> int:
     )
     if not args.quiet:
         print(
-            f"index: {len(manifest.shards)} {manifest.format} shards, {manifest.num_samples:,} samples, "
+            f"index: {plural(len(manifest.shards), manifest.format + ' shard')}, "
+            f"{plural(manifest.num_samples, 'sample')}, "
             f"{human_bytes(manifest.num_bytes)}; wrote .shardstream/manifest.json at {args.url}"
         )
     return 0
@@ -273,12 +276,13 @@ def run_verify(args: argparse.Namespace) -> int:
             print(f"note: {path} looks like a shard but the manifest does not list it")
         if report.unchecked:
             print(
-                f"note: {len(report.unchecked)} shards have sample indexes without checksums (an older "
+                f"note: {plural(len(report.unchecked), 'shard has', 'shards have')} sample indexes without checksums (an older "
                 f"shardstream wrote them), so reads of them are not checked; `shardstream index {args.url}` adds them"
             )
         bad = len(report.bad_shards)
-        verdict = "OK" if report.ok else f"{bad} of {report.num_shards} shards bad"
-        print(f"verify: {report.num_shards} shards, {report.num_samples:,} samples checked: {verdict}")
+        verdict = "OK" if report.ok else f"{bad} of {plural(report.num_shards, 'shard')} bad"
+        shards, samples = plural(report.num_shards, "shard"), plural(report.num_samples, "sample")
+        print(f"verify: {shards}, {samples} checked: {verdict}")
     return 0 if report.ok else 1
 
 
@@ -317,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ShardstreamError as error:
         return _fail(args, error, 2 if isinstance(error, UsageError) else 1)
     except KeyboardInterrupt:
-        print("shardstream: interrupted", file=sys.stderr)
+        print(f"shardstream {args.command}: interrupted{_RESUMES.get(args.command, '')}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the output went to `head` or similar, which stopped reading
         _silence_stdout()
@@ -334,7 +338,17 @@ def _silence_stdout() -> None:
         pass
 
 
+# What Ctrl-C leaves, said as it stops: a pack keeps its shards and its record, so the same
+# command finishes the job (NOTE [ Packs in progress ] in pack/dest.py).
+_RESUMES = {
+    "pack": "; run the same command again to resume: the shards written so far are kept and reused",
+    "index": "; nothing was written (the manifest comes last): run it again",
+}
+
+
 def _fail(args: argparse.Namespace, error: BaseException, status: int) -> int:
+    if getattr(args, "json", False):  # --json: the error as JSON on stdout, as the answer would be
+        print(json.dumps(_error_record(error), indent=1))
     if args.debug:
         traceback.print_exc()
     else:
@@ -342,3 +356,14 @@ def _fail(args: argparse.Namespace, error: BaseException, status: int) -> int:
         hint = "" if isinstance(error, ShardstreamError) else " (run with --debug for the traceback)"
         print(f"shardstream {args.command}: error: {text}{hint}", file=sys.stderr)
     return status
+
+
+def _error_record(error: BaseException) -> dict[str, Any]:
+    """An error for ``--json``: its message, kind, and where it is."""
+    if not isinstance(error, ShardstreamError):
+        return {"error": f"{type(error).__name__}: {error}", "type": type(error).__name__}
+    record: dict[str, Any] = {"error": error.message, "type": type(error).__name__}
+    for name in ("url", "shard", "offset", "line"):
+        if getattr(error, name) is not None:
+            record[name] = getattr(error, name)
+    return record

@@ -129,6 +129,9 @@ def _run(
     results = run_jobs(jobs, context, workers or usable_cores(), sync, progress)
     if not results and options.part is None:
         raise PackError("the source holds no samples", url=src.url)
+    reused = getattr(progress, "reused", None)  # an optional member of PackProgress
+    if reused is not None:
+        reused(sum(result.reused for result in results), len(results))
     target.prepare_once()
     manifest = target.finish(results, sync)
     advise_format(manifest)

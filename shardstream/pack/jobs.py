@@ -314,7 +314,9 @@ def _at_entry(error: ShardstreamError, entry: Entry, source: Source) -> PackErro
 
 class PackProgress(Protocol):
     """What a pack reports progress to (``shardstream.progress.ProgressBar`` is one): the
-    samples to pack when known, then samples and bytes as each shard is written."""
+    samples to pack when known, then samples and bytes as each shard is written. An
+    object that also has ``reused(shards, of)`` is told, before the manifest is written,
+    how many of the pack's shards a rerun kept from the run before."""
 
     def set_total(self, samples: int | None) -> None: ...
 
