@@ -12,7 +12,8 @@ loader's state to ``OUT/state.json`` (every rank's state must be the same). With
 ``--resume STATE`` the loader loads that state first. With ``--global-batch-size G``
 the dataset has ``order="global"`` and each rank takes batches of ``G // world``. A URL
 that is a JSON list of ``Stream`` arguments makes a mixture (``--mix`` its mix), whose
-keys are written as ``"STREAM/KEY"``. The record of the i-th epoch given is also
+keys are written as ``"STREAM/KEY"``. ``--seq-len S`` (and ``--packing``) streams packed
+sequences of token datasets, each keyed by its token and document ids. The record of the i-th epoch given is also
 written to ``OUT/pass-i.json`` (an epoch may be given twice).
 """
 
@@ -31,8 +32,19 @@ import shardstream
 
 
 def keep(samples: list[dict]) -> list[str]:
-    """Each sample's key; in a mixture ``"STREAM/KEY"``."""
-    return [f"{s['__stream__']}/{s['__key__']}" if "__stream__" in s else s["__key__"] for s in samples]
+    """Each sample's key; in a mixture ``"STREAM/KEY"``. A packed sequence's key is its
+    token ids and document ids (``--seq-len``), so runs compare token for token."""
+    return [f"{s['__stream__']}/{name(s)}" if "__stream__" in s else name(s) for s in samples]
+
+
+def name(sample: dict) -> str:
+    if "__key__" in sample:
+        return sample["__key__"]
+    return (
+        " ".join(map(str, sample["input_ids"].tolist()))
+        + "|"
+        + " ".join(map(str, sample["document_ids"].tolist()))
+    )
 
 
 def source(url: str) -> object:
@@ -54,6 +66,8 @@ def main() -> int:
     parser.add_argument("--start-method", default=None)
     parser.add_argument("--global-batch-size", type=int, default=None)
     parser.add_argument("--mix", default=None)
+    parser.add_argument("--seq-len", type=int, default=None)
+    parser.add_argument("--packing", default=None)
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -65,6 +79,8 @@ def main() -> int:
         order = dict(order="global", global_batch_size=args.global_batch_size, read_lanes=3)
     if args.mix is not None:
         order["mix"] = args.mix
+    if args.seq_len is not None:
+        order.update(seq_len=args.seq_len, packing=args.packing)
     dataset = shardstream.StreamingDataset(source(args.url), shuffle=True, seed=7, decode=False, **order)
     loader = shardstream.DataLoader(
         dataset,

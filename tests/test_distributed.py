@@ -30,7 +30,18 @@ pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
 
 def torchrun(
-    url, out, *, ranks, workers, epochs, env, stop_after=None, resume=None, global_batch=None, mix=None
+    url,
+    out,
+    *,
+    ranks,
+    workers,
+    epochs,
+    env,
+    stop_after=None,
+    resume=None,
+    global_batch=None,
+    mix=None,
+    extra=(),
 ):
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
@@ -45,6 +56,7 @@ def torchrun(
         command += ["--global-batch-size", str(global_batch)]
     if mix is not None:
         command += ["--mix", mix]
+    command += list(extra)
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert done.returncode == 0, f"torchrun failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
 
