@@ -184,15 +184,9 @@ class SampleIndex(ABC):
         """Field name -> type name, for formats with typed fields (Parquet); else empty."""
         return {}
 
-    @property
-    def num_tokens(self) -> int | None:
-        """Token ids in the shard, for token shards (the manifest's per-shard ``tokens``); else None."""
-        return None
-
-    @property
-    def token_dtype(self) -> str | None:
-        """The numpy name of a token shard's ids (``"uint16"``); None for other shards."""
-        return None
+    # A token shard's id count (the manifest's per-shard ``tokens``) and numpy id type name.
+    num_tokens = property(lambda self: None, doc="Token ids in a token shard; None for others.")
+    token_dtype = property(lambda self: None, doc="A token shard's id type (``'uint16'``); None for others.")
 
     @classmethod
     @abstractmethod
@@ -259,12 +253,12 @@ class ShardFormat(ABC):
     # padding to 512 bytes): pack advises another format when samples are this small
     # (NOTE [ Small samples in tar ] in shardstream/pack/api.py).
     member_overhead: ClassVar[int] = 0
-    # Suffixes of files other tools wrote that ``index`` takes as this format's shards
-    # (tokens: Megatron-LM's ``.bin``, datatrove's ``.ds``), beside ``suffix``.
+    # Suffixes of other tools' files that ``index`` takes as shards (Megatron's ``.bin``);
+    # the field a pack with a tokenizer writes ids to (None: the format holds no ids), as
+    # a numpy array or (``token_lists``) a list of ints.
     foreign_suffixes: ClassVar[tuple[str, ...]] = ()
-    # The field a pack with a tokenizer writes a document's token ids to (tokens: "tokens",
-    # Parquet: "input_ids"); None where the format stores no token ids (tar).
     token_field: ClassVar[str | None] = None
+    token_lists: ClassVar[bool] = False
 
     def file_sizer(self) -> FileSizer:
         """``size(key, fields, sizes)``: the bytes a sample of files not read yet adds to a
@@ -300,22 +294,15 @@ class ShardFormat(ABC):
         Raises ``FormatError`` naming ``name`` and the offset for corrupt or truncated data.
         """
 
-    def token_value(self, ids: np.ndarray) -> Any:
-        """A document's token ids as this format's encoder takes them in ``token_field``."""
-        return ids
-
     def index_source(self, path: str, sidecar: str) -> str | None:
-        """The file (relative to the dataset, as ``path``) whose bytes ``build_index_from``
-        needs to index shard ``path``, where the shard alone does not say where its samples
-        are (a flat token array: its sidecar ``sidecar``, or another tool's index beside
-        it); None where ``build_index`` reads the shard alone."""
+        """The file whose bytes ``build_index_from`` needs to index shard ``path`` (a token
+        array's sidecar ``sidecar``, or another tool's index); None: the shard alone."""
         return None
 
     def build_index_from(
         self, fileobj: IO[bytes], source: bytes, *, name: str
     ) -> tuple[SampleIndex, tuple[str, ...]]:
-        """``build_index`` for a format whose ``index_source`` names a file: ``source`` is
-        that file's bytes. Reads the shard once from start to end, as ``build_index``."""
+        """``build_index`` given ``source``, the bytes of the ``index_source`` file."""
         raise UsageError(f"format {self.name!r} indexes a shard from the shard alone", shard=name)
 
     @abstractmethod

@@ -223,7 +223,7 @@ class DocumentWriter:
         self._write = write
         self._tokenizing = tokenizing
         self._field = fmt.token_field
-        self._value = fmt.token_value
+        self._lists = fmt.token_lists
         self._keys: list[str] = []
         self._texts: list[str] = []
         self.tokens = 0  # written so far
@@ -243,7 +243,7 @@ class DocumentWriter:
         self._keys, self._texts = [], []
         for key, ids in zip(keys, encode(self._tokenizing, texts), strict=True):
             self.tokens += len(ids)
-            self._write({"__key__": key, self._field: self._value(ids)})
+            self._write({"__key__": key, self._field: ids.tolist() if self._lists else ids})
 
 
 def encode(tokenizing: Tokenizing, texts: list[str]) -> list[np.ndarray]:

@@ -87,9 +87,7 @@ class ParquetFormat(ShardFormat):
     name = "parquet"
     suffix = ".parquet"
     token_field = "input_ids"
-
-    def token_value(self, ids: np.ndarray) -> Any:
-        return ids.tolist()  # a list<int64> column, as Hugging Face and DuckDB read input_ids
+    token_lists = True  # a list<int64> column, as Hugging Face and DuckDB read input_ids
 
     def encoder(self, fileobj: IO[bytes], *, name: str, compression: str | None = None) -> ParquetEncoder:
         from shardstream.formats.parquet.write import ParquetEncoder
