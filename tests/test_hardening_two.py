@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import multiprocessing
 import os
 import shutil
@@ -13,13 +14,14 @@ import pytest
 
 from shardstream.catalog import index_dataset, verify_dataset
 from shardstream.cli import main
-from shardstream.errors import StorageError, TransientStorageError, UsageError
+from shardstream.errors import ShardstreamError, StorageError, TransientStorageError, UsageError
 from shardstream.pack import ShardWriter, pack
 from shardstream.storage import Expected, ReadPool, RetryPolicy, Storage
 from shardstream.storage import cached as cached_module
 from shardstream.testing.wanproxy import ForwardingProxy, ProxyHandler
 from shardstream.types import ByteRange
 from tests.test_pack_restart import snapshot
+from tests.test_storage_hardening import stream, write
 
 
 def corpus(path, tag: str = "doc", count: int = 30):
@@ -278,3 +280,69 @@ def test_readers_sharing_a_cache_with_a_tiny_limit_never_die(remote, tmp_path):
     for reader in readers:
         reader.join(100)
     assert [reader.exitcode for reader in readers] == [0, 0, 0, 0]
+
+
+# -- item 6: a corrupt cache entry ------------------------------------------------------
+
+
+def entry_of(url: str, options: dict, cache, shard: int = 0) -> str:
+    """The cache file of shard number ``shard`` of the dataset at ``url``."""
+    with Storage(url, options, cache_dir=str(cache)) as storage:
+        info = storage.read_manifest().shards[shard]
+        key = cached_module.cache_key(storage, info.path)
+        return storage._cache.entry_path(key, Expected(info.bytes, info.sha256).content_key)
+
+
+def flip(path: str, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x10]))
+
+
+@pytest.fixture
+def cached_dataset(s3, tmp_path):
+    base, options = s3
+    url = f"{base}/ds"
+    write(url, 7, options)
+    cache = tmp_path / "cache"
+    assert set(stream(url, storage_options=options, cache_dir=str(cache)).values()) == {b"\x07" * 1000}
+    return url, options, cache
+
+
+@pytest.mark.parametrize("harm", ["flip", "swap"])
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_corrupt_cache_entry_is_dropped_and_fetched_again_with_a_warning(
+    cached_dataset, caplog, harm, on_error
+):
+    url, options, cache = cached_dataset
+    first = entry_of(url, options, cache)
+    if harm == "flip":
+        flip(first, 3000)
+    else:  # another dataset's entry of the same size in its place
+        other = url.replace("/ds", "/other")
+        write(other, 8, options)
+        stream(other, storage_options=options, cache_dir=str(cache))
+        shutil.copyfile(entry_of(other, options, cache), first)
+    with caplog.at_level(logging.WARNING, logger="shardstream"):
+        got = stream(url, storage_options=options, cache_dir=str(cache), on_error=on_error)
+    assert got == {f"k{i:03d}": b"\x07" * 1000 for i in range(20)}  # every sample, exact
+    warned = [r.getMessage() for r in caplog.records if "cache" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert first in warned[0]
+    assert "fetched again" in warned[0]
+    assert os.path.exists(first)  # filled again, whole
+    assert stream(url, storage_options=options, cache_dir=str(cache)) == got
+
+
+def test_a_second_failure_after_the_entry_is_fetched_again_is_an_error(cached_dataset, caplog):
+    url, options, cache = cached_dataset
+    with Storage(url, options) as storage:  # the object itself changes, as its cache entry
+        data = bytearray(storage.read("shard-000000.tar"))
+        data[3000] ^= 0x10
+        storage.write("shard-000000.tar", bytes(data))
+    flip(entry_of(url, options, cache), 3000)
+    with pytest.raises(ShardstreamError, match=r"CRC-32|checksum") as info:
+        stream(url, storage_options=options, cache_dir=str(cache))
+    assert info.value.url == f"{url}/shard-000000.tar"

@@ -164,19 +164,19 @@ def test_a_streams_reads_are_decoded_while_its_later_reads_are_checked(tmp_path,
     url = str(tmp_path / "ds")
     write(url)  # one window of 4 shards (shuffle=False): 4 reads
     events: list[tuple] = []
-    bad_blocks, decode_read = WindowReader._bad_blocks, WindowReader._decode_read
+    check, decode_read = WindowReader.check, WindowReader._decode_read
 
     def slow_check(self, read, data, index):  # type: ignore[no-untyped-def]
         time.sleep(0.05)
-        bad = bad_blocks(self, read, data, index)
+        checked = check(self, read, data, index)
         events.append(("checked", read.shard))
-        return bad
+        return checked
 
     def decode(self, read, *args):  # type: ignore[no-untyped-def]
         events.append(("decode", read.shard))
         return decode_read(self, read, *args)
 
-    monkeypatch.setattr(WindowReader, "_bad_blocks", slow_check)
+    monkeypatch.setattr(WindowReader, "check", slow_check)
     monkeypatch.setattr(WindowReader, "_decode_read", decode)
     got = stream(url, local_reads="map")
     assert got == [sample(i) for i in range(SHARDS * PER_SHARD)]

@@ -171,6 +171,10 @@ class ByteFetcher:
         known = self._crcs.get(path)
         return known() if known is not None else None
 
+    def drop_cached(self, path: str) -> str | None:
+        """Delete ``path``'s cache entry, whose bytes failed a check; its file, or None."""
+        return self.storage.drop_cached(path, self._expected.get(path))
+
     def read(self, path: str, rng: ByteRange | None) -> bytes | memoryview:
         expect = self._expected.get(path)
         if self.storage.cached and expect is not None and expect.sha256:

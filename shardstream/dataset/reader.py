@@ -33,6 +33,7 @@ from shardstream.dataset.budget import (
     in_pieces,
 )
 from shardstream.dataset.fetch import READ_THREADS, ByteFetcher
+from shardstream.dataset.heal import CacheHealer
 from shardstream.dataset.indexes import INDEX_CACHE_SIZE, IndexCache
 from shardstream.dataset.runs import (
     COALESCE_GAP,
@@ -129,8 +130,11 @@ AHEAD_THREADS = 4
 
 
 # What a window's fetch gives per read: the read, its bytes, the shard's index, and the
-# offsets of check blocks that failed (left for decode to skip with on_error="skip").
-Fetched = tuple["Read", "bytes | memoryview", SampleIndex, "tuple[int, ...] | Future[tuple[int, ...]]"]
+# offsets of check blocks that failed (left for decode to skip with on_error="skip"), or
+# the future of the bytes (read again where a cache entry failed: NOTE [ Healing the
+# cache ] in heal.py) and those offsets.
+Checked = tuple["bytes | memoryview", "tuple[int, ...]"]
+Fetched = tuple["Read", "bytes | memoryview", SampleIndex, "tuple[int, ...] | Future[Checked]"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +197,7 @@ class WindowReader:
         self._prefetcher: Prefetcher[Any, tuple[list[Fetched], int]] | None = None
         # a stream's block checks, read by read beside decoding (NOTE [ Checks beside decoding ])
         self._checker: ThreadPoolExecutor | None = None
+        self._healer = CacheHealer()  # NOTE [ Healing the cache ] in heal.py
         # reads are checked against the manifest
         self.bytes = ByteFetcher(
             storage, manifest, threads=read_concurrency, local_reads=local_reads, expected=expected
@@ -379,12 +384,11 @@ class WindowReader:
         out: list[Fetched] = []
         for read, data in zip(reads, fetched, strict=True):
             index = indexes[read.shard]
-            bad = (
-                self._bad_blocks(read, data, index)
-                if checker is None
-                else checker.submit(self._bad_blocks, read, data, index)
-            )
-            out.append((read, data, index, bad))
+            if checker is None:
+                data, bad = self.check(read, data, index)
+                out.append((read, data, index, bad))
+            else:
+                out.append((read, data, index, checker.submit(self.check, read, data, index)))
         return out
 
     def _read_range(self, index: SampleIndex, start: int, stop: int) -> ByteRange:
@@ -395,12 +399,33 @@ class WindowReader:
     ) -> tuple[np.ndarray, np.ndarray]:
         return index.read_ranges(starts, stops) if self.verify_checksums else index.byte_ranges(starts, stops)
 
-    def _bad_blocks(self, read: Read, data: bytes | memoryview, index: SampleIndex) -> tuple[int, ...]:
-        """Offsets of the read's check blocks whose CRC fails; with ``on_error="raise"``
-        the first is a ``FormatError`` here, before anything is decoded."""
+    def check(self, read: Read, data: bytes | memoryview, index: SampleIndex) -> Checked:
+        """The read's bytes and the offsets of its check blocks whose CRC fails; bytes from
+        the cache that fail are read again, once (NOTE [ Healing the cache ] in heal.py).
+        With ``on_error="raise"`` a block still failing is a ``FormatError`` here, before
+        anything is decoded."""
+        bad = self._failed_blocks(read, data, index)
+        if bad and self.storage.cached:
+            path = self.manifest.shards[read.shard].path
+            data = self._healer.read_again(self.bytes, path, read.rng, bad[0])
+            bad = self._failed_blocks(read, data, index)
+        if bad and self.on_error != "skip":
+            checks = cast(ShardChecks, index.checks)
+            path = self.manifest.shards[read.shard].path
+            raise FormatError(
+                f"checksum mismatch in bytes [{bad[0]}, {min(bad[0] + checks.block, checks.size)}): the "
+                "shard's bytes differ from those it was indexed with (corrupt, or rewritten)",
+                url=self.storage.full_url(path),
+                shard=path,
+                offset=bad[0],
+            )
+        return data, tuple(bad)
+
+    def _failed_blocks(self, read: Read, data: bytes | memoryview, index: SampleIndex) -> list[int]:
+        """Offsets of the read's check blocks whose CRC fails."""
         checks = index.checks
         if checks is None or not self.verify_checksums or not read.rng.length:
-            return ()
+            return []
         if read.spans:  # only the blocks its runs take (runs.Read)
             view, start = memoryview(data), read.rng.start
             bad = [
@@ -410,16 +435,7 @@ class WindowReader:
             ]
         else:
             bad = checks.bad_blocks(data, read.rng)
-        if bad and self.on_error != "skip":
-            path = self.manifest.shards[read.shard].path
-            raise FormatError(
-                f"checksum mismatch in bytes [{bad[0]}, {min(bad[0] + checks.block, checks.size)}): the "
-                "shard's bytes differ from those it was indexed with (corrupt, or rewritten)",
-                url=self.storage.full_url(path),
-                shard=path,
-                offset=bad[0],
-            )
-        return tuple(bad)
+        return bad
 
     def _item(self, read: Read) -> tuple[str, ByteRange | None]:
         """What to read for ``read``: the whole object where the read covers all of a shard
@@ -455,7 +471,7 @@ class WindowReader:
         while fetched:
             read, data, index, bad = fetched.pop()
             if isinstance(bad, Future):
-                bad = bad.result()  # its check is done before its bytes are decoded
+                data, bad = bad.result()  # its check is done before its bytes are decoded
             mine = table[list(read.runs)]
             part = self._decode_read(read, data, index, bad, mine[:, 1], mine[:, 2])
             # samples built while their values are in the CPU cache, unless a decoder takes columns

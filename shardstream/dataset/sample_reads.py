@@ -145,7 +145,7 @@ class SampleReads:
         checks = cast(ShardChecks, kept.index.checks)
         wide = checks.widen(rng)
         data = self._read(shard, wide.start, wide.end)
-        self.reader._bad_blocks(Read(shard, wide, (0,)), data, kept.index)  # raises: on_error is "raise"
+        data, _ = self.reader.check(Read(shard, wide, (0,)), data, kept.index)  # raises: on_error is "raise"
         self._record(kept, wide, data, position, checks.block)
         return data, wide.start
 

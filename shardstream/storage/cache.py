@@ -11,7 +11,10 @@
 # - Tolerant: an entry can vanish (another process evicted it) between lookup and open;
 #   the reader then downloads it again.
 # - Validated: the first use of an entry in a process compares its size with the
-#   object's (one HEAD); a stale or wrong-size copy is replaced.
+#   object's (one HEAD); a stale or wrong-size copy is replaced. An entry whose bytes
+#   fail a reader's check later (a flipped bit on disk, a file swapped for another) is
+#   dropped by that reader and fetched again, once (NOTE [ Healing the cache ] in
+#   shardstream/dataset/reader.py).
 # - Full disk: an OSError while writing an entry (ENOSPC, EDQUOT, EIO) is a StorageError
 #   naming the cache directory and the object (``disk_error``; the caller's download
 #   raises it for its writes); the temp file goes, as on any failure.
@@ -126,6 +129,19 @@ class ShardCache:
             for victim in (name, name + ".lock"):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(self.directory, victim))
+
+    def drop(self, key: str, content: str = "") -> str | None:
+        """Delete the entry of ``key`` for ``content`` (one that failed a check, say): its
+        path if there was one, else None. The next ``fetch`` downloads it again."""
+        path = self.entry_path(key, content)
+        self._sizes.pop(os.path.basename(path), None)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path + ".lock")
+        return path
 
     def _is_complete(self, path: str, expected: int) -> bool:
         try:

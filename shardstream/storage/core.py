@@ -387,6 +387,14 @@ class Storage:
         self._backend.confine(self._root, fspath)
         return fspath
 
+    def drop_cached(self, path: str, expect: Expected | None = None) -> str | None:
+        """Delete ``path``'s cache entry (for what ``expect`` says of it), one whose bytes
+        failed a check: the entry's file, or None where there was none (or no cache)."""
+        if self._cache is None:
+            return None
+        content = expect.content_key if expect is not None else ""
+        return self._cache.drop(through_cache.cache_key(self, path), content)
+
     def _forget_cached(self, path: str) -> None:
         self._backend.forget(self._fspath(path))
         if self._cache is not None:
