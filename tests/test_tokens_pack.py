@@ -202,3 +202,43 @@ def test_killed_tokenizing_pack_reruns_to_the_same_bytes(tmp_path, tokenizer_jso
         np.frombuffer((tmp_path / "ds" / "shard-000000.tokens").read_bytes(), np.uint16),
         np.frombuffer((tmp_path / "clean" / "shard-000000.tokens").read_bytes(), np.uint16),
     )
+
+
+def test_parts_joined_by_index_keep_the_tokenizer(tmp_path, tokenizer_json, reference):
+    source = _jsonl(tmp_path / "a.jsonl")
+    dest = tmp_path / "ds"
+    for part in ("0/2", "1/2"):
+        pack(
+            source,
+            dest,
+            format="tokens",
+            tokenizer=tokenizer_json,
+            part=part,
+            samples_per_shard=50,
+            workers=1,
+        )
+    from shardstream.catalog import index_dataset
+
+    manifest = index_dataset(str(dest))
+    whole = pack(source, tmp_path / "whole", format="tokens", tokenizer=tokenizer_json, workers=1)
+    assert manifest.tokens == whole.tokens
+    assert manifest.num_tokens == whole.num_tokens
+    _check(dest, DOCS, reference)
+
+
+def test_pack_tokens_to_s3(s3, tmp_path, tokenizer_json, reference):
+    base, options = s3
+    source = _jsonl(tmp_path / "a.jsonl")
+    url = f"{base}/tokens"
+    manifest = pack(
+        source,
+        url,
+        format="tokens",
+        tokenizer=tokenizer_json,
+        shard_size="2KB",
+        workers=2,
+        storage_options=options,
+    )
+    assert len(manifest.shards) > 2
+    got = read_documents(url, options)
+    assert [t.tolist() for _, t in got] == [[*reference(t), 0] for t in DOCS]
