@@ -201,6 +201,164 @@ def bench_tokenize(args: argparse.Namespace) -> None:
 # -- section tokenize (end) --
 
 # -- sections bestfit, build (begin) --
+# Best-fit bins and sequence building (shardstream/tokens) on synthetic shards: documents of
+# lognormal lengths (mean --mean-doc tokens, log-sd --sigma), cut at --seq-len as the packing
+# does. Rates are per core: tokens over the process's CPU seconds (one thread), the best of
+# --rounds, so other load on the machine counts less than in wall time. Building writes
+# fresh arrays, so its rate counts the page faults of new memory as a loader's does (glibc
+# returns freed memory to the system: MALLOC_TRIM_THRESHOLD_ changes that, and the rate).
+
+
+def _options_packing(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("bestfit, build")
+    group.add_argument("--tokens", type=int, default=100_000_000, help="tokens per shard (default: 100M)")
+    group.add_argument("--shards", type=int, default=1, help="shards (seeds) for bestfit (default: 1)")
+    group.add_argument("--seq-len", type=int, default=4096, help="sequence length S (default: 4096)")
+    group.add_argument("--mean-doc", type=float, default=800.0, help="mean document length (default: 800)")
+    group.add_argument("--sigma", type=float, default=1.0, help="log-sd of document lengths (default: 1.0)")
+    group.add_argument("--rounds", type=int, default=3, help="timed rounds, the best kept (default: 3)")
+    group.add_argument("--no-reference", action="store_true", help="bestfit: skip the Python best-fit")
+    group.add_argument("--build-tokens", type=int, default=16_000_000, help="build: tokens (default: 16M)")
+    group.add_argument("--run-seqs", type=int, default=64, help="build: sequences per run (default: 64)")
+
+
+OPTIONS.append(_options_packing)
+
+
+def _document_ends(tokens: int, mean: float, sigma: float, seed: int):  # type: ignore[no-untyped-def]
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    mu = np.log(mean) - sigma**2 / 2
+    lengths = np.maximum(1, rng.lognormal(mu, sigma, int(2 * tokens / mean) + 16).astype(np.int64))
+    ends = np.cumsum(lengths)
+    return ends[: int(np.searchsorted(ends, tokens)) + 1]
+
+
+def _cpu_best(func, rounds: int) -> tuple[float, object]:  # type: ignore[no-untyped-def]
+    """(least CPU seconds of ``rounds`` calls, the last result)."""
+    import time
+
+    best, result = float("inf"), None
+    for _ in range(max(1, rounds)):
+        start = time.process_time()
+        result = func()
+        best = min(best, time.process_time() - start)
+    return max(best, 1e-9), result
+
+
+def reference_best_fit(sizes: list[int], seq_len: int) -> int:
+    """Bins of a per-document Python best-fit-decreasing, as OLMo-core's packer: pieces sorted
+    longest first, each into the open bin with the least room that holds it (bisect over
+    the open bins kept sorted by room), else a new bin."""
+    from bisect import bisect_left, insort
+
+    rooms: list[tuple[int, int]] = []  # (room, bin), sorted
+    bins: list[list[int]] = []
+    for piece, size in sorted(enumerate(sizes), key=lambda p: -p[1]):
+        i = bisect_left(rooms, (size, -1))
+        if i == len(rooms):
+            bins.append([piece])
+            insort(rooms, (seq_len - size, len(bins) - 1))
+        else:
+            room, b = rooms.pop(i)
+            bins[b].append(piece)
+            insort(rooms, (room - size, b))
+    return len(bins)
+
+
+@section("bestfit")
+def bench_bestfit(args: argparse.Namespace) -> None:
+    from shardstream.tokens import best_fit
+    from shardstream.tokens.pieces import split_documents
+
+    size = args.seq_len
+    print(
+        f"{args.shards} shard(s) of {args.tokens:,} tokens, documents lognormal (mean {args.mean_doc:g}, "
+        f"sigma {args.sigma:g}), S={size}"
+    )
+    totals = {"tokens": 0, "ours_s": 0.0, "ours_pad": 0, "ref_s": 0.0, "ref_pad": 0, "least_pad": 0}
+    for seed in range(args.shards):
+        ends = _document_ends(args.tokens, args.mean_doc, args.sigma, seed)
+        total = int(ends[-1])
+        seconds, fit = _cpu_best(lambda ends=ends: best_fit(ends, size), args.rounds)
+        totals["tokens"] += total
+        totals["ours_s"] += seconds
+        totals["ours_pad"] += fit.count * size - total  # type: ignore[attr-defined]
+        totals["least_pad"] += -total % size
+        if not args.no_reference:
+            _, lo, hi = split_documents(ends, size)
+            sizes = (hi - lo).tolist()
+            ref_seconds, bins = _cpu_best(lambda sizes=sizes: reference_best_fit(sizes, size), 1)
+            totals["ref_s"] += ref_seconds
+            totals["ref_pad"] += bins * size - total  # type: ignore[operator]
+    tokens = totals["tokens"]
+    ours = tokens / totals["ours_s"]
+    print(
+        f"best_fit (blocks)            {ours / 1e6:9.1f} M tokens/s per core   "
+        f"padding {100 * totals['ours_pad'] / tokens:.4f}%"
+    )
+    if not args.no_reference:
+        ref = tokens / totals["ref_s"]
+        print(
+            f"Python best-fit (whole shard) {ref / 1e6:8.1f} M tokens/s per core   "
+            f"padding {100 * totals['ref_pad'] / tokens:.4f}%"
+        )
+        print(f"best_fit against the Python best-fit: {ours / ref:.1f}x the rate")
+    print(f"the least padding any packing has (whole sequences): {100 * totals['least_pad'] / tokens:.4f}%")
+
+
+def _bare_chunks(tokens, size: int, runs: list[tuple[int, int]]) -> int:  # type: ignore[no-untyped-def]
+    """A bare numpy concat-and-chunk reader: input_ids and next-token labels, int64 (the
+    last _HELD runs' arrays kept, as a loader's queue holds its batches)."""
+    made, held = 0, []
+    for start, stop in runs:
+        window = tokens[start * size : stop * size + 1].astype("int64")
+        n = stop - start
+        batch = {"input_ids": window[: n * size].reshape(n, size), "labels": window[1:].copy()}
+        held = [*held[1 - _HELD :], batch]
+        made += batch["input_ids"].size
+    return made
+
+
+_HELD = 2
+
+
+@section("build")
+def bench_build(args: argparse.Namespace) -> None:
+    import numpy as np
+
+    from shardstream.tokens import Packing, build_sequences, sequence_layout
+
+    size, per_run = args.seq_len, args.run_seqs
+    ends = _document_ends(args.build_tokens, args.mean_doc, args.sigma, 0)
+    tokens = np.random.default_rng(0).integers(0, 50_000, int(ends[-1]) + 1, dtype=np.uint16)
+    print(f"{int(ends[-1]):,} tokens (uint16), S={size}, runs of {per_run} sequences, arrays with masks")
+    chunks = [(a, min(a + per_run, int(ends[-1]) // size)) for a in range(0, int(ends[-1]) // size, per_run)]
+    bare_s, made = _cpu_best(lambda: _bare_chunks(tokens, size, chunks), args.rounds)
+    bare = made / bare_s  # type: ignore[operator]
+    print(f"bare numpy concat-and-chunk   {bare / 1e6:9.1f} M tokens/s per core")
+    for packing in (Packing(size, "concat"), Packing(size, "best_fit"), Packing(size, "pad")):
+        layout = sequence_layout(packing, ends)
+        runs = [layout.run(a, min(a + per_run, layout.count)) for a in range(0, layout.count, per_run)]
+
+        def build(runs=runs) -> int:  # type: ignore[no-untyped-def]
+            made, held = 0, []
+            for run in runs:
+                t0, t1 = run.tokens
+                batch = build_sequences(run, tokens[t0:t1], t0)
+                held = [*held[1 - _HELD :], batch]
+                made += batch["input_ids"].size
+            return made
+
+        seconds, made = _cpu_best(build, args.rounds)
+        rate = made / seconds  # type: ignore[operator]
+        print(
+            f"build {packing.mode:<9}             {rate / 1e6:9.1f} M tokens/s per core   "
+            f"{rate / bare:.2f}x of bare chunking"
+        )
+
+
 # -- sections bestfit, build (end) --
 
 

@@ -42,36 +42,65 @@ def build_sequences(
     p = run.pieces
     lengths = p.hi - p.lo
     excl = np.cumsum(lengths) - lengths
-    offset = excl - excl[np.searchsorted(p.seq, p.seq, side="left")]  # within the row
-    dst = p.seq * size + offset
+    dst = p.seq * size + excl - excl[np.searchsorted(p.seq, p.seq, side="left")]  # flat starts
     fill = np.bincount(p.seq, weights=lengths, minlength=n).astype(np.int64)
     padded = np.flatnonzero(fill < size)
-    seg_dst, seg_len, seg_doc, seg_shift = _segments(p, dst, lengths, padded, fill, size, doc_base, token_lo)
-    flat = n * size
-    contiguous = not len(padded) and (len(p) < 2 or bool((p.lo[1:] == p.hi[:-1]).all()))
-    if contiguous and n:
-        start = t0 - token_lo
-        input_ids = tokens[start : start + flat].astype(np.int64)
-    else:
-        src = np.repeat(seg_shift, seg_len) + np.arange(flat, dtype=np.int64)
-        input_ids = np.take(tokens, src, mode="clip").astype(np.int64)
-    labels = np.empty(flat, dtype=np.int64)
+    seg_dst, seg_len, seg_doc = _segments(p, dst, lengths, padded, fill, size, doc_base)
+    input_ids = _input_ids(p, dst, lengths, tokens, token_lo, n * size, contiguous=not len(padded))
+    labels = np.empty(n * size, dtype=np.int64)
     labels[:-1] = input_ids[1:]
-    ends = dst + lengths - 1
-    if len(ends):
-        nxt = np.take(tokens, p.hi - token_lo, mode="clip").astype(np.int64)
-        labels[ends] = np.where(p.more, nxt, IGNORE_INDEX)
-    if len(padded):
-        pad = np.arange(size) >= fill[:, None]
-        input_ids.reshape(n, size)[pad] = pad_id
-        labels.reshape(n, size)[pad] = IGNORE_INDEX
+    if len(p):
+        after = np.take(tokens, p.hi - token_lo, mode="clip").astype(np.int64)
+        labels[dst + lengths - 1] = np.where(p.more, after, IGNORE_INDEX)
+    rows_in, rows_labels = input_ids.reshape(n, size), labels.reshape(n, size)
+    for row, filled in zip(padded.tolist(), fill[padded].tolist(), strict=True):
+        rows_in[row, filled:] = pad_id
+        rows_labels[row, filled:] = IGNORE_INDEX
     return {
-        "input_ids": input_ids.reshape(n, size),
-        "labels": labels.reshape(n, size),
-        "position_ids": (np.arange(flat, dtype=np.int64) - np.repeat(seg_dst, seg_len)).reshape(n, size),
+        "input_ids": rows_in,
+        "labels": rows_labels,
+        "position_ids": _positions(seg_dst, seg_len, n * size).reshape(n, size),
         "document_ids": np.repeat(seg_doc, seg_len).reshape(n, size),
         "cu_seqlens": _cu_seqlens(seg_dst, n, size),
     }
+
+
+# Pieces of at least this many tokens on average are copied one slice each; shorter ones
+# by one gather (a Python step per piece would cost more than the gather's index arrays).
+_SLICED_PIECES = 16
+
+
+def _input_ids(
+    p: SequencePieces,
+    dst: np.ndarray,
+    lengths: np.ndarray,
+    tokens: np.ndarray,
+    token_lo: int,
+    flat: int,
+    *,
+    contiguous: bool,
+) -> np.ndarray:
+    """The rows' tokens, flat (padding left as it comes: the caller sets it)."""
+    if contiguous and (len(p) < 2 or bool((p.lo[1:] == p.hi[:-1]).all())):
+        start = int(p.lo[0]) - token_lo if len(p) else 0
+        return tokens[start : start + flat].astype(np.int64)
+    out = np.empty(flat, dtype=np.int64)  # every place a piece's or, set by the caller, padding
+    if len(p) * _SLICED_PIECES <= flat:
+        for at, lo, length in zip(dst.tolist(), (p.lo - token_lo).tolist(), lengths.tolist(), strict=True):
+            out[at : at + length] = tokens[lo : lo + length]
+    elif len(p):
+        within = _positions(np.cumsum(lengths) - lengths, lengths, int(lengths.sum()))
+        out[np.repeat(dst, lengths) + within] = tokens[np.repeat(p.lo - token_lo, lengths) + within]
+    return out
+
+
+def _positions(seg_dst: np.ndarray, seg_len: np.ndarray, flat: int) -> np.ndarray:
+    """0, 1, ... from the start of each segment (the segments tile ``[0, flat)``)."""
+    steps = np.ones(flat, dtype=np.int64)
+    if len(seg_dst):
+        steps[seg_dst[1:]] = 1 - seg_len[:-1]
+        steps[0] = 0
+    return np.cumsum(steps, out=steps)
 
 
 def _segments(
@@ -82,21 +111,14 @@ def _segments(
     fill: np.ndarray,
     size: int,
     doc_base: int,
-    token_lo: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The rows' segments in order: ``(flat start, length, document_id, source shift)``."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows' segments in order: ``(flat start, length, document_id)``."""
     docs = p.doc + doc_base
-    shift = p.lo - token_lo - dst
     if not len(padded):
-        return dst, lengths, docs, shift
+        return dst, lengths, docs
     pad_dst = padded * size + fill[padded]
     at = np.searchsorted(dst, pad_dst)
-    return (
-        np.insert(dst, at, pad_dst),
-        np.insert(lengths, at, size - fill[padded]),
-        np.insert(docs, at, -1),
-        np.insert(shift, at, -pad_dst),
-    )
+    return np.insert(dst, at, pad_dst), np.insert(lengths, at, size - fill[padded]), np.insert(docs, at, -1)
 
 
 def _cu_seqlens(seg_dst: np.ndarray, n: int, size: int) -> np.ndarray:
