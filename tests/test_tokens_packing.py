@@ -4,6 +4,7 @@ with document ends, runs equal to their sequences built alone, and the best-fit 
 from __future__ import annotations
 
 import bisect
+import itertools
 
 import numpy as np
 import pytest
@@ -75,7 +76,8 @@ def test_packing_refuses_what_cannot_work(kwargs, match):
 
 def test_packing_is_a_frozen_value():
     packing = Packing(np.int64(16), "best_fit")
-    assert packing == Packing(16, "best_fit") and type(packing.seq_len) is int
+    assert packing == Packing(16, "best_fit")
+    assert type(packing.seq_len) is int
     with pytest.raises(AttributeError):
         packing.seq_len = 8  # type: ignore[misc]
 
@@ -110,7 +112,8 @@ def test_best_fit_covers_every_token_once_and_drops_none(sizes, size, block):
     assert layout.dropped == 0
     pieces = layout.run(0, layout.count).pieces
     fills = np.bincount(pieces.seq, weights=pieces.hi - pieces.lo, minlength=layout.count)
-    assert (fills <= size).all() and (fills > 0).all()
+    assert (fills <= size).all()
+    assert (fills > 0).all()
 
 
 @PROPERTY
@@ -119,11 +122,13 @@ def test_pad_keeps_every_token_when_split_and_a_head_when_truncated(sizes, size)
     ends = ends_of(sizes)
     split = sequence_layout(Packing(size, "pad"), ends)
     assert covered(split) == list(range(int(ends[-1]) if sizes else 0))
-    assert split.count == sum(-(-n // size) for n in sizes) and split.dropped == 0
+    assert split.count == sum(-(-n // size) for n in sizes)
+    assert split.dropped == 0
     cut = sequence_layout(Packing(size, "pad", "truncate"), ends)
     starts = [int(e) - n for e, n in zip(ends, sizes, strict=True)]
     assert covered(cut) == [s + i for s, n in zip(starts, sizes, strict=True) for i in range(min(n, size))]
-    assert cut.count == sum(1 for n in sizes if n) and cut.dropped == sum(max(0, n - size) for n in sizes)
+    assert cut.count == sum(1 for n in sizes if n)
+    assert cut.dropped == sum(max(0, n - size) for n in sizes)
 
 
 def _reference_bfd_rooms(sizes: list[int], size: int) -> list[int]:
@@ -211,7 +216,7 @@ def test_a_run_is_its_sequences_built_one_by_one(sizes, packing, block, data):
     whole = build_sequences(layout.run(0, layout.count), tokens, 0, doc_base=3)
     cuts = sorted(data.draw(st.lists(st.integers(0, layout.count), max_size=4)))
     bounds = [0, *cuts, layout.count]
-    for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
+    for start, stop in itertools.pairwise(bounds):
         run = layout.run(start, stop)
         t0, t1 = run.tokens
         part = build_sequences(run, tokens[t0:t1], t0, doc_base=3)
@@ -221,7 +226,8 @@ def test_a_run_is_its_sequences_built_one_by_one(sizes, packing, block, data):
             d0, d1 = run.docs
             lo_doc = int(ends[d0 - 1]) if d0 else 0
             assert lo_doc <= t0 < t1 <= int(ends[d1 - 1])  # the documents hold the tokens
-            assert run.pieces.doc.min() >= d0 and run.pieces.doc.max() < d1
+            assert run.pieces.doc.min() >= d0
+            assert run.pieces.doc.max() < d1
 
 
 @PROPERTY
@@ -236,7 +242,8 @@ def test_masks_agree_with_document_ends(sizes, size):
     for row in range(layout.count):
         docs, cu = out["document_ids"][row], out["cu_seqlens"][row]
         starts = [0, *np.flatnonzero(docs[1:] != docs[:-1]) + 1]
-        assert list(cu[: len(starts)]) == starts and (cu[len(starts) :] == size).all()
+        assert list(cu[: len(starts)]) == starts
+        assert (cu[len(starts) :] == size).all()
         assert list(np.flatnonzero(out["position_ids"][row] == 0)) == starts
         last = np.append(docs[1:] != docs[:-1], True)
         assert ((out["labels"][row] == IGNORE_INDEX) == (last | (docs < 0))).all()
@@ -269,7 +276,8 @@ def test_tokens_that_do_not_hold_the_run_are_refused():
 def test_an_empty_run_builds_empty_arrays():
     layout = sequence_layout(Packing(4, "pad"), np.array([3, 7]))
     out = build_sequences(layout.run(1, 1), np.zeros(0, dtype=np.uint16), 0)
-    assert out["input_ids"].shape == (0, 4) and out["cu_seqlens"].shape == (0, 5)
+    assert out["input_ids"].shape == (0, 4)
+    assert out["cu_seqlens"].shape == (0, 5)
 
 
 # -- the best-fit sidecar -----------------------------------------------------------------
@@ -304,7 +312,8 @@ def test_a_corrupt_sidecar_is_refused_naming_it(data):
     blob[where] ^= 1 << data.draw(st.integers(0, 7))
     with pytest.raises(FormatError) as error:
         BestFit.from_bytes(bytes(blob), name=NAME)
-    assert error.value.shard == NAME and NAME in str(error.value)
+    assert error.value.shard == NAME
+    assert NAME in str(error.value)
 
 
 @pytest.mark.parametrize("cut", [0, 7, 30, -1])
@@ -346,4 +355,5 @@ def test_best_fit_pads_little_on_many_documents():
 
 
 def test_errors_are_shardstream_errors():
-    assert issubclass(FormatError, ShardstreamError) and issubclass(PlanError, ShardstreamError)
+    assert issubclass(FormatError, ShardstreamError)
+    assert issubclass(PlanError, ShardstreamError)
