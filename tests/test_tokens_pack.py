@@ -242,3 +242,16 @@ def test_pack_tokens_to_s3(s3, tmp_path, tokenizer_json, reference):
     assert len(manifest.shards) > 2
     got = read_documents(url, options)
     assert [t.tolist() for _, t in got] == [[*reference(t), 0] for t in DOCS]
+
+
+def test_a_tokenizer_saved_to_truncate_and_pad_stores_documents_whole(tmp_path, tokenizer_json, reference):
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_json))
+    tok.enable_truncation(max_length=5)
+    tok.enable_padding(length=64, pad_id=1, pad_token="<bos>")
+    saved = tmp_path / "model-tokenizer.json"
+    tok.save(str(saved))
+    dest = tmp_path / "ds"
+    pack(_jsonl(tmp_path / "a.jsonl"), dest, format="tokens", tokenizer=saved, workers=1)
+    _check(dest, DOCS, reference)

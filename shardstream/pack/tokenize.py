@@ -40,7 +40,8 @@ from shardstream.manifest import TokensInfo
 __all__ = ["DEFAULT_TEXT_FIELDS", "DocumentWriter", "Tokenizing", "load_tokenizing"]
 
 DEFAULT_TEXT_FIELDS = ("text", "txt")  # without --text-field: "text", or a folder's ".txt" files
-_BATCH = 1024  # documents per encode_batch call
+_BATCH = 1024  # documents per encode_batch call, at most
+_BATCH_CHARS = 16 << 20  # and characters: a batch of long documents is encoded sooner
 # Special tokens that end a document, by the names tokenizers give them, where the
 # tokenizer has no tokenizer_config.json beside it to say which.
 _EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "[EOS]")
@@ -174,9 +175,14 @@ def _from_json(text: str) -> Any:
             "tokenizing needs the tokenizers package: pip install 'shardstream[tokens]'"
         ) from None
     try:
-        return Tokenizer.from_str(text)
+        tok = Tokenizer.from_str(text)
     except Exception as error:
         raise UsageError(f"not a tokenizers tokenizer.json: {error}") from None
+    # a tokenizer.json saved for a model may truncate or pad what it encodes: a document is
+    # stored whole and unpadded (packing cuts and pads sequences later)
+    tok.no_truncation()
+    tok.no_padding()
+    return tok
 
 
 def _special(tok: Any, configured: object, names: tuple[str, ...]) -> int | None:
@@ -226,13 +232,16 @@ class DocumentWriter:
         self._lists = fmt.token_lists
         self._keys: list[str] = []
         self._texts: list[str] = []
+        self._chars = 0  # in the texts queued
         self.tokens = 0  # written so far
 
     def add(self, sample: Sample) -> None:
         """Queue ``sample``'s text; errors of the sample itself are raised here, at it."""
-        self._texts.append(text_of(sample, self._tokenizing.text_field))
+        text = text_of(sample, self._tokenizing.text_field)
+        self._texts.append(text)
         self._keys.append(sample["__key__"])
-        if len(self._texts) >= _BATCH:
+        self._chars += len(text)
+        if len(self._texts) >= _BATCH or self._chars >= _BATCH_CHARS:
             self.flush()
 
     def flush(self) -> None:
@@ -240,7 +249,7 @@ class DocumentWriter:
         if not self._texts:
             return
         keys, texts = self._keys, self._texts
-        self._keys, self._texts = [], []
+        self._keys, self._texts, self._chars = [], [], 0
         for key, ids in zip(keys, encode(self._tokenizing, texts), strict=True):
             self.tokens += len(ids)
             self._write({"__key__": key, self._field: ids.tolist() if self._lists else ids})
