@@ -18,6 +18,7 @@ from shardstream.tokens import (
     Packing,
     best_fit,
     build_sequences,
+    count_sequences,
     sequence_layout,
 )
 from shardstream.tokens.bestfit import _bfd
@@ -129,6 +130,16 @@ def test_pad_keeps_every_token_when_split_and_a_head_when_truncated(sizes, size)
     assert covered(cut) == [s + i for s, n in zip(starts, sizes, strict=True) for i in range(min(n, size))]
     assert cut.count == sum(1 for n in sizes if n)
     assert cut.dropped == sum(max(0, n - size) for n in sizes)
+
+
+@PROPERTY
+@given(lengths, packings)
+def test_counting_sequences_needs_no_layout(sizes, packing):
+    ends = ends_of(sizes)
+    layout = sequence_layout(packing, ends)
+    assert count_sequences(packing, ends) == layout.count
+    if packing.mode == "best_fit":
+        assert count_sequences(packing, ends, fit=best_fit(ends, packing.seq_len)) == layout.count
 
 
 def _reference_bfd_rooms(sizes: list[int], size: int) -> list[int]:

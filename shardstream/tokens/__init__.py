@@ -8,7 +8,7 @@ from __future__ import annotations
 from shardstream.tokens.bestfit import BLOCK_TOKENS, best_fit
 from shardstream.tokens.build import IGNORE_INDEX, build_sequences
 from shardstream.tokens.fitfile import BestFit
-from shardstream.tokens.layout import SequenceLayout, SequenceRun, sequence_layout
+from shardstream.tokens.layout import SequenceLayout, SequenceRun, count_sequences, sequence_layout
 from shardstream.tokens.packing import LONG_DOCS, MODES, Packing
 from shardstream.tokens.pieces import SequencePieces
 
@@ -24,5 +24,6 @@ __all__ = [
     "SequenceRun",
     "best_fit",
     "build_sequences",
+    "count_sequences",
     "sequence_layout",
 ]

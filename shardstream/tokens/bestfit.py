@@ -74,20 +74,19 @@ def _block(ends: np.ndarray, start: int, seq_len: int, left: int, gaps: int) -> 
     """The block from token ``start``, ``left`` blocks (this one too) before the shard's end:
     ``(where the next one starts, the bin of each of its pieces, its gaps)``, ``gaps`` being
     what BFD left unfilled in its full bins (NOTE [ Best-fit bins ])."""
-    best: tuple[int, np.ndarray, np.ndarray, int] | None = None
-    for _ in range(_TRIES):
+    best: tuple[int, np.ndarray, np.ndarray, int] = (start, np.zeros(0, dtype=np.int64), np.zeros(0), 0)
+    for attempt in range(_TRIES):
         stop = _cut(ends, start, seq_len, left, gaps)
         _, lo, hi = split_range(ends, seq_len, start, stop)
         sizes = hi - lo
         bins = _bfd(sizes, seq_len)
         room = seq_len - np.bincount(bins, weights=sizes).astype(np.int64)
         found = int(room.sum() - room.max(initial=0))
-        if best is None or len(room) < len(best[2]):
+        if not attempt or found < best[3]:
             best = (stop, bins, room, found)
         if left == 1 or room.sum() < seq_len:  # no choice, or no bin more than the tokens need
             break
         gaps = found
-    assert best is not None
     stop, bins, room, found = best
     if left == 1 or not len(room):
         return stop, bins, found

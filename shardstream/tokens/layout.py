@@ -13,7 +13,7 @@ from shardstream.tokens.fitfile import BestFit
 from shardstream.tokens.packing import Packing
 from shardstream.tokens.pieces import SequencePieces, check_ends, split_documents
 
-__all__ = ["SequenceLayout", "SequenceRun", "sequence_layout"]
+__all__ = ["SequenceLayout", "SequenceRun", "count_sequences", "sequence_layout"]
 
 # NOTE [ Packed sequences ]
 # A packed sequence of seq_len tokens is the plan's sample: the plan runs over the
@@ -98,6 +98,25 @@ def sequence_layout(
             "best-fit sidecar's sequences do not fit the shard's documents: rebuild it", shard=shard
         )
     return PieceLayout.of(packing, ends, (doc, lo, hi), fit.order, fit.first)
+
+
+def count_sequences(packing: Packing, ends: np.ndarray, *, fit: BestFit | None = None) -> int:
+    """The sequences of a shard under ``packing``, without laying them out: concat's is its
+    tokens // seq_len, pad's one per piece (or per non-empty document), best_fit's its bins
+    (``fit``'s, else made here)."""
+    ends = check_ends(ends)
+    size = packing.seq_len
+    if packing.mode == "concat":
+        return (int(ends[-1]) if len(ends) else 0) // size
+    if packing.mode == "pad":
+        lengths = np.diff(ends, prepend=0)
+        return int(
+            np.count_nonzero(lengths) if packing.long_docs == "truncate" else (-(-lengths // size)).sum()
+        )
+    if fit is None:
+        return best_fit(ends, size).count
+    fit.check(ends, size)
+    return fit.count
 
 
 def _check_run(start: int, stop: int, count: int) -> None:
