@@ -13,14 +13,14 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
-from shardstream.errors import NotADatasetError
+from shardstream.errors import NotADatasetError, StorageError, UsageError
 from shardstream.formats import available_formats
 from shardstream.layout import PACK_RECORD_RE
 from shardstream.manifest import MANIFEST_NAME, Manifest
 from shardstream.storage import Storage
 from shardstream.storage.retry import is_not_found
 
-__all__ = ["read_manifest", "why_not_a_dataset"]
+__all__ = ["missing_bucket", "no_destination", "read_manifest", "why_not_a_dataset"]
 
 
 def read_manifest(storage: Storage) -> Manifest:
@@ -39,7 +39,7 @@ def why_not_a_dataset(storage: Storage) -> str:
     url = storage.url
     names = _top_level(storage)
     if names is None:
-        bucket = _missing_bucket(storage)
+        bucket = missing_bucket(storage)
         if bucket is not None:
             return f"the bucket {bucket!r} does not exist (or these credentials cannot see it)"
         return "nothing is there (no such folder: is the path spelled right?)"
@@ -80,7 +80,20 @@ def _top_level(storage: Storage) -> list[str] | None:
     return [posixpath.basename(str(entry).rstrip("/")) for entry in entries]
 
 
-def _missing_bucket(storage: Storage) -> str | None:
+def no_destination(storage: Storage, error: StorageError) -> StorageError | UsageError:
+    """What to raise when a destination cannot even be listed: its bucket named when that
+    is what is missing (the listing only said "not found"), else ``error``."""
+    bucket = missing_bucket(storage) if is_not_found(error) else None
+    if bucket is None:
+        return error
+    return UsageError(
+        f"the bucket {bucket!r} does not exist (or these credentials cannot see it): create it, "
+        "or check the URL and the endpoint (--endpoint-url, AWS_ENDPOINT_URL)",
+        url=storage.url,
+    )
+
+
+def missing_bucket(storage: Storage) -> str | None:
     """The bucket of an object-store URL when it does not exist, else ``None``."""
     scheme, _, rest = storage.url.partition("://")
     if not rest or scheme in ("file", "local", "memory"):

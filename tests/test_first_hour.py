@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import builtins
 import io
+import json
 import pickle
 
 import numpy as np
@@ -20,7 +21,7 @@ from shardstream.errors import (
     ShardstreamError,
     UsageError,
 )
-from shardstream.pack import ShardWriter
+from shardstream.pack import ShardWriter, pack
 
 
 def write(url, count: int = 12) -> None:
@@ -153,3 +154,40 @@ def test_without_pillow_an_image_names_the_extra_to_install(monkeypatch):
     assert "pip install 'shardstream[image]'" in str(info.value)
     assert isinstance(info.value, ImportError)
     assert isinstance(info.value, UsageError)
+
+
+@pytest.mark.s3
+def test_a_pack_into_a_missing_bucket_names_the_bucket(tmp_path):
+    from shardstream.testing import MotoServer
+
+    (tmp_path / "c.jsonl").write_text('{"txt": "a"}\n')
+    server = MotoServer()
+    server.start()
+    try:
+        with pytest.raises(UsageError, match="the bucket 'nobucket' does not exist"):
+            pack(tmp_path / "c.jsonl", "s3://nobucket/corpus", storage_options=server.storage_options())
+    finally:
+        server.stop()
+
+
+# -- a rerun with other options: which option -------------------------------------------
+
+
+def test_a_rerun_with_other_options_names_them(tmp_path):
+    source = tmp_path / "c.jsonl"
+    source.write_text("".join(f'{{"txt": "text {i}"}}\n' for i in range(30)))
+    dest = tmp_path / "ds"
+    pack(source, dest, samples_per_shard=8, workers=1)
+    with pytest.raises(UsageError) as info:
+        pack(source, dest, samples_per_shard=10, workers=1)
+    text = str(info.value)
+    assert "there 8 samples" in text
+    assert "this pack's 10 samples" in text
+    assert "--samples-per-shard" in text
+    # an unfinished pack (no manifest, its record there) names each option that differs
+    (dest / ".shardstream" / "manifest.json").unlink()
+    record = {"version": 1, "pack": {"format": "tar", "samples_per_shard": 8, "source": str(source)}}
+    (dest / ".shardstream-pack.json").write_text(json.dumps(record))
+    with pytest.raises(UsageError, match="--samples-per-shard 8 there, 10 now") as info:
+        pack(source, dest, samples_per_shard=10, workers=1)
+    assert "--format" not in str(info.value)

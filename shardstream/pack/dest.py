@@ -43,7 +43,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from shardstream.errors import ManifestError, ShardstreamError, UsageError
+from shardstream.diagnose import no_destination
+from shardstream.errors import ManifestError, ShardstreamError, StorageError, UsageError
 from shardstream.layout import (
     META_FOLDER,
     PACK_RECORD_RE,
@@ -106,7 +107,13 @@ class DatasetTarget:
     def prepare(self) -> None:
         """Take the lease; look at what the destination holds; with overwrite, delete its manifest."""
         self._prepared = True
-        self._lease.acquire()
+        try:
+            self._lease.acquire()  # the first request to the destination: it lists the folder
+        except StorageError as error:
+            named = no_destination(self.storage, error)
+            if named is error:
+                raise
+            raise named from None
         try:
             self._prepare()
         except BaseException:
@@ -203,7 +210,7 @@ class DatasetTarget:
             return
         more = f" (and {len(foreign) - 1} more like it)" if len(foreign) > 1 else ""
         if record is not None:
-            why = f"an unfinished pack with other options left it (see {self.record}: {record.get('pack')})"
+            why = f"an unfinished pack with other options left it ({self._differences(record)}; see {self.record})"
         elif old is not None:
             why = "the manifest there does not list it"
         else:
@@ -261,8 +268,32 @@ class DatasetTarget:
             return None
         info = self._protected.get(name)
         if info is None:
-            raise self._refusal(f"it has no shard {name}")
+            raise self._refusal(f"it has no shard {name}{self._other_cut()}")
         return info
+
+    def _differences(self, record: dict[str, Any]) -> str:
+        """How an unfinished pack's options differ from this one's, option by option."""
+        theirs, mine = record.get("pack"), self._identity()
+        if not isinstance(theirs, dict):
+            return "its record names no options"
+        changed = [
+            f"{_option(key)} {theirs.get(key)!r} there, {mine.get(key)!r} now"
+            for key in sorted(set(theirs) | set(mine))
+            if theirs.get(key) != mine.get(key)
+        ]
+        return "; ".join(changed) or "the same options"
+
+    def _other_cut(self) -> str:
+        """Why a rerun's shard is not in the dataset there: what that dataset's shards hold."""
+        shards = list((self._protected or {}).values())
+        if not shards:
+            return ""
+        most = max(s.samples for s in shards)
+        return (
+            f" (its {len(shards)} shards hold up to {most:,} samples: it was packed from another "
+            "source or with other --samples-per-shard, --shard-size or --compression; the same "
+            "source and options give the same shards)"
+        )
 
     def finish(self, results: list[ShardResult], sync: ShardSync) -> Manifest:
         """Remove what is stale, make the shards durable, then write the manifest (or the part's record)."""
@@ -299,3 +330,8 @@ class DatasetTarget:
         self.storage.delete(self.record)
         self.close()
         return manifest
+
+
+def _option(key: str) -> str:
+    """An identity key as the command line spells it: ``samples_per_shard`` -> ``--samples-per-shard``."""
+    return "--" + key.replace("_", "-")

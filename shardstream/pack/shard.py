@@ -222,7 +222,10 @@ class ShardOutput:
             written = True
         if written and self._on_stored is not None:
             self._on_stored(info.index)
-        return ShardResult(info, *fields_and_schema(index), reused=reused, token_dtype=index.token_dtype)
+        origins = dict(getattr(self._encoder, "schema_origins", {}))  # NOTE [ One schema per dataset ]
+        return ShardResult(
+            info, *fields_and_schema(index), reused=reused, token_dtype=index.token_dtype, origins=origins
+        )
 
     def abort(self) -> None:
         """Drop the shard: nothing of it becomes visible."""
@@ -249,9 +252,13 @@ class ShardOutput:
         if expected is not None:
             if expected.sha256 == digest and expected.bytes == size:
                 return self._storage.exists(self.name)
+            ours = f"{self.num_samples:,} samples, {size:,} bytes"
+            theirs = f"{expected.samples:,} samples, {expected.bytes:,} bytes"
             raise UsageError(
                 f"the destination holds another dataset: shard {self.name} differs from the one in its "
-                "manifest; pass overwrite=True (--overwrite) to replace that dataset",
+                f"manifest (there {theirs}; this pack's {ours}): that dataset was packed from another "
+                "source or with other --samples-per-shard, --shard-size or --compression (the same source "
+                "and options give the same shards); pass overwrite=True (--overwrite) to replace it",
                 url=self._storage.url,
                 shard=self.name,
             )
