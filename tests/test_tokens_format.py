@@ -210,3 +210,19 @@ def test_manifests_without_tokens_keep_their_bytes():
     assert "tokens" not in text
     assert Manifest.from_json(text).to_json() == text
     assert "tokens" in available_formats()
+
+
+def test_shard_writer_writes_token_shards(tmp_path):
+    from shardstream.pack import ShardWriter
+
+    docs = [np.arange(i * 7, dtype=np.uint16) for i in range(9)]
+    with ShardWriter(str(tmp_path / "ds"), format="tokens", samples_per_shard=4) as writer:
+        for i, doc in enumerate(docs):
+            writer.write({"__key__": f"doc-{i}", "tokens": doc})
+    got = read_documents(str(tmp_path / "ds"))
+    assert [k for k, _ in got] == [f"doc-{i}" for i in range(9)]
+    assert all(np.array_equal(t, d) for (_, t), d in zip(got, docs, strict=True))
+    manifest = Manifest.from_json((tmp_path / "ds" / MANIFEST_NAME).read_text())
+    assert manifest.tokens == TokensInfo(dtype="uint16")
+    assert manifest.num_tokens == sum(map(len, docs))
+    assert verify_dataset(str(tmp_path / "ds")).ok
