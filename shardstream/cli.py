@@ -1,4 +1,4 @@
-"""The ``shardstream`` command: pack, index, inspect, verify.
+"""The ``shardstream`` command: pack, index, inspect, verify, explain.
 
 Thin: each subcommand is one ``add_*`` function that declares its arguments and one
 ``run_*`` function that calls the library. Another subcommand is one more pair, added
@@ -286,6 +286,75 @@ def run_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+# -- explain ------------------------------------------------------------------------
+
+
+def add_explain(subparsers: Any, common: argparse.ArgumentParser) -> None:
+    p = subparsers.add_parser(
+        "explain",
+        parents=[common],
+        help="which samples (or documents and tokens) global batch K of an epoch holds, without reading data",
+        description="Lay out global batch K of order='global' from the plan alone (manifests and sidecars, "
+        "no shard read). URL is a dataset, or a JSON list of Stream arguments for a mixture.",
+    )
+    p.add_argument("url", metavar="URL")
+    p.add_argument("--step", type=int, required=True, metavar="K", help="the global batch, counted from 0")
+    p.add_argument("--global-batch-size", type=_count, required=True, metavar="B")
+    p.add_argument("--epoch", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-shuffle", action="store_true", help="the run had shuffle=False")
+    p.add_argument("--read-lanes", type=_count, default=None, metavar="L")
+    p.add_argument(
+        "--seq-len", type=_count, default=None, metavar="S", help="packed sequences of a token dataset"
+    )
+    p.add_argument("--packing", default=None, help="concat (default), best_fit or pad")
+    p.add_argument("--long-docs", default=None, help="split (default) or truncate, with --packing pad")
+    p.add_argument("--mix", default=None, help="a mixture's mix (random, stratified, per_stream)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=run_explain)
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    from shardstream.dataset.explain import explain_step
+    from shardstream.dataset.mixture import Stream
+
+    options = storage_options_for(args.url, args.endpoint_url)
+    url: Any = args.url
+    if url.lstrip().startswith("["):
+        try:
+            url = [Stream(**stream) for stream in json.loads(url)]
+        except (ValueError, TypeError) as error:
+            raise UsageError(
+                f"URL is a JSON list of Stream arguments, and this one is not: {error}"
+            ) from None
+    extra = {"mix": args.mix} if args.mix is not None else {}
+    found = explain_step(
+        url,
+        step=args.step,
+        global_batch_size=args.global_batch_size,
+        epoch=args.epoch,
+        seed=args.seed,
+        shuffle=not args.no_shuffle,
+        read_lanes=args.read_lanes,
+        seq_len=args.seq_len,
+        packing=args.packing,
+        long_docs=args.long_docs,
+        storage_options=options,
+        **extra,
+    )
+    if args.json:
+        print(json.dumps([entry.to_dict() for entry in found], indent=1))
+        return 0
+    for entry in found:
+        where = f"{entry.stream}:" if entry.stream is not None else ""
+        if entry.key is not None:
+            print(f"{entry.position:>6}  {where}{entry.shard}  sample {entry.index}  {entry.key}")
+            continue
+        documents = ", ".join(f"{key} [{lo}, {hi})" for key, _, lo, hi in entry.pieces) or "padding"
+        print(f"{entry.position:>6}  {where}{entry.shard}  sequence {entry.index}  {documents}")
+    return 0
+
+
 # -- main ---------------------------------------------------------------------------
 
 SUBCOMMANDS: list[Callable[[Any, argparse.ArgumentParser], None]] = [
@@ -293,6 +362,7 @@ SUBCOMMANDS: list[Callable[[Any, argparse.ArgumentParser], None]] = [
     add_index,
     add_inspect,
     add_verify,
+    add_explain,
 ]
 
 

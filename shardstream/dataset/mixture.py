@@ -214,7 +214,7 @@ class MixedDataset(StreamingDataset):
     def _plan_source(self) -> tuple[object, PlanConfig]:
         return self.mixture, self.config.plan
 
-    def _reader(self) -> MixtureReader | SequenceReader:
+    def open_reader(self) -> MixtureReader | SequenceReader:
         # One sidecar LRU for all streams, as one dataset has (NOTE [ Sidecars across
         # epochs ]): entries are keyed by the whole ShardInfo, sha256 included, so streams
         # never see each other's. Made anew in each process, as a stream's Storage is.

@@ -398,9 +398,9 @@ class StreamingDataset(IterableDataset):
             freeze_inherited_heap()  # NOTE [ A worker's garbage collector ]
         else:
             self._iteration = iteration
-        return self._samples(self._reader(), plan.worker_windows(rank, worker), iteration)
+        return self._samples(self.open_reader(), plan.worker_windows(rank, worker), iteration)
 
-    def _reader(self) -> WindowReader | MixtureReader | SequenceReader:
+    def open_reader(self) -> WindowReader | MixtureReader | SequenceReader:
         """A reader of this dataset's windows for one iteration (in this process)."""
         if self.config.sequences is not None:
             shards = TokenShards.of([self.manifest])

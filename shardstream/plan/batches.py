@@ -120,6 +120,21 @@ class BatchPlan(PlanBase, Generic[SequenceT]):
             yield window_of(first, stop, batches)
             first, count = int(batches[-1]) + step, min(most, 2 * count)
 
+    def global_batch(self, batch: int) -> list[tuple[int, int]]:
+        """``(shard, index)`` of every sample of global batch ``batch`` of the epoch (counted
+        from its start), all ranks' parts in rank order, over real shards: which data a step
+        took, laid out from the seed alone (O(window), nothing read)."""
+        batch = check_count(batch, "batch")
+        if batch >= self._sequence.batches:
+            raise PlanError(f"batch {batch} is not one of the epoch's {self._sequence.batches} global batches")
+        taken = np.array([batch], dtype=np.int64)
+        parts = [self._window_maker(rank)(batch, batch + 1, taken) for rank in range(self.world_size)]
+        found: list[tuple[int, int]] = []
+        for window in self._view.windows(iter(parts)):
+            for shards, indices in window.samples():
+                found.extend(zip(shards.tolist(), indices.tolist(), strict=True))
+        return found
+
     # -- resume ----------------------------------------------------------------------------
 
     def _state(self, steps: int) -> dict[str, Any]:
