@@ -36,6 +36,18 @@ and joined as they are, and a pack or ``index`` that rewrites one moves it.
 # README.md that Hugging Face reads, would put a file of ours where users keep their own
 # dataset card, and would help Hugging Face only. (A copy of the folder must take its
 # hidden entries too: ``cp -r folder dest``, ``aws s3 sync``, not ``cp folder/* dest``.)
+#
+# NOTE [ One schema per dataset ]
+# A Parquet shard's schema is inferred from its own first rows, so JSON Lines whose
+# ``cls`` is an integer in one shard's rows and a string in the next's packed into
+# shards of two schemas, under a manifest naming the first: DuckDB and Hugging Face,
+# which read the folder as one table, refused it. So ``build_manifest`` (a pack's, a
+# ``ShardWriter``'s and ``index``'s) refuses shards that disagree on a column's type,
+# naming both shards and, where the pack knows it, the sample each type came from. It
+# does not widen (int to float, or anything to string): a value of another type is more
+# often a bug in the data than a wish, and a type that changed silently would surprise
+# the reader of the first shard. A column empty (null) in a shard takes its type from
+# the others, as readers take it.
 """
 
 from __future__ import annotations
@@ -46,7 +58,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from shardstream._version import __version__
-from shardstream.errors import ManifestError
+from shardstream.errors import ManifestError, PackError, shown
 from shardstream.formats import available_formats
 from shardstream.manifest import LEGACY_MANIFEST_NAME, MANIFEST_NAME, Manifest, ShardInfo, TokensInfo
 
@@ -170,6 +182,8 @@ class ShardResult:
     schema: dict[str, str] = field(default_factory=dict)
     reused: bool = False
     token_dtype: str | None = None  # a token shard's id type (``SampleIndex.token_dtype``)
+    # column -> key of the sample its type came from, where the pack knows it
+    origins: dict[str, str] = field(default_factory=dict)
 
 
 def fields_and_schema(index: SampleIndex) -> tuple[tuple[str, ...], dict[str, str]]:
@@ -193,10 +207,18 @@ def build_manifest(format: str, results: list[ShardResult], tokens: TokensInfo |
         raise ManifestError(f"token shards of {dtypes.pop()} ids in a dataset of {tokens.dtype} ids")
     fields: set[str] = set()
     schema: dict[str, str] = {}
+    typed_by: dict[str, ShardResult] = {}
     for result in results:
         fields.update(result.fields)
         for column, kind in result.schema.items():
-            schema.setdefault(column, kind)
+            first = schema.setdefault(column, kind)
+            if kind == "null":
+                continue
+            if first == "null":  # a shard where the column is empty says nothing of its type
+                schema[column] = kind
+            elif kind != first:
+                raise _schemas_differ(column, typed_by[column], result)
+            typed_by.setdefault(column, result)
     key_column = "__key__" if "__key__" in schema else None
     return Manifest(
         format=format,
@@ -206,4 +228,20 @@ def build_manifest(format: str, results: list[ShardResult], tokens: TokensInfo |
         key_column=key_column,
         writer=writer_name(),
         tokens=tokens,
+    )
+
+
+def _schemas_differ(column: str, first: ShardResult, other: ShardResult) -> PackError:
+    """NOTE [ One schema per dataset ]: shards that disagree on a column's type."""
+
+    def where(result: ShardResult) -> str:
+        origin = result.origins.get(column)
+        sample = f" (from sample {shown(origin)})" if origin is not None else ""
+        return f"{result.schema[column]} in {result.info.path}{sample}"
+
+    return PackError(
+        f"column {column!r} is {where(first)} but {where(other)}: one dataset has one schema "
+        "(DuckDB, Hugging Face and pyarrow read its shards as one table); give the column "
+        "values of one type in every sample (a string column: str everywhere)",
+        shard=other.info.path,
     )

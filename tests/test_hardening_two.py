@@ -346,3 +346,26 @@ def test_a_second_failure_after_the_entry_is_fetched_again_is_an_error(cached_da
     with pytest.raises(ShardstreamError, match=r"CRC-32|checksum") as info:
         stream(url, storage_options=options, cache_dir=str(cache))
     assert info.value.url == f"{url}/shard-000000.tar"
+
+
+# -- item 7: types that change between shards -------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_parquet_shards_that_disagree_on_a_columns_type_are_refused(tmp_path, capsys, workers):
+    rows = [{"__key__": f"s{i:03d}", "txt": f"row {i}", "cls": i if i < 10 else str(i)} for i in range(20)]
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    args = ["pack", str(tmp_path / "c.jsonl"), str(tmp_path / "ds"), "--format", "parquet"]
+    assert main([*args, "--samples-per-shard", "10", "--workers", str(workers), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "column 'cls' is int64 in shard-000000.parquet (from sample 's000')" in err, err
+    assert "but string in shard-000001.parquet (from sample 's010')" in err, err
+    assert "one dataset has one schema" in err
+    assert not (tmp_path / "ds" / ".shardstream" / "manifest.json").exists()
+
+
+def test_a_column_empty_in_one_shard_takes_the_others_type(tmp_path):
+    rows = [{"__key__": f"s{i:03d}", "cls": None if i < 10 else i} for i in range(20)]
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    manifest = pack(tmp_path / "c.jsonl", tmp_path / "ds", format="parquet", samples_per_shard=10)
+    assert manifest.schema["cls"] == "int64"

@@ -193,6 +193,8 @@ class ParquetEncoder(ShardEncoder):
         self._schema: pa.Schema | None = None
         self._checks: dict[str, Callable[[Any], bool]] = {}
         self._kinds: dict[str, str] = {}  # column -> kind, while the schema is not inferred yet
+        # column -> key of the first sample with a value there: where its type came from
+        self.schema_origins: dict[str, str] = {}
         self._extensions: dict[str, str] = {}  # column -> extension, of fields given as bytes
         self._converters: dict[str, Callable[[Any], Any] | None] = {}  # NOTE [ Typed columns ]
         self._rows: list[Sample] = []
@@ -287,6 +289,8 @@ class ParquetEncoder(ShardEncoder):
                     shard=self._name,
                 )
             merged[field] = both
+            if value is not None:
+                self.schema_origins.setdefault(field, key)
         self._kinds.update(merged)
 
     def _infer_schema(self, rows: list[Sample]) -> pa.Schema:
