@@ -41,6 +41,11 @@ def ends_of(sizes: list[int]) -> np.ndarray:
 
 
 def layout_of(packing: Packing, ends: np.ndarray, block: int | None):
+    """The layout, best_fit's in blocks of ``block`` sequences, concat's from an offset of
+    ``block`` tokens (up to what it drops)."""
+    if packing.mode == "concat" and block is not None:
+        dropped = sequence_layout(packing, ends).dropped
+        return sequence_layout(packing, ends, offset=block % (dropped + 1))
     fit = None
     if packing.mode == "best_fit" and block is not None:
         fit = best_fit(ends, packing.seq_len, block_tokens=block * packing.seq_len)
@@ -94,14 +99,23 @@ def test_ends_that_go_backwards_are_refused():
 
 
 @PROPERTY
-@given(lengths, seq_lens)
-def test_concat_covers_every_token_once_up_to_the_counted_tail(sizes, size):
+@given(lengths, seq_lens, st.integers(0, 20))
+def test_concat_covers_every_token_once_up_to_the_counted_tail(sizes, size, offset):
     ends = ends_of(sizes)
-    layout = sequence_layout(Packing(size, "concat"), ends)
     total = int(ends[-1]) if sizes else 0
+    offset = min(offset, total % size)
+    layout = sequence_layout(Packing(size, "concat"), ends, offset=offset)
     assert layout.count == total // size
     assert layout.dropped == total - layout.count * size
-    assert covered(layout) == list(range(layout.count * size))
+    assert covered(layout) == list(range(offset, offset + layout.count * size))
+
+
+def test_an_offset_past_what_concat_drops_or_for_another_packing_is_refused():
+    ends = np.array([5, 10])
+    with pytest.raises(PlanError, match=r"offset 3 is outside \[0, 2\]"):
+        sequence_layout(Packing(4), ends, offset=3)
+    with pytest.raises(UsageError, match="applies to packing='concat' only"):
+        sequence_layout(Packing(4, "pad"), ends, offset=1)
 
 
 @PROPERTY

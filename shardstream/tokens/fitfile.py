@@ -133,8 +133,8 @@ class BestFit:
 def _check_bins(fit: BestFit, name: str | None) -> None:
     """Refuse bins that are not a partition of the pieces (a sidecar written by a bug)."""
     first, order = fit.first, fit.order
-    if first[0] != 0 or first[-1] != len(order) or (np.diff(first) < 0).any():
-        raise FormatError("best-fit sidecar's sequences do not cover its pieces", shard=name)
+    if first[0] != 0 or first[-1] != len(order) or (np.diff(first) <= 0).any():
+        raise FormatError("best-fit sidecar's sequences do not cover its pieces, each some", shard=name)
     if len(order) and (order.max() >= len(order) or (np.bincount(order) != 1).any()):
         raise FormatError("best-fit sidecar's pieces are not each in one sequence", shard=name)
     if (np.diff(fit.cuts) <= 0).any() or (len(fit.cuts) and (fit.cuts[0] <= 0 or fit.cuts[-1] >= fit.tokens)):

@@ -7,7 +7,7 @@ from typing import Protocol
 
 import numpy as np
 
-from shardstream.errors import FormatError, PlanError
+from shardstream.errors import FormatError, PlanError, UsageError
 from shardstream.tokens.bestfit import best_fit
 from shardstream.tokens.fitfile import BestFit
 from shardstream.tokens.packing import Packing
@@ -26,7 +26,8 @@ __all__ = ["SequenceLayout", "SequenceRun", "count_sequences", "sequence_layout"
 # documents longer than seq_len), else -100, so a run reads at most one token past its
 # last piece. Every mode gives the same pieces for a sequence however the run around it
 # was cut, so a sequence built alone equals the one built in any run.
-# - concat: tokens [i*S, (i+1)*S) of the shard; the tail under S is dropped, and counted.
+# - concat: tokens [o + i*S, o + (i+1)*S) of the shard, o the offset (0 unless a dataset
+#   draws one per epoch, up to what is dropped); what is left over is dropped, and counted.
 # - best_fit: the bins of NOTE [ Best-fit bins ] (bestfit.py), read from a sidecar or made
 #   when the layout is; a run needs the blocks it touches.
 # - pad: the pieces of seq_len tokens of each document in order, one per sequence; with
@@ -70,15 +71,28 @@ class SequenceLayout(Protocol):
 
 
 def sequence_layout(
-    packing: Packing, ends: np.ndarray, *, fit: BestFit | None = None, shard: str | None = None
+    packing: Packing,
+    ends: np.ndarray,
+    *,
+    fit: BestFit | None = None,
+    offset: int = 0,
+    shard: str | None = None,
 ) -> SequenceLayout:
     """The sequences of a shard whose documents end at ``ends`` (int64 token offsets).
 
     ``fit`` is the shard's best-fit sidecar (``BestFit.from_bytes``) for ``best_fit``; without
-    one the bins are made here (a pure function, NOTE [ Best-fit bins ])."""
+    one the bins are made here (a pure function, NOTE [ Best-fit bins ]). ``offset`` (concat
+    only, 0 to ``dropped``) is how many of the tokens concat drops come before its first
+    sequence: a dataset may draw it per (seed, epoch, shard), so documents are cut in other
+    places every epoch and the dropped tail is another one; the count is the same."""
     ends = check_ends(ends, shard=shard)
     if packing.mode == "concat":
-        return ConcatLayout(packing, ends)
+        layout = ConcatLayout(packing, ends, int(offset))
+        if not 0 <= offset <= layout.dropped:
+            raise PlanError(f"concat offset {offset} is outside [0, {layout.dropped}]", shard=shard)
+        return layout
+    if offset:
+        raise UsageError(f"an offset applies to packing='concat' only, not {packing.mode!r}")
     if packing.mode == "pad":
         doc, lo, hi = split_documents(ends, packing.seq_len)
         if packing.long_docs == "truncate":
@@ -143,10 +157,12 @@ def _run(packing: Packing, ends: np.ndarray, start: int, stop: int, pieces: Sequ
 
 @dataclass(frozen=True, slots=True, eq=False)
 class ConcatLayout:
-    """concat: sequence ``i`` is tokens ``[i*S, (i+1)*S)``, its pieces found when asked."""
+    """concat: sequence ``i`` is tokens ``[offset + i*S, offset + (i+1)*S)``, its pieces found
+    when asked."""
 
     packing: Packing
     ends: np.ndarray
+    offset: int = 0
 
     @property
     def count(self) -> int:
@@ -165,14 +181,14 @@ class ConcatLayout:
         if start == stop:
             return _empty(self.packing, start)
         size, ends = self.packing.seq_len, self.ends
-        lo_tok, hi_tok = start * size, stop * size
+        lo_tok, hi_tok = self.offset + start * size, self.offset + stop * size
         inside = ends[
             np.searchsorted(ends, lo_tok, side="right") : np.searchsorted(ends, hi_tok, side="left")
         ]
         bounds = np.union1d(inside, np.arange(lo_tok + size, hi_tok + 1, size, dtype=np.int64))
         lo = np.concatenate([[lo_tok], bounds[:-1]]).astype(np.int64)
         doc = np.searchsorted(ends, lo, side="right")
-        pieces = SequencePieces(lo // size - start, doc, lo, bounds, bounds < ends[doc])
+        pieces = SequencePieces((lo - lo_tok) // size, doc, lo, bounds, bounds < ends[doc])
         return _run(self.packing, ends, start, stop, pieces)
 
 
