@@ -88,6 +88,11 @@ def test_packing_is_a_frozen_value():
         packing.seq_len = 8  # type: ignore[misc]
 
 
+def test_blocks_shorter_than_a_sequence_are_refused():
+    with pytest.raises(UsageError, match="block_tokens"):
+        best_fit(np.array([10]), 8, block_tokens=4)
+
+
 def test_ends_that_go_backwards_are_refused():
     with pytest.raises(FormatError, match="backwards at document 2"):
         sequence_layout(Packing(4), np.array([3, 5, 4]), shard="s.tokens")
