@@ -5,6 +5,8 @@ against the baseline it names.
     python tools/bench_tokens.py --only bestfit       # best-fit bins against a Python best-fit
     python tools/bench_tokens.py --only build         # building packed sequences against numpy chunking
     python tools/bench_tokens.py --only bestfit --tokens 10000000   # a quick run
+    python tools/bench_tokens.py --only start        # plan start at 15T tokens against Megatron-like indexes
+    python tools/bench_tokens.py --only deliver      # packed sequences from disk against a bare memmap reader
 
 Sections register themselves in SECTIONS (name -> function taking the parsed arguments);
 each adds its own options in its ``_options_*`` function.
@@ -56,6 +58,12 @@ def _options_tokenize(parser: argparse.ArgumentParser) -> None:
         "--workers", type=int, action="append", help="pack --workers counts to time (default: 1 and 2)"
     )
     group.add_argument("--repeat", type=int, default=2, help="runs of each, the best kept (default: 2)")
+    group.add_argument(
+        "--encoder-threads",
+        type=int,
+        help="RAYON_NUM_THREADS for the encoder alone and every pack process (default: the encoder's own, "
+        "and cores/workers in a pack's workers); 1 shows how packs scale with --workers alone",
+    )
 
 
 OPTIONS.append(_options_tokenize)
@@ -115,7 +123,16 @@ print(time.perf_counter() - start, tokens)
 """
 
 
-def _time_encoder(source: Path, tokenizer: Path) -> tuple[float, int]:
+def _child_env(threads: int | None) -> dict[str, str]:
+    import os
+
+    env = dict(os.environ)
+    if threads is not None:
+        env["RAYON_NUM_THREADS"] = str(threads)
+    return env
+
+
+def _time_encoder(source: Path, tokenizer: Path, threads: int | None = None) -> tuple[float, int]:
     """Seconds of the batch encoder alone over the texts of ``source``, in batches as pack
     makes them, in a fresh process as the pack runs; and the tokens it made."""
     import subprocess
@@ -124,7 +141,12 @@ def _time_encoder(source: Path, tokenizer: Path) -> tuple[float, int]:
 
     argv = [str(source), str(tokenizer), str(_BATCH)]
     done = subprocess.run(
-        [sys.executable, "-c", _ENCODER_CHILD, *argv], check=True, cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-c", _ENCODER_CHILD, *argv],
+        check=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=_child_env(threads),
     )
     seconds, tokens = done.stdout.split()[-2:]
     return float(seconds), int(tokens)
@@ -140,7 +162,9 @@ print(time.perf_counter() - start)
 """
 
 
-def _time_pack(source: Path, tokenizer: Path, dest: Path, workers: int, per_shard: int) -> float:
+def _time_pack(
+    source: Path, tokenizer: Path, dest: Path, workers: int, per_shard: int, threads: int | None = None
+) -> float:
     """Seconds of one ``pack(..., tokenizer=)`` in a fresh process (its start and imports left
     out: a fixed cost, not the pack's rate)."""
     import shutil
@@ -149,7 +173,12 @@ def _time_pack(source: Path, tokenizer: Path, dest: Path, workers: int, per_shar
     shutil.rmtree(dest, ignore_errors=True)
     argv = [str(source), str(dest), str(tokenizer), str(workers), str(per_shard)]
     done = subprocess.run(
-        [sys.executable, "-c", _PACK_CHILD, *argv], check=True, cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-c", _PACK_CHILD, *argv],
+        check=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=_child_env(threads),
     )
     return float(done.stdout.split()[-1])
 
@@ -176,10 +205,10 @@ def bench_tokenize(args: argparse.Namespace) -> None:
         best = dict.fromkeys(["encoder", *counts], float("inf"))
         tokens = 0
         for _ in range(args.repeat):  # interleaved: the machine's other load falls on all alike
-            seconds, tokens = _time_encoder(source, tokenizer)
+            seconds, tokens = _time_encoder(source, tokenizer, args.encoder_threads)
             best["encoder"] = min(best["encoder"], seconds)
             for workers in counts:
-                took = _time_pack(source, tokenizer, folder / "ds", workers, per_shard)
+                took = _time_pack(source, tokenizer, folder / "ds", workers, per_shard, args.encoder_threads)
                 best[workers] = min(best[workers], took)
         base = megabytes / best["encoder"]
         print(
@@ -340,11 +369,12 @@ def bench_build(args: argparse.Namespace) -> None:
     print(f"bare numpy concat-and-chunk   {bare / 1e6:9.1f} M tokens/s per core")
     for packing in (Packing(size, "concat"), Packing(size, "best_fit"), Packing(size, "pad")):
         layout = sequence_layout(packing, ends)
-        runs = [layout.run(a, min(a + per_run, layout.count)) for a in range(0, layout.count, per_run)]
+        starts = range(0, layout.count, per_run)
 
-        def build(runs=runs) -> int:  # type: ignore[no-untyped-def]
+        def build(layout=layout, starts=starts) -> int:  # type: ignore[no-untyped-def]
             made, held = 0, []
-            for run in runs:
+            for start in starts:  # each run laid out (its pieces found) and built
+                run = layout.run(start, min(start + per_run, layout.count))
                 t0, t1 = run.tokens
                 batch = build_sequences(run, tokens[t0:t1], t0)
                 held = [*held[1 - _HELD :], batch]
@@ -360,6 +390,198 @@ def bench_build(args: argparse.Namespace) -> None:
 
 
 # -- sections bestfit, build (end) --
+
+
+# -- sections start, deliver (begin) --
+# start: the plan of a synthetic 15T-token manifest (100,000 shards, S=4096) for rank 5 of
+# 1,024 in the global order, to its first window's runs, in a fresh process (the manifest
+# read and parsed included, nothing else read), against Megatron-LM's way: document,
+# sample and shuffle indexes built over every document and sequence (its index code
+# redone in numpy here, run on a 1/SCALE slice and scaled up linearly, as its cost is).
+# deliver: packed sequences with their masks from a local token dataset in one process (a
+# DataLoader worker's work) against a bare numpy memmap concat-and-chunk reader of the
+# same shards (input_ids and labels only: the limit).
+
+
+def _options_tokens_start(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("start and deliver")
+    group.add_argument("--start-shards", type=int, default=100_000, help="shards of the synthetic manifest")
+    group.add_argument("--start-tokens", type=float, default=15e12, help="tokens of the synthetic manifest")
+    group.add_argument(
+        "--megatron-scale", type=int, default=2000, help="the Megatron-like build runs 1/N of it"
+    )
+    group.add_argument("--deliver-tokens", type=float, default=60e6, help="tokens of the delivery dataset")
+    group.add_argument("--deliver-seq-len", type=int, default=4096)
+
+
+OPTIONS.append(_options_tokens_start)
+
+_START_CHILD = """
+import json, resource, sys, time
+import numpy as np
+sys.path.insert(0, {root!r})
+from shardstream.dataset import StreamingDataset  # torch and the package imported before the clock
+rss = lambda: int(open('/proc/self/statm').read().split()[1]) * 4096
+base = rss()
+t = time.perf_counter()
+ds = StreamingDataset({url!r}, seq_len=4096, order='global', global_batch_size=1024,
+                                  num_replicas=1024, rank=5)
+plan = ds.make_plan(num_workers=8, consume=False)
+window = next(iter(plan.worker_windows(5, 3)))
+runs = window.runs
+seconds = time.perf_counter() - t
+print(json.dumps({{'seconds': seconds, 'rss': rss() - base, 'sequences': int(plan.samples_per_rank()) * 1024,
+                  'runs': len(runs)}}))
+"""
+
+
+def _synthetic_manifest(folder: Path, shards: int, tokens: float) -> None:
+    import json
+
+    import numpy as np
+
+    from shardstream.manifest import MANIFEST_NAME
+
+    per = np.random.default_rng(0).normal(tokens / shards, tokens / shards / 20, shards).astype(np.int64)
+    entries = [
+        {
+            "path": f"shard-{i:06d}.tokens",
+            "samples": int(n // 800),
+            "bytes": int(n) * 2,
+            "sha256": f"{i:064x}",
+            "index": f".shardstream/shard-{i:06d}.tokens.idx",
+            "index_bytes": 0,
+            "tokens": int(n),
+        }
+        for i, n in enumerate(per)
+    ]
+    manifest = {
+        "version": 1,
+        "format": "tokens",
+        "shards": entries,
+        "fields": ["tokens"],
+        "writer": "bench_tokens",
+        "tokens": {"dtype": "uint16", "vocab_size": 50000, "eos_id": 0, "bos_id": None, "tokenizer": None},
+        "num_shards": shards,
+        "num_samples": sum(e["samples"] for e in entries),
+        "num_bytes": sum(e["bytes"] for e in entries),
+        "num_tokens": int(per.sum()),
+    }
+    path = folder / MANIFEST_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(manifest))
+
+
+def _megatron_like(tokens: int, seq_len: int) -> tuple[float, int]:
+    """Megatron-LM's GPTDataset indexes over ``tokens`` tokens of ~800-token documents, in
+    numpy: the shuffled document index, the sample index (where each sequence starts) and
+    the shuffled sample index; (seconds, bytes of the indexes)."""
+    import time
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    start = time.perf_counter()
+    sizes = np.maximum(1, rng.lognormal(6.4, 0.9, tokens // 800)).astype(np.int32)
+    doc_idx = rng.permutation(len(sizes)).astype(np.int32)
+    ends = np.cumsum(sizes[doc_idx], dtype=np.int64)
+    samples = int(ends[-1]) // seq_len
+    cuts = np.arange(samples + 1, dtype=np.int64) * seq_len
+    where = np.searchsorted(ends, cuts, side="right")
+    offset = cuts - np.concatenate([[0], ends])[where]
+    sample_idx = np.stack([where.astype(np.int32), offset.astype(np.int32)], axis=1)
+    shuffle_idx = rng.permutation(samples).astype(np.int64)
+    seconds = time.perf_counter() - start
+    return seconds, doc_idx.nbytes + sample_idx.nbytes + shuffle_idx.nbytes + sizes.nbytes
+
+
+@section("start")
+def bench_start(args: argparse.Namespace) -> None:
+    import json
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        _synthetic_manifest(Path(folder), args.start_shards, args.start_tokens)
+        child = _START_CHILD.format(root=str(ROOT), url=folder)
+        done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True)
+    ours = json.loads(done.stdout.strip().splitlines()[-1])
+    scale = args.megatron_scale
+    seconds, nbytes = _megatron_like(int(args.start_tokens / scale), 4096)
+    theirs_s, theirs_b = seconds * scale, nbytes * scale
+    print(
+        f"{args.start_tokens / 1e12:.0f}T tokens, {args.start_shards:,} shards, S=4096: "
+        f"{ours['sequences']:,} sequences; rank 5 of 1024, worker 3 of 8, global order"
+    )
+    print(
+        f"shardstream: plan to the first window {ours['seconds']:.3f} s, memory +{ours['rss'] / 2**20:.0f} MB"
+    )
+    print(
+        f"Megatron-like indexes (1/{scale} built, scaled): {theirs_s:,.0f} s, {theirs_b / 2**30:,.1f} GiB "
+        f"-> shardstream starts {theirs_s / ours['seconds']:,.0f}x sooner with "
+        f"{theirs_b / max(ours['rss'], 1):,.0f}x less memory"
+    )
+
+
+@section("deliver")
+def bench_deliver(args: argparse.Namespace) -> None:
+    import tempfile
+    import time
+
+    import numpy as np
+
+    import shardstream
+
+    size = args.deliver_seq_len
+    with tempfile.TemporaryDirectory() as folder:
+        url = str(Path(folder) / "ds")
+        rng = np.random.default_rng(0)
+        per_shard = int(args.deliver_tokens) // 4
+        with shardstream.ShardWriter(url, format="tokens", shard_size=per_shard * 2) as writer:
+            written, number = 0, 0
+            while written < args.deliver_tokens:
+                n = int(max(1, rng.lognormal(6.4, 0.9)))
+                writer.write(
+                    {"__key__": f"{number:09d}", "tokens": rng.integers(0, 50000, n, dtype=np.uint16)}
+                )
+                written, number = written + n, number + 1
+        manifest = shardstream.StreamingDataset(url).manifest
+        paths = [str(Path(url) / info.path) for info in manifest.shards]
+
+        def bare() -> int:
+            made = 0
+            for path in paths:
+                tokens = np.memmap(path, dtype=np.uint16, mode="r")
+                for i in range(len(tokens) // size):
+                    window = tokens[i * size : (i + 1) * size + 1].astype(np.int64)
+                    sample = {"input_ids": window[:size], "labels": window[1:]}
+                    made += sample["input_ids"].size
+            return made
+
+        def ours(packing: str) -> int:
+            dataset = shardstream.StreamingDataset(url, seq_len=size, packing=packing, shuffle=True, seed=0)
+            return sum(sample["input_ids"].size for sample in dataset)
+
+        for _ in range(2):  # warm the page cache for both
+            bare()
+        rates: dict[str, list[float]] = {"bare": [], "concat": [], "best_fit": []}
+        for _ in range(3):  # paired rounds
+            for name in rates:
+                start = time.perf_counter()
+                made = bare() if name == "bare" else ours(name)
+                rates[name].append(made / (time.perf_counter() - start))
+    best = {name: max(values) for name, values in rates.items()}
+    print(f"{int(args.deliver_tokens) / 1e6:.0f}M tokens in 4 shards (local disk), S={size}, one process")
+    print(f"bare numpy memmap concat-and-chunk {best['bare'] / 1e6:8.1f} M tokens/s")
+    for name in ("concat", "best_fit"):
+        ratios = [a / b for a, b in zip(rates[name], rates["bare"], strict=True)]
+        print(
+            f"shardstream {name:<9} with masks   {best[name] / 1e6:8.1f} M tokens/s   "
+            f"{sorted(ratios)[1]:.2f}x of bare (median of paired rounds)"
+        )
+
+
+# -- sections start, deliver (end) --
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
