@@ -27,9 +27,10 @@ __all__ = ["BLOCK_TOKENS", "best_fit"]
 #   short documents are plentiful; the second is up to a whole sequence per block. So a
 #   block ends at the document end near its share (within 1/_CUT_WINDOW) that leaves its
 #   bins room for a little more than the first (estimated from the block before, and
-#   retried once with what a try found), and the room left in its emptiest bin is then
-#   filled with the tokens that follow, in order: whole documents and the head of the next
-#   one, which is cut there (a cut the sidecar records; its rest starts the next block).
+#   retried once with what a try found, the try that left less kept), and the room left
+#   in its emptiest bin is then filled with the tokens that follow, in order: whole
+#   documents and the head of the next one, which is cut there (a cut the sidecar records;
+#   its rest starts the next block).
 #   So a block wastes only what BFD leaves in its full bins, and the shard one more
 #   partly filled sequence at its end. One document per block is cut where it would not
 #   otherwise be.
