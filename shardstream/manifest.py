@@ -277,12 +277,42 @@ def _schema(value: object, url: str | None) -> dict[str, str]:
 
 def _count(value: object, key: str, url: str | None, shard: str | None = None) -> int:
     """A JSON integer in ``[0, 2**63)`` (what numpy and the plan can hold)."""
+    if type(value) is int and 0 <= value <= MAX_COUNT:  # the common case, at once
+        return value
     return check_int(
         value, f"manifest field {key!r}", maximum=MAX_COUNT, error=ManifestError, url=url, shard=shard
     )
 
 
+def _fits(value: object) -> bool:
+    return type(value) is int and 0 <= value <= MAX_COUNT
+
+
 def _shard_info(entry: object, number: int, url: str | None) -> ShardInfo:
+    """One shard's entry, checked as NOTE [ What a manifest must say ] says: a well-formed
+    entry at once (a manifest may list 100,000 of them), any other by ``_checked_shard_info``,
+    which names what is wrong."""
+    if type(entry) is dict:
+        path, sha256, index = entry.get("path"), entry.get("sha256"), entry.get("index")
+        samples, size, index_bytes = entry.get("samples"), entry.get("bytes"), entry.get("index_bytes", 0)
+        tokens = entry.get("tokens")
+        if (
+            type(path) is str
+            and type(sha256) is str
+            and type(index) is str
+            and _fits(samples)
+            and _fits(size)
+            and _fits(index_bytes)
+            and (tokens is None or _fits(tokens))
+            and _SHA256_RE.fullmatch(sha256)
+            and _inside(path)
+            and _inside(index)
+        ):
+            return ShardInfo(path, samples, size, sha256, index, index_bytes, tokens)  # type: ignore[arg-type]
+    return _checked_shard_info(entry, number, url)
+
+
+def _checked_shard_info(entry: object, number: int, url: str | None) -> ShardInfo:
     if not isinstance(entry, dict):
         raise ManifestError(f"manifest shard #{number} is not a JSON object", url=url)
     shard = _where(number, entry)
@@ -317,8 +347,9 @@ def _shard_info(entry: object, number: int, url: str | None) -> ShardInfo:
 
 
 def _inside(path: str) -> bool:
-    parts = path.split("/")
-    return bool(path) and not path.startswith("/") and ".." not in parts
+    if path and path[0] != "/" and ".." not in path:  # the common case, without a split
+        return True
+    return bool(path) and not path.startswith("/") and ".." not in path.split("/")
 
 
 def _check_totals(data: Mapping[str, Any], manifest: Manifest, url: str | None) -> None:

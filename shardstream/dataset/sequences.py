@@ -52,12 +52,17 @@ def check_token_dataset(manifest: Manifest, url: str) -> None:
 
 def sequence_counts(packing: Packing, manifest: Manifest, layouts: Any) -> np.ndarray:
     """The sequences of every shard: concat's from the manifest's token counts; the others'
-    from each shard's document ends (``layouts(shard)``, which reads its sidecar)."""
-    if packing.mode == "concat" and all(info.tokens is not None for info in manifest.shards):
-        return np.array(
-            [int(info.tokens or 0) // packing.seq_len for info in manifest.shards], dtype=np.int64
-        )
-    return np.array([layouts(shard).count for shard in range(len(manifest.shards))], dtype=np.int64)
+    from each shard's document ends (``layouts(packing)`` gives ``(layout of shard, close)``,
+    reading sidecars; made only where they are needed)."""
+    shards = manifest.shards
+    if packing.mode == "concat" and all(info.tokens is not None for info in shards):
+        tokens = np.fromiter((info.tokens or 0 for info in shards), dtype=np.int64, count=len(shards))
+        return tokens // packing.seq_len
+    layout, close = layouts(packing)
+    try:
+        return np.array([layout(shard).count for shard in range(len(shards))], dtype=np.int64)
+    finally:
+        close()
 
 
 @dataclass(frozen=True, slots=True)

@@ -309,18 +309,19 @@ class StreamingDataset(IterableDataset):
         made = ",".join(f"{key}={value}" for key, value in sequences.record().items())
         return sequences.sizes, f"{self.fingerprint};sequences:{made}"
 
+    def _layouts(self, packing: Packing) -> tuple[Any, Any]:
+        """``(layout of shard, close)``: each shard's sequences read from its sidecar, for counts
+        that the manifest does not give."""
+        reader = self._window_reader()
+        return SequenceReader(reader, packing, TokenShards.of([self.manifest])).layout, reader.close
+
     def _token_sequences(self, packing: Packing) -> TokenSequences:
         """The plan's source of a token dataset read as sequences (NOTE [ Reading sequences ]):
         their counts per shard, worked out once and carried to workers with the dataset."""
         if self._sequences is None:
             manifest = self.manifest
             check_token_dataset(manifest, self.url)
-            reader = self._window_reader()
-            try:
-                layouts = SequenceReader(reader, packing, TokenShards.of([manifest])).layout
-                counts = sequence_counts(packing, manifest, layouts)
-            finally:
-                reader.close()
+            counts = sequence_counts(packing, manifest, self._layouts)
             tokenizer = manifest.tokens.tokenizer if manifest.tokens is not None else None
             self._sequences = TokenSequences(
                 counts, packing.seq_len, packing.mode, packing.long_docs, tokenizer or ""
