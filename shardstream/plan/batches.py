@@ -126,7 +126,9 @@ class BatchPlan(PlanBase, Generic[SequenceT]):
         took, laid out from the seed alone (O(window), nothing read)."""
         batch = check_count(batch, "batch")
         if batch >= self._sequence.batches:
-            raise PlanError(f"batch {batch} is not one of the epoch's {self._sequence.batches} global batches")
+            raise PlanError(
+                f"batch {batch} is not one of the epoch's {self._sequence.batches} global batches"
+            )
         taken = np.array([batch], dtype=np.int64)
         parts = [self._window_maker(rank)(batch, batch + 1, taken) for rank in range(self.world_size)]
         found: list[tuple[int, int]] = []
