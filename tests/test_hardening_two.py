@@ -12,6 +12,7 @@ import shutil
 
 import pytest
 
+import shardstream
 from shardstream.catalog import index_dataset, verify_dataset
 from shardstream.cli import main
 from shardstream.errors import ShardstreamError, StorageError, TransientStorageError, UsageError
@@ -369,3 +370,42 @@ def test_a_column_empty_in_one_shard_takes_the_others_type(tmp_path):
     (tmp_path / "c.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     manifest = pack(tmp_path / "c.jsonl", tmp_path / "ds", format="parquet", samples_per_shard=10)
     assert manifest.schema["cls"] == "int64"
+
+
+# -- item 8: a missing field --------------------------------------------------------------
+
+
+def _missing_field_corpus(tmp_path):
+    rows = [{"__key__": f"s{i:03d}", "txt": f"row {i}"} | ({"cls": i} if i % 3 else {}) for i in range(24)]
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return rows
+
+
+@pytest.mark.parametrize("decode", [False, True])
+def test_a_missing_field_is_none_in_tar_and_parquet_alike(tmp_path, decode):
+    rows = _missing_field_corpus(tmp_path)
+    got = {}
+    for fmt in ("tar", "parquet"):
+        # 8 per shard: shard 0 of a tar has samples both with and without cls
+        pack(tmp_path / "c.jsonl", tmp_path / fmt, format=fmt, samples_per_shard=8)
+        dataset = shardstream.StreamingDataset(str(tmp_path / fmt), shuffle=False, decode=decode)
+        got[fmt] = {s["__key__"]: s for s in dataset}
+        assert sorted(got[fmt]) == [row["__key__"] for row in rows]
+        for row in rows:
+            sample = got[fmt][row["__key__"]]
+            assert "cls" in sample, (fmt, sample)
+            assert (sample["cls"] is None) == ("cls" not in row), (fmt, sample)
+        mapped = shardstream.MapDataset(str(tmp_path / fmt), decode=decode)
+        assert mapped[0]["cls"] is None
+        assert set(mapped[0]) == set(got[fmt]["s000"])
+    if decode:
+        assert got["tar"] == got["parquet"]
+
+
+def test_a_field_only_some_shards_have_is_none_in_the_others(tmp_path):
+    rows = [{"__key__": f"s{i:03d}", "txt": f"row {i}"} | ({"cls": i} if i >= 8 else {}) for i in range(16)]
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    for fmt in ("tar", "parquet"):
+        pack(tmp_path / "c.jsonl", tmp_path / fmt, format=fmt, samples_per_shard=8)
+        samples = list(shardstream.StreamingDataset(str(tmp_path / fmt), shuffle=False))
+        assert [s["cls"] for s in samples] == [None] * 8 + list(range(8, 16)), fmt

@@ -33,6 +33,7 @@ from shardstream.dataset.budget import (
     in_pieces,
 )
 from shardstream.dataset.fetch import READ_THREADS, ByteFetcher
+from shardstream.dataset.fields import with_all_fields
 from shardstream.dataset.heal import CacheHealer
 from shardstream.dataset.indexes import INDEX_CACHE_SIZE, IndexCache
 from shardstream.dataset.runs import (
@@ -198,6 +199,7 @@ class WindowReader:
         # a stream's block checks, read by read beside decoding (NOTE [ Checks beside decoding ])
         self._checker: ThreadPoolExecutor | None = None
         self._healer = CacheHealer()  # NOTE [ Healing the cache ] in heal.py
+        self.fields = manifest.fields  # every sample has them all: NOTE [ Missing fields ] in fields.py
         # reads are checked against the manifest
         self.bytes = ByteFetcher(
             storage, manifest, threads=read_concurrency, local_reads=local_reads, expected=expected
@@ -473,7 +475,9 @@ class WindowReader:
             if isinstance(bad, Future):
                 data, bad = bad.result()  # its check is done before its bytes are decoded
             mine = table[list(read.runs)]
-            part = self._decode_read(read, data, index, bad, mine[:, 1], mine[:, 2])
+            part = with_all_fields(
+                self._decode_read(read, data, index, bad, mine[:, 1], mine[:, 2]), self.fields
+            )
             # samples built while their values are in the CPU cache, unless a decoder takes columns
             parts.append(
                 cast(list[Sample | None], part.samples())

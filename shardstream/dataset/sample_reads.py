@@ -41,6 +41,7 @@ from typing import Any, cast
 import numpy as np
 
 from shardstream.dataset.decode import SampleDecoder
+from shardstream.dataset.fields import with_all_fields_one
 from shardstream.dataset.indexes import INDEX_CACHE_SIZE
 from shardstream.dataset.reader import Read, WindowReader
 from shardstream.errors import FormatError, StorageError
@@ -101,8 +102,12 @@ class SampleReads:
         self._lock = threading.Lock()  # for the two LRUs
 
     def sample(self, shard: int, position: int) -> Sample:
-        """Sample ``position`` of ``shard``, its bytes checked, decoded; a ``FormatError``
-        of its decoding names its URL, shard, offset and key."""
+        """Sample ``position`` of ``shard``, its bytes checked, decoded, with every field of
+        the dataset (NOTE [ Missing fields ] in fields.py); a ``FormatError`` of its
+        decoding names its URL, shard, offset and key."""
+        return with_all_fields_one(self._sample(shard, position), self.reader.fields)
+
+    def _sample(self, shard: int, position: int) -> Sample:
         kept = self._shards.get(shard) or self._keep(shard)
         singles = kept.singles
         if singles is None:  # a Parquet row, a tar shard of mixed fields: a run of one
