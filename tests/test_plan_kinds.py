@@ -175,9 +175,10 @@ def test_every_kind_resumes_on_another_shape_as_it_would_have_continued(kind, da
     whole = _epoch(plan)
     resumed = make_plan(source, config, state=plan.state_dict(steps), shape=_shape(config, *after))
     rest = _epoch(resumed)
-    if config.is_global:  # the same global batches, whatever the shape
+    if config.is_global:  # the same global batches, whatever the shape, each laid out alone too
         joined = [list(itertools.chain(*parts)) for parts in zip(*whole, strict=True)]
         assert [list(itertools.chain(*parts)) for parts in zip(*rest, strict=True)] == joined[steps:]
+        assert [plan.global_batch(k) for k in range(len(joined))] == joined  # type: ignore[attr-defined]
         return
     taken = {s for rank in whole for batch in rank[:steps] for s in batch}
     left = {s for rank in rest for batch in rank for s in batch}
