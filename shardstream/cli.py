@@ -67,7 +67,7 @@ def add_pack(subparsers: Any, common: argparse.ArgumentParser) -> None:
     from shardstream.formats import available_formats
 
     formats = list(available_formats())  # the registered ones, a user's format too
-    p.add_argument("--format", default="tar", choices=formats, help="shard format (default: tar)")
+    p.add_argument("--format", choices=formats, help="shard format (default: tar; tokens with --tokenizer)")
     p.add_argument(
         "--shard-size", help="largest shard, as 256MB or 64MiB (default: 256MB unless --samples-per-shard)"
     )

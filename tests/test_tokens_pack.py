@@ -20,7 +20,7 @@ import pytest
 
 from shardstream.cli import main
 from shardstream.errors import PackError, UsageError
-from shardstream.manifest import MANIFEST_NAME
+from shardstream.manifest import MANIFEST_NAME, Manifest
 from shardstream.pack import pack
 from tests.test_pack_restart import console_script, kill, snapshot, wait_for
 from tests.tokens_helpers import read_documents, texts, train_tokenizer
@@ -154,8 +154,21 @@ def test_cli_pack_with_a_tokenizer(tmp_path, tokenizer_json, reference, capsys):
     assert main(args) == 0
     _check(dest, DOCS, reference, eos=None)
     assert main(["verify", str(dest)]) == 0
-    assert main(["pack", str(source), str(tmp_path / "x"), "--tokenizer", str(tokenizer_json)]) == 2  # tar
+    tar = ["pack", str(source), str(tmp_path / "x"), "--tokenizer", str(tokenizer_json), "--format", "tar"]
+    assert main(tar) == 2
     assert "hold no token ids" in capsys.readouterr().err
+    # with a tokenizer and no --format, the shards are token shards
+    plain = [
+        "pack",
+        str(source),
+        str(tmp_path / "y"),
+        "--tokenizer",
+        str(tokenizer_json),
+        "--text-field",
+        "body",
+    ]
+    assert main([*plain, "-q", "--workers", "1"]) == 0
+    assert Manifest.from_json((tmp_path / "y" / MANIFEST_NAME).read_text()).format == "tokens"
 
 
 @pytest.mark.slow

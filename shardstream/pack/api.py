@@ -32,7 +32,7 @@ def pack(
     source: str | os.PathLike[str] | Source,
     dest: str | os.PathLike[str],
     *,
-    format: str = "tar",
+    format: str | None = None,
     shard_size: int | str | None = None,
     samples_per_shard: int | None = None,
     workers: int | None = None,
@@ -63,9 +63,9 @@ def pack(
     With ``tokenizer`` (a ``tokenizer.json``, or a name that ``tokenizers`` or
     ``transformers`` loads) each sample's ``text_field`` (default: ``text``, or a
     folder's ``.txt`` files) is tokenized into a document of token ids, an EOS appended
-    where ``append_eos`` (default: when the tokenizer has one): ``format="tokens"``
-    writes flat token arrays, ``format="parquet"`` an ``input_ids`` column (NOTE
-    [ Tokenizing in the pack's workers ]).
+    where ``append_eos`` (default: when the tokenizer has one): ``format="tokens"`` (the
+    default with a tokenizer; else ``"tar"``) writes flat token arrays,
+    ``format="parquet"`` an ``input_ids`` column (NOTE [ Tokenizing in the pack's workers ]).
 
     Workers are forked when this process runs no other thread (fsspec's aside), and
     spawned otherwise; a script that packs with spawned workers needs the usual
@@ -79,6 +79,8 @@ def pack(
     unfinished run of this same pack explains are refused, never replaced (NOTE
     [ Packs in progress ]).
     """
+    if format is None:  # tar, or the token format where there are tokens to write
+        format = "tokens" if tokenizer is not None else "tar"
     options = PackOptions.create(
         format=format,
         shard_size=shard_size,
