@@ -255,6 +255,9 @@ class TokensFormat(ShardFormat):
         name: str,
     ) -> Iterator[Sample]:
         tokens = _tokens_index(index)
+        if start == stop:
+            tokens.byte_range(start, stop)  # raises where the run is outside the shard
+            return iter(())
         flat = read_tokens(_owned(data), rng, tokens, start, stop, name=name)
         ends = tokens.ends[start:stop] - tokens.token_range(start, stop)[0]
         pieces = np.split(flat, ends[:-1]) if len(ends) else []
@@ -273,16 +276,20 @@ class TokensFormat(ShardFormat):
     ) -> SampleColumns | list[Sample]:
         tokens = _tokens_index(index)
         lo, hi = tokens.byte_ranges(starts, stops)  # checks the runs
-        check_covers_all(data, rng, (lo, hi), starts, stops, name)
+        some = stops > starts
+        if not bool(some.any()):
+            return []
+        starts, stops = starts[some], stops[some]
+        check_covers_all(data, rng, (lo[some], hi[some]), starts, stops, name)
         positions = run_positions(starts, stops)
         itemsize = tokens.dtype.itemsize
         if rng.start % itemsize:
             raise FormatError(f"byte range {rng} does not start at a token", shard=name, offset=rng.start)
         owned = memoryview(_owned(data)).cast("B")
         flat = tokens_from_bytes(owned[: len(owned) - len(owned) % itemsize], tokens.dtype)
-        bounds = np.concatenate(([0], tokens.ends))
         base = rng.start // itemsize
-        firsts, lasts = (bounds[positions] - base).tolist(), (bounds[positions + 1] - base).tolist()
+        firsts = (tokens.starts_at(positions) - base).tolist()
+        lasts = (tokens.ends[positions] - base).tolist()
         pieces = [flat[a:b] for a, b in zip(firsts, lasts, strict=True)]
         return SampleColumns(("tokens",), tokens.keys_at(positions), [pieces])
 

@@ -203,9 +203,17 @@ class TokensIndex(SampleIndex):
         if bool(outside.any()):
             i = int(np.argmax(outside))
             self.byte_range(int(starts[i]), int(stops[i]))  # raises, naming the run
-        bounds = np.concatenate(([0], self._ends)) * self._dtype.itemsize
-        lo = bounds[starts]
-        return lo, np.where(stops > starts, bounds[stops], lo)
+        size = self._dtype.itemsize
+        lo = self.starts_at(starts) * size
+        return lo, np.where(stops > starts, self.starts_at(stops) * size, lo)
+
+    def starts_at(self, positions: np.ndarray) -> np.ndarray:
+        """Where documents ``positions`` start, in tokens (``n``: the shard's end); without
+        an array of every document's start, which a run of a few documents would pay for."""
+        ends = self._ends
+        if not len(ends):
+            return np.zeros(len(positions), dtype=np.int64)
+        return np.where(positions > 0, ends[np.maximum(positions - 1, 0)], 0)
 
     def to_bytes(self, *, with_checks: bool = True) -> bytes:
         checks = self._checks if with_checks else None
@@ -252,10 +260,10 @@ class TokensIndex(SampleIndex):
             numbering=(width, base) if mode == NUMBERED else None,
         )
         if checks is not None:
-            if len(ends) and checks.size != int(ends[-1]) * index.dtype.itemsize:
+            end = index.num_tokens * index.dtype.itemsize
+            if checks.size != end:
                 raise FormatError(
-                    f"token sample index: documents end at byte {int(ends[-1]) * index.dtype.itemsize}, "
-                    f"the shard has {checks.size}",
+                    f"token sample index: documents end at byte {end}, the shard has {checks.size}",
                     shard=name,
                 )
             index._checks = checks
