@@ -10,12 +10,14 @@ import multiprocessing
 import os
 import shutil
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import shardstream
 from shardstream.catalog import index_dataset, verify_dataset
 from shardstream.cli import main
-from shardstream.errors import ShardstreamError, StorageError, TransientStorageError, UsageError
+from shardstream.errors import PackError, ShardstreamError, StorageError, TransientStorageError, UsageError
 from shardstream.pack import ShardWriter, pack
 from shardstream.storage import Expected, ReadPool, RetryPolicy, Storage
 from shardstream.storage import cached as cached_module
@@ -409,3 +411,53 @@ def test_a_field_only_some_shards_have_is_none_in_the_others(tmp_path):
         pack(tmp_path / "c.jsonl", tmp_path / fmt, format=fmt, samples_per_shard=8)
         samples = list(shardstream.StreamingDataset(str(tmp_path / fmt), shuffle=False))
         assert [s["cls"] for s in samples] == [None] * 8 + list(range(8, 16)), fmt
+
+
+# -- item 9: numbers that overflow, map columns ---------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "tar"])
+def test_a_uint64_column_above_int64_packs_from_parquet(tmp_path, fmt):
+    values = [1, 2**64 - 1, 2**63] + ([None] if fmt == "parquet" else [])  # a tar sample needs a field
+    pq.write_table(pa.table({"u": pa.array(values, pa.uint64())}), tmp_path / "u.parquet")
+    manifest = pack(tmp_path / "u.parquet", tmp_path / "ds", format=fmt)
+    got = [s["u"] for s in shardstream.StreamingDataset(str(tmp_path / "ds"), shuffle=False, decode=False)]
+    if fmt == "parquet":
+        assert manifest.schema["u"] == "uint64"
+        assert got == values
+        assert pq.read_table(tmp_path / "ds" / "shard-000000.parquet").column("u").to_pylist() == values
+    else:
+        assert got == [str(v).encode() for v in values]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "tar"])
+def test_a_map_column_packs_as_key_value_pairs(tmp_path, fmt):
+    maps = [[("a", 1), ("b", 2)], [], None, [("c", None)]]
+    column = pa.array(maps, pa.map_(pa.string(), pa.int64()))
+    nested = pa.array([{"m": m} for m in maps], pa.struct([pa.field("m", pa.map_(pa.string(), pa.int64()))]))
+    pq.write_table(pa.table({"m": column, "s": nested}), tmp_path / "m.parquet")
+    pack(tmp_path / "m.parquet", tmp_path / "ds", format=fmt)
+    got = list(shardstream.StreamingDataset(str(tmp_path / "ds"), shuffle=False))
+    pairs = [None if m is None else [{"key": k, "value": v} for k, v in m] for m in maps]
+    if fmt == "parquet":
+        assert [s["m"] for s in got] == pairs
+        assert [s["s"]["m"] for s in got] == pairs
+    else:  # JSON text (the field has no extension that decodes it)
+        assert [json.loads(s["m"]) for s in got if s["m"] is not None] == [p for p in pairs if p is not None]
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ([1, 10**30, 3], r"column 'n': sample '000000001' holds 1000000000000000000000000000000, beyond"),
+        ([-1, 2**63], r"column 'n': its values need more than 64 bits"),
+        ([1] * 1100 + [2**64], r"sample '000001100': column 'n' value 18446744073709551616 does not fit"),
+        ([[1, 2**64]], r"column 'n': its values need more than 64 bits"),
+    ],
+)
+def test_integers_beyond_64_bits_are_refused_naming_the_sample(tmp_path, values, message):
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"n": v}) + "\n" for v in values))
+    with pytest.raises(PackError, match=message) as caught:
+        pack(tmp_path / "c.jsonl", tmp_path / "ds", format="parquet")
+    assert caught.value.shard == "shard-000000.parquet"
+    assert "store such numbers as strings" in str(caught.value) or "does not fit" in str(caught.value)

@@ -33,6 +33,7 @@ from shardstream.errors import PackError, UsageError, shown
 from shardstream.formats.base import Sample, ShardEncoder
 from shardstream.formats.keys import check_key_value
 from shardstream.formats.parquet.index import KEY_COLUMN, MAGIC, ParquetIndex, parse_footer, row_group_spans
+from shardstream.formats.parquet.integers import integer_range, wide_integers
 from shardstream.formats.parquet.typed import EXTENSION_KEY, converter, extension_of, refused
 
 __all__ = [
@@ -163,7 +164,8 @@ def _checker(arrow_type: pa.DataType) -> Callable[[Any], bool]:
     if pa.types.is_boolean(arrow_type):
         return lambda v: v is None or isinstance(v, bool)
     if pa.types.is_integer(arrow_type):
-        return lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool))
+        fits = integer_range(arrow_type)
+        return lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v in fits)
     if pa.types.is_floating(arrow_type):
         return lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
     if pa.types.is_null(arrow_type):
@@ -262,8 +264,9 @@ class ParquetEncoder(ShardEncoder):
                     shard=self._name,
                 )
             if not check(value):
+                what = shown(value) if type(value) is int else f"of type {type(value).__name__}"
                 raise PackError(
-                    f"sample {key!r}: column {field!r} value of type {type(value).__name__} does not fit the "
+                    f"sample {key!r}: column {field!r} value {what} does not fit the "
                     f"shard's schema type {self._schema.field(field).type}",  # type: ignore[union-attr]
                     shard=self._name,
                 )
@@ -299,14 +302,20 @@ class ParquetEncoder(ShardEncoder):
             names.update(dict.fromkeys(row))
         fields = []
         for name in names:
+            column = [row.get(name) for row in rows]
             try:
-                values = pa.array(
-                    [row.get(name) for row in rows], type=pa.string() if name == KEY_COLUMN else None
-                )
+                try:
+                    values = pa.array(column, type=pa.string() if name == KEY_COLUMN else None)
+                except OverflowError:  # NOTE [ Integers beyond int64 ] in integers.py
+                    keys = [row[KEY_COLUMN] for row in rows]
+                    values = pa.array(column, type=wide_integers(name, column, keys))
+            except PackError as error:
+                raise PackError(error.message, shard=self._name) from None
             except (pa.ArrowException, TypeError, ValueError, OverflowError) as error:
                 raise PackError(
                     f"column {name!r} has values of mixed or unsupported types in the first rows "
-                    f"(samples {rows[0][KEY_COLUMN]!r} to {rows[-1][KEY_COLUMN]!r}): {error}",
+                    f"(samples {rows[0][KEY_COLUMN]!r} to {rows[-1][KEY_COLUMN]!r}): {error} (the items "
+                    "of a list, and a dict key's values, must be of one type in every sample)",
                     shard=self._name,
                 ) from None
             extension = self._extensions.get(name)

@@ -22,6 +22,7 @@ from shardstream.pack.sources.base import (
 )
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
 __all__ = ["ParquetSource"]
@@ -81,7 +82,10 @@ class ParquetSource(Source):
             else:
                 number += rows
         try:
+            pairs = _maps_as_pairs(pf.schema_arrow)
             for batch in pf.iter_batches(batch_size=_BATCH_ROWS, row_groups=groups, use_threads=False):
+                if pairs is not None:
+                    batch = batch.cast(pairs)
                 for sample in batch.to_pylist():
                     if stop is not None and number >= stop:
                         return
@@ -93,6 +97,43 @@ class ParquetSource(Source):
                     number += 1
         except (OSError, pa.ArrowException) as error:
             raise PackError(f"cannot read Parquet file: {error}", url=path) from None
+
+
+def _maps_as_pairs(schema: pa.Schema) -> pa.Schema | None:
+    """``schema`` with each map column (nested too) as a list of ``{"key", "value"}``
+    structs, or None where it has none. A map comes out of Arrow as a list of (key,
+    value) tuples, which no column type holds (its items mix types); the structs are how
+    Parquet itself stores a map, so no key or value is lost, whatever their types, and a
+    tar shard holds them as JSON."""
+    import pyarrow as pa
+
+    fields = [field.with_type(_pairs(field.type)) for field in schema]
+    changed = any(field.type != old.type for field, old in zip(fields, schema, strict=True))
+    return pa.schema(fields, metadata=schema.metadata) if changed else None
+
+
+def _pairs(arrow_type: pa.DataType) -> pa.DataType:
+    import pyarrow as pa
+
+    if pa.types.is_map(arrow_type):
+        entry = pa.struct(
+            [
+                pa.field("key", _pairs(arrow_type.key_type), nullable=False),
+                pa.field("value", _pairs(arrow_type.item_type)),
+            ]
+        )
+        return pa.list_(entry)
+    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type):
+        item = _pairs(arrow_type.value_type)
+        return pa.large_list(item) if pa.types.is_large_list(arrow_type) else pa.list_(item)
+    if pa.types.is_struct(arrow_type):
+        return pa.struct(
+            [
+                arrow_type.field(i).with_type(_pairs(arrow_type.field(i).type))
+                for i in range(arrow_type.num_fields)
+            ]
+        )
+    return arrow_type
 
 
 def _parquet(f: Any, path: str) -> pq.ParquetFile:
