@@ -56,6 +56,11 @@ def number(value: float, unit: str) -> str:
     return f"{value:,.2f}".rstrip("0")
 
 
+def _load(row: Mapping[str, Any]) -> str:
+    """The load average a row was measured under, where it was recorded."""
+    return f" (load average {row['load']:g} as the run ended)" if "load" in row else ""
+
+
 def chart(claim: str, meta: Mapping[str, Any], row: Mapping[str, Any], img: pathlib.Path) -> str | None:
     """A horizontal bar chart of the row's figures (else its ratios), as SVG; its file name."""
     values, unit = row["figures"], meta.get("unit", "")
@@ -96,7 +101,12 @@ def chart(claim: str, meta: Mapping[str, Any], row: Mapping[str, Any], img: path
 def section(claim: str, meta: Mapping[str, Any], row: Mapping[str, Any], img: pathlib.Path, rel: str) -> str:
     unit = meta.get("unit", "")
     lines = [f"## {meta.get('title', claim)}", "", meta.get("about", ""), ""]
-    lines += [f"- Command: `{row['command']}`", f"- Machine: {row['machine']}", f"- Date: {row['date']}", ""]
+    lines += [
+        f"- Command: `{row['command']}`",
+        f"- Machine: {row['machine']}{_load(row)}",
+        f"- Date: {row['date']}",
+        "",
+    ]
     if row["figures"]:
         lines += [f"| | {unit} |", "|---|---|"]
         lines += [f"| {name} | {number(value, unit)} |" for name, value in row["figures"].items()]

@@ -7,7 +7,7 @@ A bench tool run with ``--record`` appends one row per claim it measured::
     record("wan-large", command, {"shardstream tar": 238.5, "litdata": 86.0}, ratios={...})
 
 A row is ``claim`` (an id; its title, unit and what it measures are in the file's
-``claims``), ``machine``, ``date`` (UTC), ``command`` (what to run to measure it again),
+``claims``), ``machine``, ``date`` (UTC), ``load`` (the load average as it ended), ``command`` (what to run to measure it again),
 ``figures`` (contender -> number, in the claim's unit) and ``ratios`` (name -> x). The
 report shows the latest row of each claim; older rows stay in the file as its history.
 """
@@ -80,6 +80,7 @@ def record(
         "claim": claim,
         "machine": machine(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+        "load": round(os.getloadavg()[0], 1),  # a shared machine's load moves its figures
         "command": command,
         "figures": {name: round(float(value), 4) for name, value in figures.items()},
         "ratios": {name: round(float(value), 4) for name, value in (ratios or {}).items()},
