@@ -713,6 +713,8 @@ def main() -> int:
         "--record", action="store_true", help="append the results to docs/benchmarks.json (tools/results.py)"
     )
     args = parser.parse_args()
+    if args.record and args.quick:
+        parser.error("--record keeps a run's figures as the current ones: not those of a --quick run")
     if args.record:
         from results import command_line
 

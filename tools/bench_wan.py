@@ -363,6 +363,8 @@ def main() -> int:
     only = tuple(args.only.split(","))
     tools = tuple(filter(None, args.tools.split(",")))
     record = ""
+    if args.record and args.quick:
+        parser.error("--record keeps a run's figures as the current ones: not those of a --quick run")
     if args.record:
         from results import command_line
 
