@@ -31,7 +31,14 @@ from shardstream.formats.base import SampleColumns
 from shardstream.formats.tokens import doc_ends
 from shardstream.manifest import Manifest
 from shardstream.plan import Run, Window
-from shardstream.tokens import Packing, SequenceLayout, SequenceRun, build_sequences, sequence_layout
+from shardstream.tokens import (
+    Packing,
+    SequenceLayout,
+    SequencePieces,
+    SequenceRun,
+    build_sequences,
+    sequence_layout,
+)
 
 __all__ = ["SequenceReader", "TokenShards", "check_token_dataset", "sequence_counts"]
 
@@ -112,7 +119,7 @@ class SequenceReader:
         self._layouts.move_to_end(shard)
         return found
 
-    def stream(self, windows: Iterator[Window]) -> Iterator[tuple[Window, list[dict[str, Any]], bool]]:
+    def stream(self, windows: Iterator[Window]) -> Iterator[tuple[Window, WindowSequences, bool]]:
         """``(window, sequences, False)`` for each window of sequences, in yield order."""
         pending: collections.deque[tuple[Window, list[tuple[SequenceRun, int]], list[Run]]] = (
             collections.deque()
@@ -132,38 +139,129 @@ class SequenceReader:
                     "a document of a token shard could not be read: its sequences cannot be built"
                 )
             listed = docs.samples() if isinstance(docs, SampleColumns) else docs
-            sequences = self._built(placed, joined, listed)
-            yield window, [sequences[i] for i in window.order.tolist()], False
+            flats = _flat_tokens(joined, listed)
+            del docs, listed
+            yield window, WindowSequences(self, window.order, placed, joined, flats), False
 
-    def _built(
-        self, placed: list[tuple[SequenceRun, int]], joined: list[Run], docs: list[Any]
-    ) -> list[dict[str, Any]]:
-        """Every sequence of ``placed`` (its runs in order, each with its joined run), as samples."""
-        flats, first = [], 0
-        for run in joined:
-            parts = [doc["tokens"] for doc in docs[first : first + len(run)]]
-            first += len(run)
-            flats.append(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
-        out: list[dict[str, Any]] = []
-        for seq_run, at in placed:
-            run = joined[at]
-            ends = doc_ends(self.reader.index(run.shard))
-            token_lo = int(ends[run.start - 1]) if run.start else 0
-            arrays = build_sequences(
-                seq_run,
-                flats[at],
-                token_lo,
-                doc_base=self.shards.doc_base[run.shard],
-                pad_id=self.shards.pads[run.shard],
-            )
-            if self.shards.streams is not None:
-                arrays[STREAM_KEY] = np.full(seq_run.count, self.shards.streams[run.shard])
-            names = list(arrays)
-            out.extend(dict(zip(names, row, strict=True)) for row in zip(*arrays.values(), strict=True))
-        return out
+    def build(self, seq_run: SequenceRun, run: Run, tokens: np.ndarray) -> list[dict[str, Any]]:
+        """The sequences of ``seq_run`` as samples, from ``tokens``: the tokens of the documents
+        of ``run`` (which holds it), end to end."""
+        ends = doc_ends(self.reader.index(run.shard))
+        token_lo = int(ends[run.start - 1]) if run.start else 0
+        arrays = build_sequences(
+            seq_run,
+            tokens,
+            token_lo,
+            doc_base=self.shards.doc_base[run.shard],
+            pad_id=self.shards.pads[run.shard],
+        )
+        if self.shards.streams is not None:
+            arrays[STREAM_KEY] = np.full(seq_run.count, self.shards.streams[run.shard])
+        names = list(arrays)
+        return [dict(zip(names, row, strict=True)) for row in zip(*arrays.values(), strict=True)]
 
     def close(self) -> None:
         self.reader.close()
+
+
+def _flat_tokens(joined: list[Run], docs: list[Any]) -> list[np.ndarray]:
+    """The tokens of each document run, end to end (the window's documents in run order)."""
+    flats, first = [], 0
+    for run in joined:
+        parts = [doc["tokens"] for doc in docs[first : first + len(run)]]
+        first += len(run)
+        flats.append(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
+    return flats
+
+
+class WindowSequences(Sequence[dict[str, Any]]):
+    """A window's sequences in yield order, made ``_BUILT_TOKENS`` tokens at a time from its tokens
+    (the arrays of a window of whole shards at once would be many times its tokens)."""
+
+    def __init__(
+        self,
+        reader: SequenceReader,
+        order: np.ndarray,
+        placed: list[tuple[SequenceRun, int]],
+        joined: list[Run],
+        flats: list[np.ndarray],
+    ) -> None:
+        self.reader, self.order, self.placed, self.joined, self.flats = reader, order, placed, joined, flats
+        counts = np.array([run.count for run, _ in placed], dtype=np.int64)
+        self.firsts = np.cumsum(counts) - counts  # where each run's sequences start in the window
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return _Built(self)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:  # type: ignore[override]  # one at a time
+        return self.made(np.array([self.order[index]], dtype=np.int64))[0]
+
+    def made(self, positions: np.ndarray) -> list[dict[str, Any]]:
+        """The sequences at ``positions`` (of the window's runs end to end), in that order: those
+        of one document run built at once (``_picked``)."""
+        numbers = np.searchsorted(self.firsts, positions, side="right") - 1
+        starts = np.array([run.start for run, _ in self.placed], dtype=np.int64)
+        sequences = starts[numbers] + positions - self.firsts[numbers]  # numbered in their shard
+        holders = np.array([self.placed[n][1] for n in numbers.tolist()], dtype=np.int64)
+        out: list[dict[str, Any]] = [{} for _ in range(len(positions))]
+        for at in np.unique(holders).tolist():
+            targets = np.flatnonzero(holders == at)
+            run = self.joined[at]
+            wanted, where = np.unique(sequences[targets], return_inverse=True)
+            built = self.reader.build(_picked(self.reader.layout(run.shard), wanted), run, self.flats[at])
+            for target, number in zip(targets.tolist(), where.tolist(), strict=True):
+                out[target] = dict(built[number])  # a repeat (padding) is a sample of its own
+        return out
+
+
+def _picked(layout: SequenceLayout, wanted: np.ndarray) -> SequenceRun:
+    """Sequences ``wanted`` (ascending, of one shard) as one run of them, in that order: the
+    pieces of the stretch that spans them, those of other sequences left out."""
+    lo, hi = int(wanted[0]), int(wanted[-1]) + 1
+    stretch = layout.run(lo, hi)
+    rank = np.full(hi - lo, -1, dtype=np.int64)
+    rank[wanted - lo] = np.arange(len(wanted), dtype=np.int64)
+    seq = rank[stretch.pieces.seq]
+    keep = seq >= 0
+    p = stretch.pieces
+    pieces = SequencePieces(seq[keep], p.doc[keep], p.lo[keep], p.hi[keep], p.more[keep])
+    if not len(pieces):
+        return SequenceRun(0, len(wanted), stretch.seq_len, (0, 0), (0, 0), pieces)
+    tokens = (int(pieces.lo.min()), int((pieces.hi + pieces.more).max()))
+    docs = (int(pieces.doc.min()), int(pieces.doc.max()) + 1)
+    return SequenceRun(0, len(wanted), stretch.seq_len, docs, tokens, pieces)
+
+
+_BUILT_TOKENS = 1 << 22  # a window's sequences are built about this many tokens at a time
+
+
+class _Built:
+    """An iterator over ``WindowSequences`` that says how many are left (``__length_hint__``,
+    which the dataset's state counts by)."""
+
+    def __init__(self, sequences: WindowSequences) -> None:
+        self.sequences, self.at, self.given = sequences, 0, 0
+        self.ready: collections.deque[dict[str, Any]] = collections.deque()
+
+    def __iter__(self) -> _Built:
+        return self
+
+    def __length_hint__(self) -> int:
+        return len(self.sequences) - self.given
+
+    def __next__(self) -> dict[str, Any]:
+        if not self.ready:
+            many = max(1, _BUILT_TOKENS // self.sequences.reader.packing.seq_len)
+            positions = self.sequences.order[self.at : self.at + many]
+            if not len(positions):
+                raise StopIteration
+            self.at += len(positions)
+            self.ready.extend(self.sequences.made(np.asarray(positions, dtype=np.int64)))
+        self.given += 1
+        return self.ready.popleft()
 
 
 def _joined(runs: list[tuple[int, SequenceRun]]) -> tuple[list[Run], list[tuple[SequenceRun, int]]]:

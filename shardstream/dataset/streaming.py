@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -499,7 +499,7 @@ class _Iteration:
         self._base = self._size = 0
         self._iterator: Any = None
 
-    def start_window(self, ordered: Sequence[Any]) -> Iterator[Any]:
+    def start_window(self, ordered: Collection[Any]) -> Iterator[Any]:
         """An iterator over ``ordered`` (the samples of a window, or their positions), which
         the window's samples are yielded in step with."""
         self._base += self._size
