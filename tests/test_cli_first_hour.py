@@ -125,3 +125,15 @@ def test_ctrl_c_says_that_rerunning_resumes(tmp_path, corpus, monkeypatch, capsy
     assert main(["pack", str(corpus), str(tmp_path / "ds")]) == 130
     err = capsys.readouterr().err
     assert "interrupted; run the same command again to resume" in err
+
+
+def test_a_json_lines_file_gives_the_bar_its_total(tmp_path, monkeypatch):
+    from shardstream.pack.sources import jsonl, open_source
+
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps({"txt": "x" * 10}) + "\n" for _ in range(1000)))
+    assert open_source(str(path)).estimate() == 1000
+    monkeypatch.setattr(jsonl, "_COUNTED", 4096)  # a file larger than what is counted
+    assert 900 <= open_source(str(path)).estimate() <= 1100
+    (tmp_path / "c.jsonl.gz").write_bytes(b"")
+    assert open_source(str(tmp_path / "c.jsonl.gz")).estimate() is None  # compressed: unknown
