@@ -8,6 +8,7 @@ import json
 import logging
 import multiprocessing
 import os
+import re
 import shutil
 
 import pyarrow as pa
@@ -461,3 +462,51 @@ def test_integers_beyond_64_bits_are_refused_naming_the_sample(tmp_path, values,
         pack(tmp_path / "c.jsonl", tmp_path / "ds", format="parquet")
     assert caught.value.shard == "shard-000000.parquet"
     assert "store such numbers as strings" in str(caught.value) or "does not fit" in str(caught.value)
+
+
+# -- item 12: messages that mislead ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_txt_that_is_not_utf8_is_named_not_the_samples_first_file(tmp_path, workers):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.cls").write_bytes(b"1")
+    (src / "a.txt").write_bytes(b"\xff\xfe bad")
+    (src / "b.cls").write_bytes(b"2")
+    (src / "b.txt").write_bytes(b"ok")
+    with pytest.raises(PackError, match=r"field 'txt' is .* not UTF-8 text") as caught:
+        pack(src, tmp_path / "ds", format="parquet", workers=workers)
+    assert caught.value.url == f"{src}/a.txt"
+
+
+@pytest.mark.parametrize("url", ["s3://", "s3:///", "memory://"])
+def test_a_url_with_no_bucket_is_refused_not_read_as_a_local_folder(tmp_path, monkeypatch, url):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError, match=r"the URL names no (bucket|folder)"):
+        list(shardstream.StreamingDataset(url))
+    with pytest.raises(UsageError, match=r"the URL names no (bucket|folder)"):
+        Storage(url)
+    assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize(("url", "says"), [("s3:", "names no bucket"), ("s3:/bucket/ds", "s3://bucket/ds?")])
+def test_a_url_that_lost_a_slash_is_refused_naming_it(tmp_path, monkeypatch, capsys, url, says):
+    monkeypatch.chdir(tmp_path)
+    assert main(["inspect", url]) == 2
+    assert says in capsys.readouterr().err
+    (tmp_path / "c.jsonl").write_text('{"txt": "a"}\n')
+    with pytest.raises(UsageError, match=re.escape(says)):
+        pack(tmp_path / "c.jsonl", url)
+    assert sorted(os.listdir(tmp_path)) == ["c.jsonl"]
+
+
+def test_reading_a_dataset_whose_metadata_folder_is_a_file_names_it(tmp_path, capsys):
+    source = corpus(tmp_path / "c.jsonl")
+    pack(source, tmp_path / "A", samples_per_shard=10)
+    shutil.rmtree(tmp_path / "A" / ".shardstream")
+    (tmp_path / "A" / ".shardstream").write_text("not a folder")
+    assert main(["inspect", str(tmp_path / "A")]) == 1
+    assert f"{tmp_path / 'A' / '.shardstream'} is a regular file, not a folder" in capsys.readouterr().err
+    with pytest.raises(StorageError, match="is a regular file, not a folder"):
+        list(shardstream.StreamingDataset(str(tmp_path / "A")))

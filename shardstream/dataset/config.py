@@ -18,6 +18,7 @@ from shardstream.diagnose import read_manifest
 from shardstream.errors import ManifestError, PlanError, UsageError
 from shardstream.manifest import Manifest
 from shardstream.plan import PlanConfig
+from shardstream.plan.config import check_seed
 from shardstream.storage import Storage
 from shardstream.tokens import Packing
 
@@ -107,13 +108,14 @@ class DatasetConfig:
         **options: Any,
     ) -> DatasetConfig:
         """The config for ``StreamingDataset(url, ...)``: snapshots the decoder registry."""
-        url = str(url).rstrip("/") or str(url)
+        stripped = str(url).rstrip("/")
+        url = str(url) if not stripped or stripped.endswith(":") else stripped  # "s3://" stays a URL
         sequences = _packing(url, seq_len, packing, long_docs)
         if sequences is not None:
             decode = False  # the sequences are arrays already
         # A user's bad value is a UsageError naming the dataset, as for every other
         # option; PlanConfig would refuse it too, but as a PlanError.
-        check_int(seed, "seed", minimum=None, url=url)
+        check_seed(seed, UsageError, url=url)
         if shuffle_window is not None:
             check_int(shuffle_window, "shuffle_window", minimum=1, url=url)
         try:

@@ -301,11 +301,12 @@ def _depth(value: Any) -> int:
 
 
 def _at_entry(error: ShardstreamError, entry: Entry, source: Source) -> PackError:
-    """``error`` as a PackError naming the entry's file (or the sample's first file) and line."""
+    """``error`` as a PackError naming the entry's file (the file of the field it names, or
+    the sample's first file) and line."""
     message = error.message if entry.key in error.message else f"sample {entry.key!r}: {error.message}"
     return PackError(
         message,
-        url=error.url or source.entry_url(entry),
+        url=error.url or source.entry_url(entry, getattr(error, "field", None)),
         shard=error.shard,
         offset=error.offset,
         line=entry.line,

@@ -366,10 +366,31 @@ class S3Backend(FsspecBackend):
         super().close()
 
 
+# Protocols whose URL, with a slash or two lost (``s3:/bucket``, or ``s3://`` once a
+# trailing slash is stripped: ``s3:``), would read as a local folder named ``s3:``.
+_REMOTE_SCHEMES = frozenset(
+    {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "hf", "http", "https", "memory"}
+)
+
+
+def _refuse_lost_slashes(url: str) -> None:
+    """Refuse a local path that is a remote URL with its slashes lost, naming it."""
+    scheme, colon, rest = url.partition(":")
+    if colon and scheme.lower() in _REMOTE_SCHEMES and not rest.startswith("//"):
+        bucket = rest.strip("/")
+        what = "names no bucket or folder" if not bucket else f"has one slash: {scheme}://{bucket}?"
+        raise UsageError(
+            f"{url!r} looks like a {scheme}:// URL that {what} (give one like {scheme}://bucket/dataset; "
+            f"a local folder named {scheme}: is ./{url})",
+            url=url,
+        )
+
+
 def backend_for(url: str, options: Mapping[str, Any]) -> tuple[Backend, str, str]:
     """The backend of ``url``, the folder's path as it spells paths, and the folder's URL."""
     protocol, path = local.split_protocol(url)
     if local.is_local_url(url):
+        _refuse_lost_slashes(url)
         root = os.path.abspath(os.path.expanduser(path))
         return LocalBackend("file", options), root, root if protocol is None else f"file://{root}"
     if protocol in _S3_PROTOCOLS:
@@ -387,6 +408,7 @@ def backend_for(url: str, options: Mapping[str, Any]) -> tuple[Backend, str, str
             raise UsageError(f"unsupported storage URL: {error}", url=url) from None
         root = str(fs_class._strip_protocol(url)).rstrip("/")
     if not root.strip("/"):
-        raise UsageError("the URL names no folder (like s3://bucket/dataset)", url=url)
+        what = "bucket" if protocol in _S3_PROTOCOLS else "folder"
+        raise UsageError(f"the URL names no {what} (give one like s3://bucket/dataset)", url=url)
     backend = S3Backend(protocol, options) if protocol in _S3_PROTOCOLS else FsspecBackend(protocol, options)
     return backend, root, url.rstrip("/")

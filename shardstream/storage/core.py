@@ -411,6 +411,8 @@ class Storage:
             except StorageError as error:
                 if is_not_found(error):
                     continue
+                if any(isinstance(e, NotADirectoryError) for e in (error.__cause__, error.__context__)):
+                    self._backend.confine(self._root, self._fspath(name))  # names the file in the way
                 raise
             return Manifest.from_json(data, url=self.full_url(name))
         raise NotADatasetError(

@@ -38,7 +38,7 @@ import pyarrow as pa
 
 from shardstream.errors import PackError, shown
 
-__all__ = ["EXTENSION_KEY", "as_bytes", "converter", "extension_of", "refused"]
+__all__ = ["EXTENSION_KEY", "FieldError", "as_bytes", "converter", "extension_of", "refused"]
 
 EXTENSION_KEY = b"shardstream.extension"
 _TEXT = frozenset({"txt", "text", "transcript", "caption", "md"})
@@ -79,13 +79,23 @@ def converter(field: str) -> Callable[[Any], Any] | None:
     return _CONVERTERS.get(extension_of(field))
 
 
-def refused(field: str, value: Any, key: str, shard: str, error: ValueError) -> PackError:
+class FieldError(PackError):
+    """A PackError about one field of a sample: ``field`` names it, so a pack can point at
+    the file it came from (a folder source's ``KEY.FIELD``)."""
+
+    def __init__(self, message: str, *, field: str | None = None, **where: Any) -> None:
+        super().__init__(message, **where)
+        self.field = field
+
+
+def refused(field: str, value: Any, key: str, shard: str, error: ValueError) -> FieldError:
     """The error for a value of ``field`` that its typed column cannot hold."""
     what = "an integer" if _CONVERTERS[extension_of(field)] is _integer else "UTF-8 text"
-    return PackError(
+    return FieldError(
         f"sample {key!r}: field {field!r} is {shown(bytes(value))}, which is not {what} ({error}); "
         f"a Parquet shard stores .{extension_of(field)} fields in a typed column, as their decoder "
         "reads them: fix the file, or give the field another extension to store it as bytes",
+        field=field,
         shard=shard,
     )
 

@@ -122,8 +122,9 @@ class Source(ABC):
             raise PackError(f"source {self.name!r} gave no sample for {entry.key!r}", url=entry.url)
         return fmt.sample_size(entry.sample)
 
-    def entry_url(self, entry: Entry) -> str:
-        """Where an error about ``entry`` points: its file (a folder source: its first file)."""
+    def entry_url(self, entry: Entry, field: str | None = None) -> str:
+        """Where an error about ``entry`` (about its ``field``, if one is named) points: its
+        file (a folder source: the field's file, else the sample's first)."""
         return entry.url
 
     def load(self, entry: Entry) -> Sample:

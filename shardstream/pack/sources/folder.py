@@ -144,8 +144,9 @@ class FolderSource(Source):
             self._sizer, self._sizer_format = sizer, fmt.name
         return sizer(entry.key, *entry.where)  # where: (fields, file sizes)
 
-    def entry_url(self, entry: Entry) -> str:
-        return f"{self._base}/{entry.key}.{entry.where[0][0]}"
+    def entry_url(self, entry: Entry, field: str | None = None) -> str:
+        fields = entry.where[0]
+        return f"{self._base}/{entry.key}.{field if field in fields else fields[0]}"
 
     def load(self, entry: Entry) -> Sample:
         key = entry.key
