@@ -20,7 +20,7 @@ from shardstream.manifest import MANIFEST_NAME, Manifest
 from shardstream.storage import Storage
 from shardstream.storage.retry import is_not_found
 
-__all__ = ["missing_bucket", "no_destination", "read_manifest", "why_not_a_dataset"]
+__all__ = ["missing_bucket", "no_destination", "nothing_there", "read_manifest", "why_not_a_dataset"]
 
 
 def read_manifest(storage: Storage) -> Manifest:
@@ -39,10 +39,7 @@ def why_not_a_dataset(storage: Storage) -> str:
     url = storage.url
     names = _top_level(storage)
     if names is None:
-        bucket = missing_bucket(storage)
-        if bucket is not None:
-            return f"the bucket {bucket!r} does not exist (or these credentials cannot see it)"
-        return "nothing is there (no such folder: is the path spelled right?)"
+        return _nothing_there(storage)
     if any(PACK_RECORD_RE.match(name) for name in names):
         return (
             "a pack into it has not finished (its record .shardstream-pack*.json is there): "
@@ -78,6 +75,18 @@ def _top_level(storage: Storage) -> list[str] | None:
     if not entries and not fs.isdir(storage.full_url("")):
         return None
     return [posixpath.basename(str(entry).rstrip("/")) for entry in entries]
+
+
+def nothing_there(storage: Storage) -> str | None:
+    """Why there is nothing at ``storage``'s URL (no such folder, no such bucket), else None."""
+    return _nothing_there(storage) if _top_level(storage) is None else None
+
+
+def _nothing_there(storage: Storage) -> str:
+    bucket = missing_bucket(storage)
+    if bucket is not None:
+        return f"the bucket {bucket!r} does not exist (or these credentials cannot see it)"
+    return "nothing is there (no such folder: is the path spelled right?)"
 
 
 def no_destination(storage: Storage, error: StorageError) -> StorageError | UsageError:

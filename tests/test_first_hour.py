@@ -191,3 +191,11 @@ def test_a_rerun_with_other_options_names_them(tmp_path):
     with pytest.raises(UsageError, match="--samples-per-shard 8 there, 10 now") as info:
         pack(source, dest, samples_per_shard=10, workers=1)
     assert "--format" not in str(info.value)
+
+
+def test_index_of_a_missing_folder_says_nothing_is_there_and_makes_no_folder(tmp_path):
+    from shardstream.catalog import index_dataset
+
+    with pytest.raises(UsageError, match="cannot index .*: nothing is there"):
+        index_dataset(str(tmp_path / "typo"))
+    assert not (tmp_path / "typo").exists()

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any, TypeVar, cast
 
+from shardstream.diagnose import nothing_there
 from shardstream.digests import checks_of
 from shardstream.errors import ShardstreamError, StorageError, UsageError
 from shardstream.formats import SampleIndex, ShardFormat, available_formats, get_format
@@ -233,6 +234,10 @@ def index_dataset(
     destination ]), and refuses a folder that an unfinished pack left.
     """
     storage = Storage(url, storage_options)
+    missing = nothing_there(storage)  # before the lease, whose claim file would make the folder
+    if missing is not None:
+        storage.close()
+        raise UsageError(f"cannot index {storage.url}: {missing}", url=storage.url)
     lease = PackLease(storage)
     try:
         lease.acquire()
