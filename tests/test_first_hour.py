@@ -196,6 +196,6 @@ def test_a_rerun_with_other_options_names_them(tmp_path):
 def test_index_of_a_missing_folder_says_nothing_is_there_and_makes_no_folder(tmp_path):
     from shardstream.catalog import index_dataset
 
-    with pytest.raises(UsageError, match="cannot index .*: nothing is there"):
+    with pytest.raises(UsageError, match=r"cannot index .*: nothing is there"):
         index_dataset(str(tmp_path / "typo"))
     assert not (tmp_path / "typo").exists()
