@@ -117,9 +117,9 @@ with open(source, encoding="utf-8") as f:
     texts = [json.loads(line)["text"] for line in f]
 tok = Tokenizer.from_file(tokenizer)
 encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 tokens = sum(len(e.ids) for i in range(0, len(texts), batch) for e in encode(texts[i : i + batch]))
-print(time.perf_counter() - start, tokens)
+print(time.perf_counter() - start, time.process_time() - cpu, tokens)
 """
 
 
@@ -132,9 +132,9 @@ def _child_env(threads: int | None) -> dict[str, str]:
     return env
 
 
-def _time_encoder(source: Path, tokenizer: Path, threads: int | None = None) -> tuple[float, int]:
-    """Seconds of the batch encoder alone over the texts of ``source``, in batches as pack
-    makes them, in a fresh process as the pack runs; and the tokens it made."""
+def _time_encoder(source: Path, tokenizer: Path, threads: int | None = None) -> tuple[float, float, int]:
+    """Wall and CPU seconds of the batch encoder alone over the texts of ``source``, in
+    batches as pack makes them, in a fresh process as the pack runs; and the tokens made."""
     import subprocess
 
     from shardstream.pack.tokenize import _BATCH
@@ -148,25 +148,28 @@ def _time_encoder(source: Path, tokenizer: Path, threads: int | None = None) -> 
         text=True,
         env=_child_env(threads),
     )
-    seconds, tokens = done.stdout.split()[-2:]
-    return float(seconds), int(tokens)
+    seconds, cpu, tokens = done.stdout.split()[-3:]
+    return float(seconds), float(cpu), int(tokens)
 
 
 _PACK_CHILD = """
-import sys, time
+import resource, sys, time
 from shardstream.pack import pack
 source, dest, tokenizer, workers, per_shard = sys.argv[1:]
-start = time.perf_counter()
+def cpu():
+    done = resource.getrusage(resource.RUSAGE_CHILDREN)  # the pack's workers, once they are gone
+    return time.process_time() + done.ru_utime + done.ru_stime
+start, used = time.perf_counter(), cpu()
 pack(source, dest, format="tokens", tokenizer=tokenizer, workers=int(workers), samples_per_shard=int(per_shard))
-print(time.perf_counter() - start)
+print(time.perf_counter() - start, cpu() - used)
 """
 
 
 def _time_pack(
     source: Path, tokenizer: Path, dest: Path, workers: int, per_shard: int, threads: int | None = None
-) -> float:
-    """Seconds of one ``pack(..., tokenizer=)`` in a fresh process (its start and imports left
-    out: a fixed cost, not the pack's rate)."""
+) -> tuple[float, float]:
+    """Wall and CPU seconds (its workers' too) of one ``pack(..., tokenizer=)`` in a fresh
+    process (its start and imports left out: a fixed cost, not the pack's rate)."""
     import shutil
     import subprocess
 
@@ -180,7 +183,8 @@ def _time_pack(
         text=True,
         env=_child_env(threads),
     )
-    return float(done.stdout.split()[-1])
+    seconds, cpu = done.stdout.split()[-2:]
+    return float(seconds), float(cpu)
 
 
 @section("tokenize")
@@ -203,13 +207,16 @@ def bench_tokenize(args: argparse.Namespace) -> None:
         counts = args.workers or [1, 2]
         per_shard = max(1, len(texts) // 16)  # 16 shards whatever the workers
         best = dict.fromkeys(["encoder", *counts], float("inf"))
+        cpus = dict.fromkeys(["encoder", *counts], float("inf"))
         tokens = 0
         for _ in range(args.repeat):  # interleaved: the machine's other load falls on all alike
-            seconds, tokens = _time_encoder(source, tokenizer, args.encoder_threads)
-            best["encoder"] = min(best["encoder"], seconds)
+            seconds, cpu, tokens = _time_encoder(source, tokenizer, args.encoder_threads)
+            best["encoder"], cpus["encoder"] = min(best["encoder"], seconds), min(cpus["encoder"], cpu)
             for workers in counts:
-                took = _time_pack(source, tokenizer, folder / "ds", workers, per_shard, args.encoder_threads)
-                best[workers] = min(best[workers], took)
+                took, cpu = _time_pack(
+                    source, tokenizer, folder / "ds", workers, per_shard, args.encoder_threads
+                )
+                best[workers], cpus[workers] = min(best[workers], took), min(cpus[workers], cpu)
         base = megabytes / best["encoder"]
         print(
             f"tokenizers batch encoder alone  {base:8.2f} MB/s  {tokens / best['encoder'] / 1e6:6.2f} M tokens/s"
@@ -225,6 +232,15 @@ def bench_tokenize(args: argparse.Namespace) -> None:
         first = min(rates)
         for workers in sorted(rates)[1:]:
             print(f"--workers {workers} against --workers {first}: {rates[workers] / rates[first]:.2f}x")
+        # CPU time is what other load on a shared machine disturbs least
+        print(f"CPU seconds per MB: encoder alone {cpus['encoder'] / megabytes:.3f}", end="")
+        for workers in counts:
+            ratio = cpus["encoder"] / cpus[workers]
+            print(
+                f", pack --workers {workers} {cpus[workers] / megabytes:.3f} ({ratio:.2f}x the text per CPU second)",
+                end="",
+            )
+        print()
 
 
 # -- section tokenize (end) --
