@@ -11,6 +11,13 @@ before the other took a step, and the run would test nothing). With
 ``--kill worker:R:N`` DataLoader worker 0 of rank R kills itself (SIGKILL) when it makes
 its N-th batch; with ``--kill rank:R:N`` rank R kills itself after N steps. The run then
 ends as a real crash does: torchrun tears the other rank down and exits non-zero.
+
+    python tests/chaos_worker.py fleet URL OUT CACHE --epochs 3 --cache-limit BYTES
+
+is one reader of the cache fleet (``test_a_cache_fleet_...`` in tests/test_chaos.py):
+it streams ``--epochs`` epochs of URL with a cache in CACHE, shared with the other
+readers, checks every sample's bytes against ``fleet_payload(key)`` and writes the keys
+of each epoch to ``OUT/epoch-E.json``; it exits 0 only if every sample was exact.
 """
 
 from __future__ import annotations
@@ -46,7 +53,44 @@ class Collate:
         return [sample["__key__"] for sample in samples]
 
 
+def fleet_payload(key: str) -> bytes:
+    """The bytes of sample ``key``'s ``bin`` field in the fleet's dataset."""
+    import hashlib
+
+    return hashlib.sha256(key.encode()).digest() * 100  # 3200 bytes
+
+
+def fleet_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("url")
+    parser.add_argument("out")
+    parser.add_argument("cache")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--cache-limit", type=int, required=True)
+    args = parser.parse_args(argv)
+    wrong = 0
+    for epoch in range(args.epochs):
+        dataset = shardstream.StreamingDataset(
+            args.url,
+            shuffle=True,
+            seed=epoch,
+            decode=False,
+            cache_dir=args.cache,
+            cache_limit=args.cache_limit,
+        )
+        keys = []
+        for sample in dataset:
+            keys.append(sample["__key__"])
+            if bytes(sample["bin"]) != fleet_payload(sample["__key__"]):
+                wrong += 1
+        dataset.storage.close()
+        (pathlib.Path(args.out) / f"epoch-{epoch}.json").write_text(json.dumps(keys))
+    return 3 if wrong else 0
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["fleet"]:
+        return fleet_main(sys.argv[2:])
     parser = argparse.ArgumentParser()
     parser.add_argument("url")
     parser.add_argument("out")

@@ -510,3 +510,12 @@ def test_reading_a_dataset_whose_metadata_folder_is_a_file_names_it(tmp_path, ca
     assert f"{tmp_path / 'A' / '.shardstream'} is a regular file, not a folder" in capsys.readouterr().err
     with pytest.raises(StorageError, match="is a regular file, not a folder"):
         list(shardstream.StreamingDataset(str(tmp_path / "A")))
+
+
+def test_a_missing_bucket_says_so_on_read_and_on_pack(s3, tmp_path):
+    _, options = s3
+    url = "s3://no-such-bucket-here/ds"
+    with pytest.raises(ShardstreamError, match="bucket 'no-such-bucket-here' does not exist"):
+        list(shardstream.StreamingDataset(url, storage_options=options))
+    with pytest.raises(ShardstreamError, match="bucket 'no-such-bucket-here' does not exist"):
+        pack(corpus(tmp_path / "c.jsonl"), url, storage_options=options)
