@@ -52,13 +52,13 @@ from shardstream.pack.options import PackOptions
 from shardstream.pack.tokenize import load_tokenizing
 from shardstream.storage import Storage
 
-__all__ = ["abort_job", "begin_job", "choose_attempts", "commit_job", "plan_commit"]
+__all__ = ["abort_job", "begin_job", "choose_attempts", "commit_job", "plan_commit", "prepare_job"]
 
 _THREADS = 16  # objects moved or deleted at once on an object store
 T = TypeVar("T")
 
 
-def begin_job(
+def prepare_job(
     url: str,
     *,
     format: str | None = None,
@@ -72,11 +72,9 @@ def begin_job(
     storage_options: Mapping[str, Any] | None = None,
     key_column: str | None = None,
 ) -> WriteJob:
-    """Claim ``url`` for a new job and refuse what ``pack`` refuses; the job for every task.
+    """A new job writing ``url``, with ``shardstream.pack``'s options, validated (no I/O).
 
-    The options are ``shardstream.pack``'s. With ``overwrite`` the manifest there is
-    deleted now (no half dataset is readable from here on) and the old dataset's files
-    at the commit.
+    ``begin_job`` claims the destination; a task may be handed the job before or after.
     """
     if format is None:
         format = "tokens" if tokenizer is not None else "tar"
@@ -93,15 +91,23 @@ def begin_job(
         else load_tokenizing(tokenizer, text_field=text_field, append_eos=append_eos),
     )
     options.limits()  # a shard size too small for any sample is refused before the claim
-    job = WriteJob(
+    return WriteJob(
         url, options, secrets.token_hex(8), lease_seconds(), dict(storage_options or {}), key_column
     )
-    with Storage(url, job.storage_options) as storage:
+
+
+def begin_job(job: WriteJob) -> None:
+    """Claim the job's destination and refuse what ``pack`` refuses (on the driver, before any task).
+
+    With ``overwrite`` the manifest there is deleted now (no half dataset is readable
+    from here on) and the old dataset's files at the commit.
+    """
+    with Storage(job.url, job.storage_options) as storage:
         lease = JobLease(storage, job.run, job.lease)
         lease.acquire()
         try:
             files = storage.list_files()
-            if not overwrite:
+            if not job.options.overwrite:
                 _refuse_existing(storage, files)
             else:
                 for name in (MANIFEST_NAME, LEGACY_MANIFEST_NAME):
@@ -109,10 +115,11 @@ def begin_job(
                         storage.delete(name)
             # the attempts of jobs whose driver died: no live job but this one may write here now
             _delete_all(storage, [f for f in files if f.startswith(ATTEMPTS + "/")])
+            if storage.local_root is not None:  # and their empty folders
+                shutil.rmtree(os.path.join(storage.local_root, ATTEMPTS), ignore_errors=True)
         except BaseException:
             lease.release()
             raise
-    return job
 
 
 def _refuse_existing(storage: Storage, files: list[str]) -> None:
