@@ -29,7 +29,7 @@ from shardstream.errors import UsageError
 from shardstream.pack.attempt import AttemptMessage, WriteJob, write_partition
 from shardstream.pack.commit import abort_job, begin_job, commit_job, prepare_job
 
-__all__ = ["ShardstreamDataSource", "register"]
+__all__ = ["SparkDatasink", "register"]
 
 _TEXT = ("format", "shard_size", "compression", "tokenizer", "text_field", "key_column")
 _KNOWN = {*_TEXT, "samples_per_shard", "append_eos", "endpoint_url", "storage_options", "path"}
@@ -37,10 +37,10 @@ _KNOWN = {*_TEXT, "samples_per_shard", "append_eos", "endpoint_url", "storage_op
 
 def register(spark: Any) -> None:
     """Make ``df.write.format("shardstream")`` write shardstream datasets in this session."""
-    spark.dataSource.register(ShardstreamDataSource)
+    spark.dataSource.register(SparkDatasink)
 
 
-class ShardstreamDataSource(DataSource):
+class SparkDatasink(DataSource):
     """The ``shardstream`` format of ``DataFrameWriter`` (write only)."""
 
     @classmethod
