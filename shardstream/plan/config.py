@@ -8,17 +8,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardstream.counts import check_int
-from shardstream.errors import PlanError
+from shardstream.errors import PlanError, ShardstreamError
 
 __all__ = [
     "DEFAULT_LANES",
     "DEFAULT_RUN",
     "MAX_WINDOW",
+    "MAX_SEED",
     "ORDERS",
     "PlanConfig",
     "Run",
     "Window",
     "check_count",
+    "check_global_batch",
+    "check_seed",
     "default_window",
     "global_window",
     "shard_sizes_array",
@@ -76,6 +79,27 @@ ORDERS = ("local", "global")
 # never of the topology, so the order is the same on every cluster.
 DEFAULT_LANES = 64
 DEFAULT_RUN = 2
+
+
+# Seeds are keys of 64 bits (plan/keys.py): a larger one, or a negative one, would be
+# another seed's order under another name, so they are refused.
+MAX_SEED = (1 << 64) - 1
+
+
+def check_global_batch(size: int, total: int) -> None:
+    """``PlanError`` for a global batch larger than the epoch's ``total`` samples: every
+    batch would hold repeats mostly (or, with drop_last, none would be whole), and laying
+    one out would take memory in proportion to the batch, whatever the dataset."""
+    if 0 < total < size:  # an empty epoch has no batch to lay out
+        raise PlanError(
+            f"global_batch_size={size} is more than the {total} samples of an epoch: "
+            "give a global batch no larger than the epoch"
+        )
+
+
+def check_seed(seed: object, error: type[ShardstreamError], **where: str) -> int:
+    """``seed`` as an int in ``[0, 2**64)``, else ``error`` (with ``where``: ``url=``)."""
+    return check_int(seed, "seed", minimum=0, maximum=MAX_SEED, error=error, **where)
 
 
 def check_count(value: object, name: str, *, minimum: int | None = 0) -> int:
@@ -143,7 +167,7 @@ class PlanConfig:
     dataset_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        check_count(self.seed, "seed", minimum=None)
+        check_seed(self.seed, PlanError)
         self._check_order()
         if self.dataset_bytes is not None:  # a Python int: a numpy one would overflow in the window's product
             object.__setattr__(self, "dataset_bytes", check_count(self.dataset_bytes, "dataset_bytes"))

@@ -100,6 +100,9 @@ ORDER_KEYS = frozenset(
     )
 )  # fmt: skip
 _RECORD_KEYS = (Key.WORLD_SIZE, Key.NUM_WORKERS, Key.BATCH_SIZE, Key.STEPS)
+# An epoch gets a pass each time it is resumed under another topology (NOTE [ Passes ]);
+# each pass is replayed when a state loads, so a state of more is refused unread.
+MAX_PASSES = 4096
 # Re-cutting a pass holds a few integers per rank x worker of it; more than this many
 # workers is not a state any real run wrote.
 _MAX_WORKERS = 1 << 22
@@ -204,6 +207,11 @@ def _check_same(state: Mapping[str, Any], key: str, expected: object, what: str)
 def _records(passes: object) -> list[PassRecord]:
     if not isinstance(passes, list) or not passes:
         raise StateError("plan state field 'passes' must be a non-empty list")
+    if len(passes) > MAX_PASSES:  # before any of them is read: a hostile state is refused at once
+        raise StateError(
+            f"plan state has {len(passes)} passes; a run resumed under a new topology at most "
+            f"{MAX_PASSES} times in one epoch writes no more"
+        )
     records = []
     for entry in passes:
         if not isinstance(entry, Mapping):
