@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 
 import pytest
 
 pytest.importorskip("pyspark")
+if shutil.which("java") is None:
+    pytest.skip("Spark needs Java (17)", allow_module_level=True)
 
 from pyspark import TaskContext
 from pyspark.sql import SparkSession
