@@ -18,6 +18,7 @@ import pytest
 import shardstream
 from shardstream.catalog import index_dataset, verify_dataset
 from shardstream.cli import main
+from shardstream.dataset.fetch import expectations
 from shardstream.errors import PackError, ShardstreamError, StorageError, TransientStorageError, UsageError
 from shardstream.pack import ShardWriter, pack
 from shardstream.storage import Expected, ReadPool, RetryPolicy, Storage
@@ -289,12 +290,14 @@ def test_readers_sharing_a_cache_with_a_tiny_limit_never_die(remote, tmp_path):
 # -- item 6: a corrupt cache entry ------------------------------------------------------
 
 
-def entry_of(url: str, options: dict, cache, shard: int = 0) -> str:
-    """The cache file of shard number ``shard`` of the dataset at ``url``."""
+def entry_of(url: str, options: dict, cache, shard: int = 0, sidecar: bool = False) -> str:
+    """The cache file of shard number ``shard`` of the dataset at ``url`` (or of its sidecar)."""
     with Storage(url, options, cache_dir=str(cache)) as storage:
-        info = storage.read_manifest().shards[shard]
-        key = cached_module.cache_key(storage, info.path)
-        return storage._cache.entry_path(key, Expected(info.bytes, info.sha256).content_key)
+        manifest = storage.read_manifest()
+        info = manifest.shards[shard]
+        path = info.index if sidecar else info.path
+        key = cached_module.cache_key(storage, path)
+        return storage._cache.entry_path(key, expectations(manifest)[path].content_key)
 
 
 def flip(path: str, offset: int) -> None:
@@ -313,6 +316,18 @@ def cached_dataset(s3, tmp_path):
     cache = tmp_path / "cache"
     assert set(stream(url, storage_options=options, cache_dir=str(cache)).values()) == {b"\x07" * 1000}
     return url, options, cache
+
+
+def test_a_corrupt_sidecar_in_the_cache_is_fetched_again_too(cached_dataset, caplog):
+    url, options, cache = cached_dataset
+    sidecar = entry_of(url, options, cache, shard=1, sidecar=True)
+    flip(sidecar, 40)
+    with caplog.at_level(logging.WARNING, logger="shardstream"):
+        got = stream(url, storage_options=options, cache_dir=str(cache))
+    assert got == {f"k{i:03d}": b"\x07" * 1000 for i in range(20)}
+    warned = [r.getMessage() for r in caplog.records if "cache" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert sidecar in warned[0]
 
 
 @pytest.mark.parametrize("harm", ["flip", "swap"])

@@ -6,8 +6,9 @@
 # copied over another; every later read of it then failed its block CRC, epoch after
 # epoch, with an error naming the object on storage (which was fine), and nothing ever
 # fetched it again. So a read from the cache that fails its check (NOTE [ Checksummed
-# reads ]) drops the entry, with a warning naming the cache file, and is read again: the
-# entry is filled anew from storage, checked against the shard's CRC-32 as any fill is.
+# reads ]), or a sidecar from the cache that fails its own checksum or its manifest
+# entry, drops the entry, with a warning naming the cache file, and is read again: the
+# entry is filled anew from storage, a shard's checked against its CRC-32 as any fill is.
 # Only what fails then is an error (on_error="skip": skipped), naming the object: the
 # copy on storage itself differs from its index. A reader drops an entry once; another
 # of its reads of the same shard that failed on the old bytes reads the new entry. The
@@ -34,9 +35,11 @@ class CacheHealer:
         self._lock = threading.Lock()
         self._dropped: set[str] = set()
 
-    def read_again(self, fetcher: ByteFetcher, path: str, rng: ByteRange, offset: int) -> bytes | memoryview:
-        """``rng`` of ``path`` read again, its cache entry dropped first (once per path)
-        after the bytes at ``offset`` failed their check."""
+    def read_again(
+        self, fetcher: ByteFetcher, path: str, rng: ByteRange | None, offset: int
+    ) -> bytes | memoryview:
+        """``rng`` of ``path`` (None: all of it) read again, its cache entry dropped first
+        (once per path) after the bytes at ``offset`` failed their check."""
         with self._lock:
             first = path not in self._dropped
             self._dropped.add(path)

@@ -48,7 +48,7 @@ from shardstream.errors import FormatError, StorageError
 from shardstream.formats import get_format
 from shardstream.formats.base import Sample, SampleColumns, SampleIndex
 from shardstream.formats.checks import BLOCK, ShardChecks
-from shardstream.manifest import Manifest
+from shardstream.manifest import Manifest, ShardInfo
 from shardstream.storage import Expected, Prefetcher, Storage
 from shardstream.storage.parts import arrived
 from shardstream.types import ByteRange
@@ -227,6 +227,22 @@ class WindowReader:
 
     def _keep_index(self, shard: int, data: bytes | memoryview) -> SampleIndex:
         info = self.manifest.shards[shard]
+        try:
+            index = self._checked_index(info, data)
+        except FormatError as error:
+            if not self.storage.cached:
+                raise
+            data = self._healer.read_again(
+                self.bytes, info.index, None, error.offset or 0
+            )  # NOTE [ Healing the cache ]
+            index = self._checked_index(info, data)
+        if index.checks is not None:  # what the shard's cache fill is checked against
+            self.bytes.know_checks(info.path, index.checks.whole_crc)
+        self._indexes.put(info, index)
+        return index
+
+    def _checked_index(self, info: ShardInfo, data: bytes | memoryview) -> SampleIndex:
+        """The sample index in ``data`` (a sidecar's bytes), checked against ``info``."""
         index = self.format.load_index(bytes(data), name=info.path)
         # Before any window lays out this shard's samples: a manifest that claims more
         # samples than the shard holds must not size anything (see Window.shards).
@@ -239,9 +255,6 @@ class WindowReader:
         other = index.checks.other_shard(info.bytes, info.sha256) if index.checks is not None else None
         if other is not None:
             raise FormatError(other, url=self.storage.full_url(info.index), shard=info.path)
-        if index.checks is not None:  # what the shard's cache fill is checked against
-            self.bytes.know_checks(info.path, index.checks.whole_crc)
-        self._indexes.put(info, index)
         return index
 
     def load_indexes(self, shards: Sequence[int]) -> dict[int, SampleIndex]:

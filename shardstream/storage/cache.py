@@ -130,17 +130,15 @@ class ShardCache:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(self.directory, victim))
 
-    def drop(self, key: str, content: str = "") -> str | None:
-        """Delete the entry of ``key`` for ``content`` (one that failed a check, say): its
-        path if there was one, else None. The next ``fetch`` downloads it again."""
+    def drop(self, key: str, content: str = "") -> str:
+        """Delete the entry of ``key`` for ``content`` (one that failed a check, say), if it
+        is there (another process may have evicted it); its path. The next ``fetch``
+        downloads it again."""
         path = self.entry_path(key, content)
         self._sizes.pop(os.path.basename(path), None)
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            return None
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path + ".lock")
+        for victim in (path, path + ".lock"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(victim)
         return path
 
     def _is_complete(self, path: str, expected: int) -> bool:

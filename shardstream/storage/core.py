@@ -389,7 +389,7 @@ class Storage:
 
     def drop_cached(self, path: str, expect: Expected | None = None) -> str | None:
         """Delete ``path``'s cache entry (for what ``expect`` says of it), one whose bytes
-        failed a check: the entry's file, or None where there was none (or no cache)."""
+        failed a check: the entry's file (None without a cache)."""
         if self._cache is None:
             return None
         content = expect.content_key if expect is not None else ""
