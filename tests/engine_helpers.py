@@ -21,14 +21,25 @@ def partition(p: int, rows: list[dict] = ROWS, count: int = PARTITIONS) -> list[
     return rows[p * len(rows) // count : (p + 1) * len(rows) // count]
 
 
-def packed_by_parts(folder: str, fmt: str, samples_per_shard: int, count: int = PARTITIONS) -> str:
-    """``ROWS`` packed in ``count`` parts, then indexed: what an engine must write, byte for byte."""
+def packed_by_parts(
+    folder: str, fmt: str, samples_per_shard: int, count: int = PARTITIONS, **options: object
+) -> str:
+    """``ROWS`` packed in ``count`` parts (``options`` as pack's), then indexed: what an engine
+    must write, byte for byte."""
     source = os.path.join(folder, "rows.jsonl")
     with open(source, "w") as f:
         f.writelines(json.dumps(row) + "\n" for row in ROWS)
     dest = os.path.join(folder, f"packed-{fmt}")
     for i in range(count):
-        pack(source, dest, format=fmt, samples_per_shard=samples_per_shard, part=f"{i}/{count}", workers=1)
+        pack(
+            source,
+            dest,
+            format=fmt,
+            samples_per_shard=samples_per_shard,
+            part=f"{i}/{count}",
+            workers=1,
+            **options,  # type: ignore[arg-type]
+        )
     index_dataset(dest)
     return dest
 

@@ -93,3 +93,15 @@ def test_the_destination_is_refused_as_pack_refuses_it(tmp_path):
     job = _job(str(dest), overwrite=True, samples_per_shard=50)  # replaces it, as pack --overwrite does
     commit_job(job, [write_partition(job, p, partition(p)) for p in range(PARTITIONS)])
     check_exactly_once(str(dest))
+
+
+def test_token_shards_equal_pack_parts_with_the_same_tokenizer(tmp_path):
+    pytest.importorskip("tokenizers")
+    from tests.tokens_helpers import train_tokenizer
+
+    tokenizer = train_tokenizer(tmp_path)
+    dest = str(tmp_path / "engine")
+    job = _job(dest, format="tokens", tokenizer=tokenizer, samples_per_shard=11)
+    commit_job(job, [write_partition(job, p, partition(p)) for p in range(PARTITIONS)])
+    packed = packed_by_parts(str(tmp_path), "tokens", 11, tokenizer=tokenizer)
+    assert files_of(dest) == files_of(packed)
