@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from shardstream.errors import PlanError, StateError
@@ -93,7 +93,9 @@ def cases(draw: st.DrawFn, kind: str) -> tuple[object, PlanConfig]:
         for i in range(draw(st.integers(1, 3)))
     ]
     mix = "random" if kind == "mixture" else draw(st.sampled_from(["stratified", "per_stream"]))
-    return Mixture(streams, mix=mix), config
+    mixture = Mixture(streams, mix=mix)
+    assume(not config.is_global or mixture.total >= GLOBAL_BATCH)  # a larger batch is refused
+    return mixture, config
 
 
 SHAPES = [(1, 1), (2, 1), (1, 2), (2, 2), (4, 1)]

@@ -173,12 +173,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardstream.plan.config import (
-    DEFAULT_LANES,
-    DEFAULT_RUN,
-    PlanConfig,
-    Run,
-)
+from shardstream.plan.config import DEFAULT_LANES, DEFAULT_RUN, PlanConfig, Run, check_global_batch
 from shardstream.plan.groups import GroupLayout
 from shardstream.plan.intervals import from_points, points
 from shardstream.plan.keys import TAG_GLOBAL, nested_permutations, random_words
@@ -234,6 +229,7 @@ class GlobalSequence:
         self.shards, self.seed, self.epoch, self.shuffle = shards, config.seed, epoch, config.shuffle
         self.size = int(config.global_batch_size or 1)
         total = shards.total
+        check_global_batch(self.size, total)
         self.batches = total // self.size if config.drop_last else -(-total // self.size)
         self.lanes = lanes_of(config)
         self.take = split_even(self.size, self.lanes)

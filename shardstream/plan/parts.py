@@ -11,7 +11,7 @@ from fractions import Fraction
 import numpy as np
 
 from shardstream.errors import PlanError
-from shardstream.plan.config import PlanConfig, Run
+from shardstream.plan.config import PlanConfig, Run, check_global_batch
 from shardstream.plan.global_order import _CACHED_BLOCKS, GlobalSequence, lanes_of
 from shardstream.plan.intervals import from_points
 from shardstream.plan.keys import TAG_COMPOSED, random_words
@@ -98,6 +98,7 @@ class ComposedSequence(abc.ABC):
     def __init__(self, mixture: Mixture, config: PlanConfig, *, epoch: int, window: int) -> None:
         self.size = int(config.global_batch_size or 1)
         total = mixture.total
+        check_global_batch(self.size, total)
         self.batches = total // self.size if config.drop_last else -(-total // self.size)
         self.lanes = lanes_of(config)
         self.per_window = max(1, window // self.size)
