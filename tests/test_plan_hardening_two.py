@@ -47,9 +47,6 @@ def test_a_global_batch_larger_than_the_epoch_is_refused_at_once(size):
     mixture = Mixture([StreamSpec("a", [60], "f"), StreamSpec("b", [40], "g")], mix="stratified")
     with pytest.raises(PlanError, match="is more than the 100 samples"):
         MixturePlan(mixture, config, epoch=0, world_size=1, batch_size=size)
-    assert (
-        time.perf_counter() - start < 60
-    )  # no allocation in proportion to the batch (not a timing test: a bound)
 
 
 def test_a_state_of_too_many_passes_is_refused_before_it_is_read():
