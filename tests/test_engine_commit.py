@@ -46,8 +46,27 @@ def test_abort_leaves_no_manifest_and_no_files(s3):
     dest = f"{url}/aborted"
     job = _job(dest, format="parquet", samples_per_shard=7, storage_options=options)
     messages = [write_partition(job, p, partition(p)) for p in range(2)]
+    client = _client(options)
+    bucket = url.removeprefix("s3://")
+    # what a task killed in the middle of a large shard leaves: an upload, no object
+    client.create_multipart_upload(
+        Bucket=bucket, Key=f"aborted/{job.folder}/00002.dead/part-00002-shard-000000.tar"
+    )
     abort_job(job, messages)
     assert files_of(url, options) == {}
+    assert not client.list_multipart_uploads(Bucket=bucket).get("Uploads")
+
+
+def _client(options):
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=options["endpoint_url"],
+        aws_access_key_id=options["key"],
+        aws_secret_access_key=options["secret"],
+        region_name="us-east-1",
+    )
 
 
 def test_a_failed_commit_aborts(tmp_path):
