@@ -5,7 +5,7 @@
 # sends one byte a second never lets a receive time out, and http.client fills a buffer
 # receive by receive, so one ``readinto`` of a MiB waited for days and a read promising
 # to fail within ``RetryPolicy.timeout`` hung. So ``call_with_retry`` runs each try in a
-# ``scope`` holding the read's deadline (its start plus ``RetryPolicy.budget``: the
+# scope (``enter``/``leave``) holding the read's deadline (its start plus ``RetryPolicy.budget``: the
 # timeout, or longer for a long range where a ``min_rate`` is set), and the S3 reader
 # reads every body ``reading`` that scope with a way to cut the body off (urllib3's
 # ``shutdown`` of its socket, which wakes a blocked receive). One watchdog thread per
@@ -26,10 +26,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-__all__ = ["BodyDeadline", "reading", "scope"]
+__all__ = ["BodyDeadline", "enter", "leave", "reading"]
 
 _clock = time.monotonic
 _IDLE_EXIT = 5.0  # seconds the watchdog waits with nothing to watch before it exits
+_PRUNE_FROM = 256  # entries in the watchdog's heap before finished ones are dropped
 
 
 class BodyDeadline(TimeoutError):
@@ -39,13 +40,14 @@ class BodyDeadline(TimeoutError):
 class _Scope:
     """One try of a read: its deadline, and the cut of the body it reads now, if any."""
 
-    __slots__ = ("cut", "deadline", "fired", "lock", "watched", "what")
+    __slots__ = ("cut", "deadline", "finished", "fired", "lock", "watched", "what")
 
-    def __init__(self, deadline: float, what: str) -> None:
+    def __init__(self, deadline: float, what: Callable[[], str]) -> None:
         self.deadline, self.what = deadline, what
         self.cut: Callable[[], object] | None = None
         self.fired = False
         self.watched = False
+        self.finished = False
         self.lock = threading.Lock()
 
     def expire(self) -> None:
@@ -57,7 +59,7 @@ class _Scope:
                 cut()
 
     def error(self) -> BodyDeadline:
-        return BodyDeadline(f"timed out: the body was still arriving at the read's deadline ({self.what})")
+        return BodyDeadline(f"timed out: the body was still arriving at the read's deadline ({self.what()})")
 
 
 class _Watchdog:
@@ -68,14 +70,26 @@ class _Watchdog:
         self._heap: list[tuple[float, int, _Scope]] = []
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
+        self._live = 0  # scopes watched and not finished
 
     def watch(self, scope: _Scope) -> None:
         with self._cond:
+            self._live += 1
+            if len(self._heap) > _PRUNE_FROM and len(self._heap) > 4 * self._live:
+                # finished tries wait in the heap for their deadlines: drop them, so many
+                # short reads a second do not keep a deadline's worth of them
+                self._heap = [entry for entry in self._heap if not entry[2].finished]
+                heapq.heapify(self._heap)
             heapq.heappush(self._heap, (scope.deadline, next(self._order), scope))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="shardstream-deadlines", daemon=True)
                 self._thread.start()
             self._cond.notify()
+
+    def finish(self, scope: _Scope) -> None:
+        with self._cond:
+            scope.finished = True
+            self._live -= 1
 
     def _run(self) -> None:
         while True:
@@ -85,7 +99,8 @@ class _Watchdog:
                     self._thread = None
                     return
             for scope in due:
-                scope.expire()
+                if not scope.finished:
+                    scope.expire()
 
     def _due(self) -> list[_Scope] | None:
         """The scopes past their deadline, waiting for the first; None after an idle spell."""
@@ -115,16 +130,22 @@ def _new_watchdog_in_child() -> None:  # the parent's thread is not in the child
 os.register_at_fork(after_in_child=_new_watchdog_in_child)
 
 
-@contextlib.contextmanager
-def scope(deadline: float | None, what: str) -> Iterator[None]:
-    """Run one try with ``deadline`` (a ``time.monotonic`` time; None: none) on the bodies
-    it reads; ``what`` says what bounded it, for the error."""
-    previous = getattr(_local, "scope", None)
+def enter(deadline: float | None, what: Callable[[], str]) -> _Scope | None:
+    """Begin one try with ``deadline`` (a ``time.monotonic`` time; None: none) on the
+    bodies it reads in this thread; ``what()`` says what bounded it, for the error. Give
+    what this returns to ``leave`` when the try ends. (Not a context manager: every
+    storage call's try pays for this, a local read's too.)"""
+    previous: _Scope | None = getattr(_local, "scope", None)
     _local.scope = None if deadline is None else _Scope(deadline, what)
-    try:
-        yield
-    finally:
-        _local.scope = previous
+    return previous
+
+
+def leave(previous: _Scope | None) -> None:
+    """End the try begun by the ``enter`` that returned ``previous``."""
+    current: _Scope | None = _local.scope
+    _local.scope = previous
+    if current is not None and current.watched:
+        _watchdog.finish(current)
 
 
 @contextlib.contextmanager

@@ -259,9 +259,9 @@ def call_with_retry(
     last: BaseException | None = None
     tries = 0
     for tries in range(1, policy.attempts + 1):
+        previous = deadline.enter(ends, lambda: _limits(policy, budget))
         try:
-            with deadline.scope(ends, _limits(policy, budget)):
-                return operation()
+            return operation()
         except Exception as error:
             if not is_transient(error):
                 raise permanent_error(error, what, url, rng) from error
@@ -272,6 +272,8 @@ def call_with_retry(
             if ends is not None and _clock() + delay > ends:
                 break  # NOTE [ Bounded waits ]
             wait(delay)
+        finally:
+            deadline.leave(previous)
     elapsed = _clock() - started
     raise TransientStorageError(
         f"{what}{_where(rng)} failed after {tries} tries in {elapsed:.1f} s: {type(last).__name__}: {last}"
