@@ -1,172 +1,19 @@
 """order="global": an epoch as a sequence of global batches that no topology changes.
 
-NOTE [ Global order ]
-The local order cuts the epoch into rank and worker slices, so what global batch k
-holds depends on how many ranks and workers read it. Here the epoch is first a
-sequence of global batches of ``G = global_batch_size`` samples that depends only on
-the shards, seed, epoch, ``G``, the read lanes ``L`` and the shuffle window; ranks and
-workers only cut it:
+The epoch is first a sequence of global batches of ``G = global_batch_size`` samples
+that depends only on the shards, seed, epoch, ``G``, the read lanes ``L`` and the
+shuffle window; ranks and workers only cut it (NOTE [ Global order ], above
+``GlobalSequence``). A resume state is the number of global batches taken (plus the
+parameters and the dataset's checksum): it resumes on any ``(R, W)`` with ``R``
+dividing ``G``, and the rest of the epoch is the same batches. Memory is
+O(shards + window): a worker's window is its batches of one window of the sequence.
 
-- Positions are the local order's (shards permuted by ``(seed, epoch)``, laid end to
-  end). There are ``B = ceil(N / G)`` global batches, every one full, the last one
-  filled by repeats (NOTE [ Padding in the last batch ]), or ``B = N // G`` with
-  ``drop_last`` (the tail of the shard order is dropped).
-- The positions are ``L`` lanes of contiguous positions (``L`` at most ``G``; one
-  lane with ``shuffle=False``, so the sequence is manifest order). Lane ``l`` gives
-  every global batch ``take[l]`` samples (``take`` splits ``G`` evenly): one chunk of
-  ``take[l]`` consecutive positions, so a lane is read front to back and every read is
-  a run of about ``G / L`` samples (locality). A group of lanes is laid chunk by chunk
-  in each shard, so that a worker reads it there in one range (NOTE [ Lane groups ]).
-- Global batch ``k`` is its lanes' chunks in lane order. Within a window of
-  ``M = shuffle_window // G`` global batches, which chunk of a lane each batch takes
-  is a nested permutation (NOTE [ Nested chunk order ] in keys.py) drawn from the
-  stream keyed by ``(seed, epoch, lane, block)`` (a block is ``BLOCK_WORDS // M``
-  windows: one keyed stream per block, not per window, so small windows cost no more
-  than big ones): batches mix ``L`` places spread over the epoch, consecutive batches
-  are not consecutive chunks, and for any power-of-two ``W`` the batches one worker
-  takes of a window take one contiguous range of each lane's chunks, so two workers
-  never read (and check) the same bytes of a lane. A keyed permutation of any kind put
-  a worker's chunks among the others' (runs of 2-4 samples, closer than a read's
-  coalescing gap and a check block): each of 2 workers read about all of the bytes.
-- Rank ``r`` of ``R`` (``R`` divides ``G``) takes entries ``[r G/R, (r+1) G/R)`` of
-  every batch: whole chunks of about ``L/R`` lanes (two of them cut), so a rank reads
-  its own lanes only. Worker ``w`` of ``W`` takes the rank's batches ``w, w + W, ...``
-  counted from where the epoch (or the resumed state) starts: torch's DataLoader takes
-  batches from its workers round-robin from worker 0, so the batches come out in
-  global order, and the DataLoader's ``batch_size`` must be ``G/R``.
-
-Why this shape: a shuffle of samples across a window of batches would mix ranks and
-workers into every run (each worker would read every W-th sample of a chunk), and a
-rank part that is not whole lanes would need reads of single samples; whole chunks
-keep both. A worker's ``Window`` is its batches of whole windows of the sequence (a
-few at first, for a fast first sample, then twice as many each time, up to
-``shuffle_window`` samples, or the local order's window where that is the default,
-and one window of the sequence where a worker's share of it is more: NOTE [ Global
-window ] in config.py): every lane's part of a window is then fetched by one
-``Window`` (the reader joins a lane's nearby chunks into one read, so a Window cut
-inside a window of the sequence would fetch those bytes again). The grouping says
-only what the reader fetches together; it changes nothing in the sequence. The price
-is that a batch holds runs of ``G / L`` consecutive samples of a shard (the local
-order's batch holds runs cut by its window's shuffle); more lanes mix more and read
-shorter runs, and ``L`` is the user's choice or ``G``'s (NOTE [ Default lanes ]), never
-R's or W's.
-
-NOTE [ Default lanes ]
-How well a global batch mixes depends on its lanes, not on the window: a batch holds
-one chunk of every lane, and the window only decides which chunk, so on shards sorted
-by label a batch holds about ``L`` places of the epoch whatever the window
-(``tools/shuffle_quality.py``: the global rows are the same for windows of 1 to 16
-shards). At 64 lanes a batch of 512 was 2.6x a perfect shuffle's distance; with runs
-of at most 2 samples (``L >= G / 2``) batches of 32, 128 and 512 are 0.95x, 1.25x and
-0.93x, and a run of 2 is already what 64 lanes gave a batch of 128. So ``read_lanes=None``
-means ``max(DEFAULT_LANES, ceil(G / DEFAULT_RUN))`` (at most ``G``): a function of
-``G`` alone, so still the same on every topology. Shorter runs cost reads: with a
-batch of 256 of ~300 B samples on moto S3, 128 lanes streamed at 0.79x of 64 lanes
-(``tools/bench_stream.py --only order``); on SeaweedFS (``--s3-server seaweedfs``),
-32, 64 and 128 lanes streamed at about 0.9-1.0x, 0.7x and 0.55-0.6x the local order
-before NOTE [ Lane groups ]; with it 128 lanes stream at 0.855-0.94x on SeaweedFS
-(paired figures in that NOTE), and at 0.69x on moto (0.59x with sequence 3, paired; moto
-copies the whole object for each ranged GET). A user who
-knows the shards are mixed already passes ``read_lanes`` for longer runs. A state records its lanes, so one saved
-under another default is refused, naming both, and resumes with that ``read_lanes``.
-
-NOTE [ Lane groups ]
-A worker reads each of its rank's lanes in every window it takes (a batch holds a chunk
-of every lane), so with a lane on its own its requests are about ``L / R`` per window
-whatever the shards are: on the bench's 10 shards of ~30 MB (``tools/bench_stream.py
---only order``, 128 lanes) worker 0 of 2 made ~200 GETs and read ~310 MB, the local
-order 48 and 166 MB. Where a shard holds several lanes, nothing requires their chunks to
-lie apart. Lanes form groups of ``group_of``'s size from every multiple of it: the
-largest power of two at most ``MAX_GROUP`` (and the lanes), where a non-empty shard
-holds 2 lanes or more on average; else 1, the layout above (there a group's segments
-would hold one or two lanes each: as many reads, and a layout of O(shards) to make).
-Laid end to end as above,
-a group's lanes span positions that the shard edges inside it cut into segments; a
-chunk belongs to the segment that holds its first sample there, and each segment lays
-its chunks chunk by chunk, lane by lane within a chunk, the segments one after another
-(``GroupLayout`` in groups.py). So a lane across a shard edge gives its chunks before
-the edge to its group's segment on that side and the rest to the one on the other; every
-chunk stays in its shard, but for a segment's last samples (fewer than a chunk) past the
-edge, and a batch's mix of shards is what it was (10 shards sorted by label, 128 lanes: a
-batch of 256 is 0.18x a perfect shuffle's label distance; groups across shards moved
-their lanes' chunks from one shard to the next over the epoch, 2.0x). The lanes of a
-group share the flips of the top ``GROUP_LEVELS`` levels of their nested order (the
-words of the group's first lane: NOTE [ Nested chunk order ]), so for up to ``2 **
-GROUP_LEVELS`` workers every lane of a group puts a worker's batches of a window in the
-same range of chunks, and the worker's part of a segment is one range of positions: one
-read per segment and window, not per lane. The deeper levels stay each lane's, so a
-batch takes its chunks of a group at different chunks of the window, but within one of
-its ``2 ** GROUP_LEVELS`` ranges rather than a lane apart: within a shard a batch is
-spread less (10 shards, 128 lanes, batch 256: 36 distinct 256-sample stretches of a
-shard per batch, 127 with lanes on their own), across shards as before. ``MAX_GROUP``
-keeps a group inside one rank's lanes where a rank holds a multiple of 8 lanes (with
-runs of 2, rank batches of 16, 32, ...); a rank holding part of a group reads its chunks
-among the other lanes' (with them, where they are closer than the coalescing gap).
-Nothing here depends on ``R`` or ``W``.
-The bench's requests, worker 0 of 2 on SeaweedFS: the first Window (one window) reads
-one range per segment, 24 reads of 0.5-3.9 MB (16 groups cut by 9 edges); the second
-(the other 1.5 windows) ~2 per segment (a worker's parts of two windows are the other
-worker's part apart) and ~14 small ones for the last batch's repeats: 84 GETs of 161 MB
-(the local order's worker 39-42 GETs of ~160 MB). Sequence 3 made a lane across an edge
-a group of its own, read in two pieces, and cut its group around it: 114 GETs, 35 in
-the first Window. It also kept a group inside about one shard (at most the lanes per
-shard): on 40 such shards (400,000 samples, 3.2 lanes a shard, the same reads planned
-with ``WindowReader.plan_fetch``) a worker's epoch was ~1015 reads with sequence 3,
-~820 with segments of groups of 2, ~465 with groups of 8 (the local order's 80): every
-window reads every shard's segments, so the reads follow the segments, not the lanes.
-On SeaweedFS (a /tmp harness, 2 workers, 2-3 epochs each) that epoch streamed at 0.72x
-of the local order with groups of 8, 0.58x with groups of 2, and at 0.98-1.12x on local
-disk (groups of 2): the rest is the server's work for ~6x the local order's requests on
-the same 2 cores. On the bench's 10 shards, paired on SeaweedFS in three runs (``tools/bench_compare.py
-3835a4d HEAD --rounds 4 -- tools/bench_stream.py --only order --s3-server seaweedfs
---repeat 3``), ~300 B samples went from 0.85x, 0.76x and 0.795x to 0.93x, 0.855x and
-0.94x of the local order, 1 MB samples 0.96-1.05x both.
-What is left: a worker reads its part of every segment of its rank in every window, and
-a Window spans up to ``R W`` windows (a worker's share of one is ``window / (R W)``), so
-its reads are about segments x windows, where the local order's are a few per window of
-its own. Planned reads of 400,000 ~300 B samples in 40 shards (rank 0, all its workers):
-R=8, W=4, G=256: 249 (local 8); R=32, W=8, G=1024: 217 (local 9). A worker's parts of
-consecutive windows are apart (the other workers' parts lie between them). Taking a
-worker's ranges of the windows of a longer stretch from one region of the lane (the top
-levels of the nested order shared by the stretch's windows, each residue class's chunks
-of all of them together) would make them one read, for one value of ``W``: not done.
-Groups of all a shard's lanes would cross rank boundaries; a lane across a shard edge in
-the group of the shard that holds its middle mixed 10 label-sorted shards at 0.31x a
-perfect shuffle's label distance. A longer window is the lever: reads fall with the
-windows an epoch has (``tools/bench_stream.py --only order --s3-server seaweedfs
---order-window 16 --repeat 3``, a window of 16 shards beside 4, one run each: 10 shards
-0.85x -> 0.98x of the local order, 40 shards 0.75x -> 0.92x, rank 0 of 8 with 4 workers
-0.60x -> 0.73x), at the price of a worker's share of a window where that is more than
-the local order's window. So the default window is 16 shards of small samples (NOTE
-[ Global window ] in config.py), and at 8x4 on 40 shards a worker still reads ~18
-ranges an epoch to the local order's 2 (0.77x of its rate on SeaweedFS, 0.98x on
-local disk).
-
-A resume state is the number of global batches taken (plus the parameters and the
-dataset's checksum): it resumes on any ``(R, W)`` with ``R`` dividing ``G``, and the
-rest of the epoch is the same batches. Memory is O(shards + window): a worker's
-window is its batches of one window of ``M`` batches.
-
-NOTE [ Padding in the last batch ]
-Without ``drop_last`` the epoch's ``N`` samples fill ``B - 1`` global batches and
-``T = N - (B - 1) G`` entries (``0 < T <= G``) of the last one; its entries ``[T, G)``
-are repeats. So every batch but the last holds real samples only, each sample once:
-lane ``l`` holds ``(B - 1) take[l]`` positions plus the real entries of its last chunk
-(the entries of ``[entry[l], entry[l + 1])`` below ``T``), the lanes laid end to end
-from ``lane_start``, and the last batch always takes each lane's last chunk (the last
-window's permutation leaves it in place). Entry ``e >= T`` of the last batch repeats
-entry ``(e - T) mod N`` of the epoch's sequence, the samples its first batches hold, as
-DistributedSampler repeats its first indices: repeats of the first positions instead
-would be a run of the first shards, a last batch of one or two labels on shards sorted
-by label. Nothing here depends on ``R`` or ``W``: a rank whose part of the last batch
-lies past ``T`` reads repeats only. An epoch with no padding (``T = G``, or
-``drop_last``) has the lanes and permutations it always had.
-
-Mixtures (issue 11) fit the same mould: let the mixture decide, per global batch
-``k`` and keyed by ``(seed, epoch, k)`` only, how many of the ``G`` entries each source
-gives, each source with its own lanes over its own shard order; lay the entries of a
-batch source by source, lane by lane, and cut ranks and workers exactly as above. The
-sequence is then a function of the sources, the weights, ``G`` and the lanes only.
+The rules sit next to their code: NOTE [ Default lanes ] (``lanes_of``), NOTE [ Lane
+groups ] (``group_of``), NOTE [ Padding in the last batch ] (``GlobalSequence``).
+Mixtures fit the same mould (plan/mixture.py, plan/composed.py): the mixture decides,
+per global batch ``k`` and keyed by ``(seed, epoch, k)`` only, how many of the ``G``
+entries each source gives, each source with its own lanes over its own shard order,
+and ranks and workers are cut exactly as here. docs/global-order.md is the guide.
 """
 
 from __future__ import annotations
@@ -195,10 +42,33 @@ __all__ = [
 BLOCK_WORDS = 8192
 _CACHED_BLOCKS = 128  # 8 MiB at most (BLOCK_WORDS int64 each)
 # The blocks of many lanes are made in one nested order of about this many words at most
-# (one call per lane cost ~0.7 ms each; all at once, their temporaries several MB).
+# (a call per lane pays a fixed cost each; all lanes at once would make large temporaries).
 _FILL_WORDS = 1 << 14
-# NOTE [ Lane groups ]: at most this many lanes share a group, and a group's lanes share
-# the top GROUP_LEVELS levels of their chunk order (one range for up to 2**GROUP_LEVELS workers).
+# NOTE [ Lane groups ]
+# A batch holds a chunk of every lane, so a worker with each lane on its own makes about
+# L / R requests per window whatever the shards are: many more, smaller reads than the
+# local order. Where a shard holds several lanes, their chunks need not lie apart. Lanes
+# form groups of group_of's size from every multiple of it: the largest power of two at
+# most MAX_GROUP (and the lanes) where a non-empty shard holds 2 lanes or more on average;
+# else 1 (there a group's segments would hold one or two lanes each: as many reads, and a
+# layout of O(shards) to make). The shard edges inside a group's span of positions cut it
+# into segments; a chunk belongs to the segment that holds its first sample, and each
+# segment lays its chunks chunk by chunk, lane by lane within a chunk (GroupLayout in
+# groups.py). So every chunk stays in its shard (but for a segment's last few samples past
+# the edge) and a batch's mix of shards is what it was; groups that moved chunks from one
+# shard to the next, or a whole shard's lanes in one group, mixed batches far worse (and
+# the latter would cross rank boundaries).
+# A group's lanes share the top GROUP_LEVELS levels of their nested order (the words of
+# the group's first lane: NOTE [ Nested chunk order ]), so for up to 2 ** GROUP_LEVELS
+# workers a worker's part of a segment in a window is one range: one read per segment and
+# window, not per lane. The deeper levels stay each lane's, so a batch is spread a little
+# less within a shard and as before across shards. MAX_GROUP keeps a group inside one
+# rank's lanes where a rank holds a multiple of 8 lanes; a rank holding part of a group
+# reads its chunks among the other lanes'. Nothing here depends on R or W.
+# What is left: a worker still reads its part of every segment in every window, so fewer,
+# longer windows are the lever (the default window of NOTE [ Global window ] in config.py).
+# tools/bench_stream.py --only order --s3-server seaweedfs measures the reads' cost against
+# the local order; docs/benchmarks.md records it (claims global-order, global-order-8x4).
 MAX_GROUP = 8
 GROUP_LEVELS = 3
 
@@ -211,6 +81,18 @@ def group_of(lanes: int, shards: int) -> int:
     return 1 << (min(MAX_GROUP, lanes).bit_length() - 1)
 
 
+# NOTE [ Default lanes ]
+# How well a global batch mixes depends on its lanes, not on the window: a batch holds one
+# chunk of every lane and the window only decides which, so on shards sorted by label a
+# batch holds about L places of the epoch whatever the window (tools/shuffle_quality.py).
+# With a fixed number of lanes a big batch falls far behind a perfect shuffle; with runs of
+# at most DEFAULT_RUN samples batches of every size come close to it. So read_lanes=None
+# means max(DEFAULT_LANES, ceil(G / DEFAULT_RUN)), at most G: a function of G alone, so the
+# same on every topology. Shorter runs cost reads, most on servers that work per request
+# (NOTE [ Lane groups ] wins most of it back; tools/bench_stream.py --only order measures
+# it, docs/benchmarks.md records it). A user who knows the shards are mixed already passes
+# read_lanes for longer runs. A state records its lanes, so one saved under another default
+# is refused, naming both, and resumes with that read_lanes.
 def lanes_of(config: PlanConfig) -> int:
     """The read lanes of a global order: never more than the global batch size, and by
     default enough that a lane gives a batch at most ``DEFAULT_RUN`` samples (NOTE
@@ -222,6 +104,58 @@ def lanes_of(config: PlanConfig) -> int:
     return max(1, min(int(config.read_lanes or default), size))
 
 
+# NOTE [ Global order ]
+# The local order cuts the epoch into rank and worker slices, so what global batch k holds
+# depends on the topology. Here the epoch is first a sequence of global batches; ranks and
+# workers only cut it.
+# - Positions are the local order's (shards permuted by (seed, epoch), laid end to end).
+#   There are B = ceil(N / G) batches, every one full, the last filled by repeats (NOTE
+#   [ Padding in the last batch ]), or B = N // G with drop_last (the tail is dropped).
+# - The positions are L lanes of contiguous positions (L at most G; one lane with
+#   shuffle=False, so the sequence is manifest order). Lane l gives every batch one chunk of
+#   take[l] consecutive positions (take splits G evenly), so a lane is read front to back
+#   in runs of about G / L samples. Batch k is its lanes' chunks in lane order.
+# - Within a window of M = shuffle_window // G batches, which chunk of a lane each batch
+#   takes is a nested permutation (NOTE [ Nested chunk order ] in keys.py) keyed by
+#   (seed, epoch, lane, block), a block being BLOCK_WORDS // M windows, so small windows cost
+#   no more keyed streams than big ones. Batches mix L places spread over the epoch, and for
+#   any power-of-two W the batches one worker takes of a window take one contiguous range of
+#   each lane's chunks, so two workers never read (and check) the same bytes of a lane; a
+#   plain keyed permutation interleaves their chunks closer than a read's coalescing gap and
+#   a check block, and each worker reads about all of the bytes.
+# - Rank r of R (R divides G) takes entries [r G/R, (r+1) G/R) of every batch: whole chunks
+#   of its own lanes (two of them cut). Worker w of W takes the rank's batches w, w + W, ...
+#   from where the epoch (or the resumed state) starts: torch's DataLoader takes batches
+#   from its workers round-robin from worker 0, so they come out in global order, and the
+#   DataLoader's batch_size must be G/R.
+
+
+# NOTE [ Whole chunks per worker ]
+# A shuffle of samples across a window of batches would put every rank and worker in every
+# run (each worker reading every W-th sample of a chunk), and a rank part that is not whole
+# lanes would need reads of single samples; whole chunks avoid both. A worker's Window is
+# its batches of whole windows of the sequence (a few at first, for a fast first sample, then
+# twice as many each time: NOTE [ Global window ] in config.py), so every lane's part of a
+# window is fetched by one Window: the reader joins a lane's nearby chunks into one read, and
+# a Window cut inside a window would fetch those bytes again. The grouping says only what
+# the reader fetches together; it changes nothing in the sequence. The price is that a batch
+# holds runs of G / L consecutive samples of a shard; more lanes mix more and read shorter
+# runs, and L is the user's choice or G's (NOTE [ Default lanes ]), never R's or W's.
+
+
+# NOTE [ Padding in the last batch ]
+# Without drop_last the epoch's N samples fill B - 1 global batches and T = N - (B - 1) G
+# entries (0 < T <= G) of the last one; its entries [T, G) are repeats. So every batch but
+# the last holds real samples only, each sample once: lane l holds (B - 1) take[l]
+# positions plus the real entries of its last chunk (the entries of [entry[l], entry[l + 1])
+# below T), the lanes laid end to end from lane_start, and the last batch always takes each
+# lane's last chunk (the last window's permutation leaves it in place). Entry e >= T of the
+# last batch repeats entry (e - T) mod N of the epoch's sequence, the samples its first
+# batches hold, as DistributedSampler repeats its first indices: repeats of the first
+# positions instead would be a run of the first shards, a last batch of one or two labels
+# on shards sorted by label. Nothing here depends on R or W: a rank whose part of the last
+# batch lies past T reads repeats only. An epoch with no padding (T = G, or drop_last) has
+# the lanes and permutations it always had.
 class GlobalSequence:
     """The global batches of one epoch (NOTE [ Global order ]); O(shards + lanes)."""
 
