@@ -46,28 +46,23 @@ MAX_WINDOW = 1 << 40
 # epoch has; the local order's do not. Its default window is therefore longer where the
 # samples are small: GLOBAL_WINDOW_SHARDS mean-sized shards where the dataset's mean
 # sample (as stored) is under GLOBAL_SMALL_SAMPLE, no more samples than
-# GLOBAL_WINDOW_BYTES hold at that size, never fewer than the local default's
-# DEFAULT_WINDOW_SHARDS. Bigger samples keep DEFAULT_WINDOW_SHARDS: their reads are long
-# already (1 MB samples streamed at 0.94-1.08x of the local order either way), and a
-# window of 16 of their shards made a short epoch one window that a worker fetched whole
-# before its first sample (250 x 1 MB behind the WAN proxy: 0.55x, against 0.92x).
+# GLOBAL_WINDOW_BYTES hold at that size, never fewer than DEFAULT_WINDOW_SHARDS. Bigger
+# samples keep DEFAULT_WINDOW_SHARDS: their reads are long already, so a longer window
+# gains nothing, and it would make a short epoch one window that a worker fetches whole
+# before its first sample.
 # - The bytes are ``PlanConfig.dataset_bytes``, the manifest's total (the same integer on
 #   every rank, so the window is too); StreamingDataset and MapDataset.sampler pass it. A
 #   plan that is not told them (a ``ShardSampler`` without ``dataset_bytes``, a mixture)
 #   keeps DEFAULT_WINDOW_SHARDS. Mixing does not change with the window (NOTE [ Default
-#   lanes ]: a batch's mix is set by its lanes), and ``tools/shuffle_quality.py``'s global
-#   rows are alike for windows of 1 to 16 shards.
+#   lanes ]: a batch's mix is set by its lanes).
 # - A worker holds what the local order's does where it can (``PlanConfig.hold_for``):
 #   its Windows take whole windows of the sequence (NOTE [ Global order ]), as many as fit
 #   in the local default, at least one. So a worker whose share of one window is more
-#   (ranks x workers under the window over the local default's, at most
-#   GLOBAL_WINDOW_SHARDS / DEFAULT_WINDOW_SHARDS) holds that share, at most
-#   GLOBAL_WINDOW_BYTES, and the next one fetched beside it (NOTE [ Read budget ]), and
-#   its first sample waits for it.
+#   holds that share, at most GLOBAL_WINDOW_BYTES, and the next one fetched beside it
+#   (NOTE [ Read budget ]), and its first sample waits for it.
 # - A state records its window: one saved under the earlier default (4 shards) is refused,
 #   naming that window, and resumes with ``shuffle_window`` set to it.
-# The figures (tools/bench_stream.py --only order) are in README's "The same global
-# batches on any number of GPUs".
+# tools/bench_stream.py --only order measures the rates; docs/benchmarks.md records them.
 GLOBAL_WINDOW_SHARDS = 16
 GLOBAL_WINDOW_BYTES = 512 << 20
 GLOBAL_SMALL_SAMPLE = 64 << 10
