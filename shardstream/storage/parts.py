@@ -1,65 +1,15 @@
 """Long reads: one GET that is cut into parts in flight where one connection is slow.
 
-# NOTE [ Reads in parts ]
-# On object storage one response is bounded by the wire's latency and by what one
-# connection carries (tens of MB/s), so a long read (a run of large samples, a whole
-# shard) may be cut into parts read by several threads at once. But some servers copy
-# the whole object for each GET, ranged or not (moto: see NOTE [ Whole shards ] in
-# shardstream/dataset/reader.py), and there every part multiplies the server's work:
-# parts cut up front made loopback reads 0.48x of one plain GET per shard. So a long read
-# starts as ONE GET (a plain one for a whole object) whose body is read in order, and is
-# cut only when that response shows the connection is the limit:
-# - The probe: its first ``PROBE`` bytes. The time to the response's headers is the
-#   request's latency; the rate is the GET's since its first MiB (which also carries the
-#   server's start: up to 10 ms on loopback moto, where later MiBs take 0.2-1 ms), looked
-#   at again after each MiB: bytes that waited in the socket's buffers while this thread
-#   was busy arrive at once and look fast, and weigh less with every MiB that follows.
-# - While the connection carries ``FAST_CONNECTION`` or more it is not what limits a
-#   worker (its CPU is, and more GETs only add work): the GET reads on.
-# - Once it carries less (40 MB/s through 30 ms of latency; S3 gives tens of MB/s per
-#   connection), the rest is cut into parts that last about ``PART_LATENCIES`` latencies
-#   each at its rate (so a part's latency is a small share of its time), at least
-#   ``PART_MIN`` bytes, at most ``PARTS`` of them (a server that copies the object for
-#   each GET does it at most ``PARTS`` times more), longer than ``PART_MAX`` only where
-#   that is what keeps them that few. Where not even two parts would last their
-#   latencies (a loaded server answers late), the GET reads on. The first GET reads on to
-#   the end of the first part and stops there; the others are ranged GETs in the pool's
-#   threads. (Parts of at most ``PART_MAX`` used to win over both rules: a 64 MB shard
-#   was cut into 8, however late the server answered.)
-# - Only while the pool's long reads have fewer than ``GETS_IN_FLIGHT`` GETs in flight,
-#   and into no more parts than it takes to get there: a part adds a connection where a
-#   worker has few; where its window's reads already keep that many busy, it only adds
-#   requests. A rate per connection cannot tell the two apart: on loopback (moto, 2
-#   cores shared with the client) 8 whole-shard GETs at once each read ~20 MB/s and
-#   looked slow, and their parts (each a copy of the whole 64 MB object on the server)
-#   made an epoch 0.57x of sequential boto3 GETs; uncut it was 1.0x (the rule below on
-#   FAST_CONNECTION now keeps such reads whole too). 24: at 8, 150 x 1 MB in 5 shards
-#   through the WAN proxy (30 ms, 40 MB/s) had 8 GETs in flight at most, against 16 for
-#   boto3 in 16 threads; at 16, tar 1.13x, Parquet 1.32x, ~250 B tar 1.15-1.17x
-#   (tools/bench_compare.py, 2-3 rounds, the peers within 5%), peak RSS the same: parts
-#   fill the buffer their read already has. At 16 the window's first GETs (in the reads'
-#   pool) took most of the room before their probes were in, and the reads probed last
-#   were cut into two long pieces or none, the end of an epoch on one or two
-#   connections; 24 leaves room for them (the parts' own pool still has 16 threads):
-#   the same epoch alternated with boto3 x16 in one process, 30 rounds, median time
-#   711 -> 686 ms, 1.00x -> 1.12x of boto3's (32: 1.00x in that run). A read left
-#   whole is looked at again after each MiB, so the last reads of a window, once the
-#   others are done, may still be cut.
-# - Only while the pool's long reads being read carry less than ``FAST_CONNECTION``
-#   together (the sum of their rates, each as above): then it is the connections that
-#   are slow, not this process or the server that is busy. Without it, 3 or 4 whole-shard
-#   GETs of a window on loopback moto (a loaded 2-core VM) read 60-200 MB/s each, and
-#   every one was cut into 2-3 parts, each a copy of the whole object on the server.
-# Each part, and the first GET, is retried alone (NOTE [ One retry layer ] in retry.py): a
-# try that fails after some of its bytes arrived asks again for the rest only. The bytes
-# go to a ``Sink`` as they arrive, in order within each part: one buffer allocated up
-# front (on the botocore path the body is read straight into it; elsewhere one copy;
-# NOTE [ Read buffers ]), or
-# the cache's temp file, hashed in order as the parts complete (NOTE [ Filling the
-# cache ] in cached.py). Where the backend cannot stream a body (the fsspec path), the
-# read is cut up front into ``PARTS`` parts, as before. The threads are a ``ReadPool``:
-# made on first use by the process that uses it, never reused by a fork child (its
-# threads did not fork), so a Storage or a dataset made before ``fork`` works after it.
+When to cut is NOTE [ Reads in parts ] (above the constants below). Each part, and the
+first GET, is retried alone (NOTE [ One retry layer ] in retry.py): a try that fails after
+some of its bytes arrived asks again for the rest only. The bytes go to a ``Sink`` as they
+arrive, in order within each part: one buffer allocated up front (on the botocore path the
+body is read straight into it; elsewhere one copy; NOTE [ Read buffers ]), or the cache's
+temp file, hashed in order as the parts complete (NOTE [ Filling the cache ] in
+cached.py). Where the backend cannot stream a body (the fsspec path), the read is cut up
+front into ``PARTS`` parts. The threads are a ``ReadPool``: made on first use by the
+process that uses it, never reused by a fork child (its threads did not fork), so a
+Storage or a dataset made before ``fork`` works after it.
 """
 
 from __future__ import annotations
@@ -98,6 +48,31 @@ __all__ = [
     "split",
 ]
 
+# NOTE [ Reads in parts ]
+# One response is bounded by the wire's latency and by what one connection carries, so a
+# long read (a run of large samples, a whole shard) may be cut into parts read by several
+# threads at once. But some servers copy the whole object for each GET, ranged or not
+# (moto: NOTE [ Whole shards ] in dataset/reader.py), and there every part multiplies the
+# server's work. So a long read starts as ONE GET (a plain one for a whole object) whose
+# body is read in order, and is cut only when that response shows the connection is the limit:
+# - The probe: its first PROBE bytes. The time to the headers is the latency; the rate is
+#   the GET's since its first MiB (which also carries the server's start), looked at again
+#   after each MiB: bytes that waited in the socket's buffers arrive at once and look fast,
+#   and weigh less with every MiB. A read left whole may still be cut later, once the
+#   window's other reads are done.
+# - A connection carrying FAST_CONNECTION or more is not what limits a worker (its CPU is,
+#   and more GETs only add work): the GET reads on. Slower, the rest is cut into parts that
+#   last about PART_LATENCIES latencies each (so a part's latency is a small share of its
+#   time), at least PART_MIN bytes, at most PARTS of them (the server's copies stay few),
+#   longer than PART_MAX only where that keeps them that few. Where not even two parts would
+#   last their latencies (a loaded server answers late), the GET reads on. The first GET
+#   reads to the end of the first part; the others are ranged GETs in the pool's threads.
+# - Only while the pool's long reads have fewer than GETS_IN_FLIGHT GETs in flight, into no
+#   more parts than it takes to get there: a part adds a connection where a worker has few,
+#   but only requests where its window's reads keep that many busy (a rate per connection
+#   cannot tell the two apart); the bound leaves room for the reads probed last to be cut.
+# - Only while the long reads being read carry less than FAST_CONNECTION together: then the
+#   connections are slow, not this process or the server. tools/bench_wan.py measures it.
 PART_MIN = 1 * 2**20
 PART_MAX = 8 * 2**20
 PARTS = 4  # a read is cut into at most this many parts (this many where nothing was measured)
@@ -234,20 +209,17 @@ class Sink:
 
 # NOTE [ Read buffers ]
 # A long read's buffer (``MemorySink``) is an anonymous private mapping, not a
-# ``bytearray``: a bytearray is zeroed when made, so its every page was in the RSS before
-# the first byte arrived (a window's reads at once: +75 MB at once for 3 whole shards of
-# 25 MB), and one of tens of MB freed by a read thread stayed in that thread's malloc
-# arena, RSS that was never given back. A mapping's pages come as its bytes arrive and go
-# when it is dropped (150 x 1 MB on moto: RSS growth in an epoch +178 MB against +220).
-# MAP_PRIVATE: a fork child's copy is its own (a shared anonymous mapping is not).
-# Each 4 KiB page of new memory costs a page fault as the first byte lands in it: for 1 MB
-# samples, more of a worker's CPU than the socket's copy (27 ms per 64 MB here, about
-# what cutting the samples out costs). A buffer of ``HUGE_BUFFER`` or more asks for
-# transparent huge pages (``MADV_HUGEPAGE``: one fault per 2 MiB; 9-15 ms per 64 MB where
-# the kernel has them, as is the default "madvise" mode; an epoch of 512 x 1 MB on
-# loopback moto, paired in one process: median CPU 0.56 s -> 0.44 s). Reusing buffers
-# would save as much but keeps memory that the next window's reads, started before this
-# one is decoded (NOTE [ Read budget ]), cannot use: a window's worth more RSS.
+# ``bytearray``: a bytearray is zeroed when made, so its every page is in the RSS before
+# the first byte arrives (a window's reads at once), and one of tens of MB freed by a read
+# thread stays in that thread's malloc arena, RSS never given back. A mapping's pages come
+# as its bytes arrive and go when it is dropped. MAP_PRIVATE: a fork child's copy is its
+# own (a shared anonymous mapping is not).
+# Each 4 KiB page of new memory costs a page fault as the first byte lands in it: for large
+# samples, a large share of a worker's CPU. A buffer of ``HUGE_BUFFER`` or more asks for
+# transparent huge pages (``MADV_HUGEPAGE``: one fault per 2 MiB where the kernel has them,
+# as in its default "madvise" mode). Reusing buffers would save as much but keeps memory
+# that the next window's reads, started before this one is decoded (NOTE [ Read budget ]),
+# cannot use: a window's worth more RSS. tools/bench_memory.py measures the RSS.
 
 
 class MemorySink(Sink):
