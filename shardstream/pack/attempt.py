@@ -34,6 +34,7 @@ from shardstream.storage import Storage
 __all__ = ["ATTEMPTS", "AttemptMessage", "AttemptWriter", "WriteJob", "WrittenShard", "write_partition"]
 
 ATTEMPTS = f"{META_FOLDER}/attempts"  # every job's attempts folder is in here
+_RENEW_ROWS = 1024  # rows between looks at the clock for the claim's renewal
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +100,7 @@ class AttemptWriter:
         self._size = self._fmt.sample_size if self.options.shard_size is not None else None
         self._storage = Storage(job.url, job.storage_options)
         self._lease = JobLease(self._storage, job.run, job.lease)
-        self._renewed = time.monotonic()
+        self._renewed = -float("inf")  # the first shard stored renews the job's claim
         self._stream = _AttemptStorage(self._storage, f"{job.folder}/{partition:05d}.{self.attempt}")
         self._output: ShardOutput | None = None
         self._documents: DocumentWriter | None = None
@@ -129,6 +130,8 @@ class AttemptWriter:
                 shard=error.shard,
             ) from None
         self.rows += 1
+        if self.rows % _RENEW_ROWS == 0 and time.monotonic() - self._renewed > self.job.lease / 4:
+            self._keep_alive()  # a shard that takes long to fill must not let the claim run out
 
     def _sample(self, row: Mapping[str, Any]) -> Sample:
         """A row as pack's sources give a sample: fields by column, ``__key__`` last."""

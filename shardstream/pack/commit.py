@@ -255,10 +255,14 @@ def _sweep(storage: Storage, job: WriteJob) -> None:
             shutil.rmtree(os.path.join(root, job.folder), ignore_errors=True)
             with contextlib.suppress(OSError):
                 os.rmdir(os.path.join(root, ATTEMPTS))  # only when no other job's folder is in it
-            return
-        prefix = job.folder + "/"
-        _delete_all(storage, [f for f in storage.list_files() if f.startswith(prefix)])
-        _abort_uploads(storage, prefix)
+        else:
+            prefix = job.folder + "/"
+            _delete_all(storage, [f for f in storage.list_files() if f.startswith(prefix)])
+            _abort_uploads(storage, prefix)
+    with contextlib.suppress(ShardstreamError):
+        # a task renews the claim only after it saw it there; one that saw it just before the
+        # release may have put it back
+        JobLease(storage, job.run, job.lease).release()
 
 
 def _abort_uploads(storage: Storage, prefix: str) -> None:
