@@ -8,23 +8,18 @@
 # bytes are summed in order on their way (a piece that arrives before those ahead of it
 # waits in memory for them), so the file is never read back to check it. A piece's
 # buffer takes the next piece once it is written and summed: a part read into new memory
-# of its own length cost a page fault per 4 KiB (on the 2-core VM, cold epochs over the
-# WAN proxy spent 0.85 s of CPU with cache_dir against 0.25 s without; 0.40 against 0.34
-# once parts were fewer and streamed into reused buffers). Then the entry is checked
-# and renamed into place. The check: where the reader gives the shard's CRC-32 (its
-# sidecar's block CRCs joined, ``Expected.crc32``: NOTE [ One CRC per read ]; the sidecar
-# itself was checked against the manifest's size and sha256), a running CRC-32 of the
-# bytes, ~10 GB/s; else the manifest's sha256, ~1.8 GB/s, a core's 80 ms per 150 MB. A
-# sidecar still on its way when the last byte is in (it is read beside the shard, NOTE
-# [ Whole shards at once ]) leaves the sha256, of the file read back. Nothing is held in
-# memory but parts in flight or waiting, so a cold epoch with ``cache_dir`` moves the
-# bytes at the speed of a streamed one and the warm epoch maps the local files. Without
-# a pool (``Storage.open``, a plain ``Storage.read``) the GET is never cut. The CRC in
-# place of the sha256, alternated with the tree before (``tools/bench_compare.py a5e9708
-# af69a41 --rounds 3 -- tools/bench_wan.py --only large,small --repeat 5``): a cached cold
-# epoch of 150 x 1 MB through the WAN proxy took 0.53 s of CPU, not 0.68 s, and ran 1.07x
-# faster (~250 B samples: 1.12x); 0.98-1.02x of the uncached epoch at 1 MB, 0.94-1.05x at
-# ~250 B, in four runs of that section alone.
+# of its own length costs a page fault per 4 KiB, CPU a cold cached epoch cannot spare.
+# Then the entry is checked and renamed into place. The check: where the reader gives the
+# shard's CRC-32 (its sidecar's block CRCs joined, ``Expected.crc32``: NOTE [ One CRC per
+# read ]; the sidecar itself was checked against the manifest's size and sha256), a
+# running CRC-32 of the bytes, several times cheaper than the manifest's sha256, which is
+# the check otherwise. A sidecar still on its way when the last byte is in (it is read
+# beside the shard, NOTE [ Whole shards at once ]) leaves the sha256, of the file read
+# back. Nothing is held in memory but parts in flight or waiting, so a cold epoch with
+# ``cache_dir`` moves the bytes at the speed of a streamed one and the warm epoch maps the
+# local files. Without a pool (``Storage.open``, a plain ``Storage.read``) the GET is never
+# cut. tools/bench_wan.py measures cached against uncached epochs (docs/benchmarks.md,
+# claim wan-targets).
 """
 
 from __future__ import annotations

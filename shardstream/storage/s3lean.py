@@ -1,47 +1,30 @@
 """GetObject without a botocore client: signed here, sent on a urllib3 pool (NOTE [ Lean GETs ]).
 
 # NOTE [ Lean GETs ]
-# A botocore S3 client costs 0.1-0.5 s to make (it loads and parses S3's service model
-# and endpoint rules), most of the time to a dataset's first sample, and ~2.8 ms of CPU
-# per ``get_object`` (request building, event hooks, signing, response parsing). An
-# object read needs none of that: ``LeanClient`` builds the path-style GET itself, signs
-# it with SigV4 (a SHA-256 and an HMAC per request; the signing key is derived once a
-# day), sends it on a urllib3 pool and reads the status and headers itself. It is used
-# only where it does what the botocore client would, else ``create`` gives None and the
-# client is made (NOTE [ S3 reads without s3fs ] in s3read.py):
-# - An endpoint is named (``endpoint_url``, in client_kwargs, or AWS_ENDPOINT_URL[_S3]),
-#   with no path, and no proxy applies to it: botocore then addresses path-style
-#   (``http://host:port/bucket/key``). AWS itself (no endpoint: virtual hosts, region
-#   redirects), ``addressing_style="virtual"`` and other ``s3`` settings (in
-#   config_kwargs or the profile), proxies, client certificates stay on botocore.
-# - Endpoint, credentials, region, timeouts and pool size from the botocore client's own
-#   arguments (s3read's ``client_arguments``, one definition for both clients).
-#   Credentials as botocore takes them: client_kwargs, then key/secret/token (or
-#   username/password), else the botocore Session's chain (environment, profile, config
-#   files, container and instance metadata), resolved once per process and read frozen
-#   per request (refreshable ones renew themselves). ``anon``: unsigned requests. The
-#   region: client_kwargs, config_kwargs, the session's, else us-east-1, as botocore.
-# - Every option that changes the request goes to botocore: requester_pays, an
-#   s3_additional_kwargs key that GetObject takes (SSE-C keys, ExpectedBucketOwner,
-#   VersionId...; others are dropped, as botocore's path drops them), a signature
-#   version other than s3v4, a config_kwargs or client_kwargs key not listed below, and
-#   retries other than one try.
-# - One try: ``retries=False``, no redirects; Storage's RetryPolicy is the only retry
-#   layer. Timeouts are config_kwargs' connect_timeout and read_timeout (s3fs's 5 s and
-#   15 s unless set), the pool size max_pool_connections (client_arguments' default:
-#   NOTE [ Connections kept ] in s3read.py), as botocore's.
-# - Responses read as the botocore client's: ``get_object`` returns the same keys
-#   (Body, ContentLength, ContentRange, ContentEncoding, ResponseMetadata), the body
-#   undecoded with its Content-Length enforced by urllib3; a status of 300 or more
-#   raises botocore's ``ClientError`` with the fields of the XML error body (Code,
-#   Message, ActualObjectSize...; the status as the code where there is no body), so
-#   s3read's 404/403/416 mapping and retry.py's classification apply unchanged. Of an
-#   error body only ``ERROR_BODY`` bytes are read (an endpoint that answers a GET with an
-#   endless error body must not fill memory); the connection of a longer one is closed.
-#   botocore's checksum validation of whole GETs (x-amz-checksum-mode) is not asked
-#   for: shard bytes are checked against the manifest's checksums instead.
-# - One pool per process: a fork child makes its own and never uses or closes the
-#   parent's (s3read.py keeps that rule for every client).
+# A botocore S3 client is slow to make (it loads S3's service model and endpoint rules),
+# most of the time to a dataset's first sample, and costs CPU per ``get_object``. An object
+# read needs none of that: ``LeanClient`` builds the path-style GET, signs it with SigV4
+# (the signing key derived once a day), sends it on a urllib3 pool and reads the status and
+# headers itself. Only where it does what the botocore client would; else ``create`` gives
+# None and a botocore client is made (NOTE [ S3 reads without s3fs ] in s3read.py):
+# - An endpoint is named (``endpoint_url``, client_kwargs or AWS_ENDPOINT_URL[_S3]), with no
+#   path and no proxy, so botocore would address path-style. AWS itself (virtual hosts,
+#   region redirects), ``addressing_style="virtual"``, other ``s3`` settings, proxies and
+#   client certificates stay on botocore.
+# - Endpoint, credentials, region, timeouts and pool size come from s3read's
+#   ``client_arguments`` (one definition for both clients); credentials and region resolve
+#   as botocore resolves them, once per process; ``anon``: unsigned requests.
+# - Every option that changes the request goes to botocore: requester_pays, a GetObject key
+#   of s3_additional_kwargs (SSE-C, ExpectedBucketOwner, VersionId...), a signature other
+#   than s3v4, an unlisted config_kwargs or client_kwargs key, retries other than one try.
+# - One try, no redirects: Storage's RetryPolicy is the only retry layer; timeouts and pool
+#   size as botocore's (NOTE [ Connections kept ] in s3read.py).
+# - Responses read as botocore's: the same keys from ``get_object``, the body undecoded
+#   with its Content-Length enforced, a status of 300 or more raised as botocore's
+#   ``ClientError`` with the XML error body's fields, so s3read's and retry.py's mappings
+#   apply unchanged. Only ``ERROR_BODY`` bytes of an error body are read (an endless one
+#   must not fill memory). Shard bytes are checked against the manifest's checksums, so
+#   botocore's checksum mode is not asked for. One pool per process, as s3read's clients.
 """
 
 from __future__ import annotations

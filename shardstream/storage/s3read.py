@@ -2,35 +2,28 @@
 
 # NOTE [ S3 reads without s3fs ]
 # s3fs reads through aiobotocore and aiohttp on an event loop in another thread: a body
-# arrives in small chunks that are handed across threads and joined, and that reached
-# only ~0.7x the throughput of a plain botocore ``get_object(...)["Body"].read()`` on
-# loopback. So object reads (GetObject, whole or ranged) use a synchronous client: a
-# ``LeanClient`` (s3lean.py: no botocore client, see NOTE [ Lean GETs ]) where it does
-# what a botocore client would with these options, else a plain botocore client;
+# arrives in small chunks handed across threads and joined, well below the throughput of a
+# plain botocore ``get_object(...)["Body"].read()``. So object reads (GetObject, whole or
+# ranged) use a synchronous client: a ``LeanClient`` (s3lean.py, NOTE [ Lean GETs ]) where
+# it does what a botocore client would with these options, else a plain botocore client;
 # writes, listing and HEAD stay on s3fs. The rules, for both clients:
 # - Same configuration as s3fs: the client is made from the same storage_options
-#   (``s3_options``: key/secret/token, anon, endpoint_url or AWS_ENDPOINT_URL,
-#   client_kwargs, config_kwargs, requester_pays, s3_additional_kwargs, profile) and the
-#   standard AWS environment and config-file chain of a botocore session. Options only
+#   (``s3_options``) and the standard AWS environment and config-file chain. Options only
 #   s3fs can honour (an aiobotocore ``session``, aiohttp ``connector_args``,
 #   ``version_aware``, unknown keys) keep reads on s3fs: ``S3Reader.create`` gives None.
-# - One client per process, made on first use under a lock. A process with another pid
-#   (a fork child) makes its own and never uses or closes the parent's: its pooled
-#   sockets belong to the parent (see NOTE [ Storage across processes ] in core.py).
-#   The client is never pickled; a Storage pickles its options.
-# - One try per GET: botocore tries once (``retries={"total_max_attempts": 1}`` unless
-#   the user says otherwise; then the client is botocore's), a LeanClient never retries,
-#   so Storage's RetryPolicy is the only retry layer (NOTE [ One retry layer ] in retry.py).
-# - A body shorter than its Content-Length is a transient error: urllib3 and botocore
-#   raise for it, and ``read`` checks the length again. 404 and 403 become
+# - One client per process, made on first use under a lock. A fork child makes its own and
+#   never uses or closes the parent's: its pooled sockets belong to the parent (NOTE
+#   [ Storage across processes ] in core.py). The client is never pickled; a Storage
+#   pickles its options.
+# - One try per GET (botocore's ``retries={"total_max_attempts": 1}`` unless the user says
+#   otherwise), so Storage's RetryPolicy is the only retry layer (NOTE [ One retry layer ]).
+# - A body shorter than its Content-Length is a transient error. 404 and 403 become
 #   FileNotFoundError and PermissionError (as s3fs translates them), so Storage reports
-#   them the same way on every path; 416 (range starts past the end) reads as no bytes,
-#   which Storage turns into its "past the end of the object" error.
-# - Given the size the manifest says, every response's total is checked against it: a
-#   ranged GET's ``Content-Range: bytes a-b/TOTAL``, a whole GET's ``Content-Length``
-#   (NOTE [ Reads check the manifest ] in expect.py).
-# - Every body is read under its read's deadline, which cuts it off when it is still
-#   arriving then (NOTE [ Deadlines on bodies ] in deadline.py).
+#   them the same way on every path; 416 (range past the end) reads as no bytes, which
+#   Storage turns into its "past the end of the object" error.
+# - Given the manifest's size, every response's total is checked against it (NOTE [ Reads
+#   check the manifest ] in expect.py); every body is read under its read's deadline (NOTE
+#   [ Deadlines on bodies ] in deadline.py).
 """
 
 from __future__ import annotations
@@ -96,17 +89,14 @@ _READ_TIMEOUT = 15
 # botocore keeps at most ``max_pool_connections`` (10) idle connections per client and
 # opens a new one for every request beyond that many in flight, closing it when the
 # request ends. A worker keeps more in flight than that: its window's reads in
-# ``read_concurrency`` threads (16), the parts of long reads in as many more (NOTE
-# [ Reads in parts ]) and the sidecars of windows fetched ahead (a DataLoader worker of
-# the order bench opened 21-25 connections). So every round of reads past the tenth GET
-# in flight connected again, and on a remote HTTPS store each connect is a TCP and TLS
-# handshake, two or three round trips before the request's own: 16 GETs at once, 4
-# rounds, through a proxy of 50 ms on SeaweedFS, opened 20, 26, 32 and 38 connections
-# in all. The reader's clients now keep up to ``POOL_CONNECTIONS`` unless the user's
-# ``config_kwargs`` say otherwise (the same 4 rounds: 19 connections, none after the
-# first): as many as are in flight at once, none opened twice. The pool only bounds what
-# is kept; it never opens a connection that no request asks for. s3fs's own client
-# (listings, writes, the fsspec read path) keeps its own pool settings.
+# ``read_concurrency`` threads, the parts of long reads in as many more (NOTE [ Reads in
+# parts ]) and the sidecars of windows fetched ahead. So every round of reads would connect
+# again, and on a remote HTTPS store each connect is a TCP and TLS handshake, two or three
+# round trips before the request's own. The reader's clients keep up to
+# ``POOL_CONNECTIONS`` unless the user's ``config_kwargs`` say otherwise: as many as are in
+# flight at once, none opened twice. The pool only bounds what is kept; it never opens a
+# connection that no request asks for. s3fs's own client (listings, writes, the fsspec read
+# path) keeps its own pool settings.
 POOL_CONNECTIONS = 64
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "NotFound", "404"})
 _DENIED_CODES = frozenset({"AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId", "403"})
