@@ -10,8 +10,8 @@
 # closing it there would run s3fs's finalizer on connections (and TLS state) that the
 # parent still owns. So is every file system of the parent's with an open session (ours
 # or the user's), at fork, and its finalizer detached (``_leave_parent_sessions`` in
-# backend.py): collected in the child, s3fs's stalled the thread that collected it for a
-# second (in the global order bench, a DataLoader worker's first decode: 0.07 -> 1.4 s).
+# backend.py): collected in the child, s3fs's stalls the thread that collects it, for
+# long enough to delay a DataLoader worker's first samples.
 # The botocore client that reads s3:// objects follows the same rules
 # (see NOTE [ S3 reads without s3fs ] in s3read.py). What a Storage does on each kind of
 # storage is its backend's: NOTE [ One backend per Storage ] in backend.py.
