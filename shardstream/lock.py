@@ -3,48 +3,8 @@
 ``pack`` holds it, and so does ``shardstream index`` (which deletes nothing but writes the
 manifest), so it lives here, below both (``shardstream.pack.lock`` re-exports it).
 
-# NOTE [ One pack per destination ]
-# Two packs into one folder at once would each delete what the other wrote and both
-# write a manifest: one dataset is lost and both exit 0. So a pack holds a lease on its
-# destination from before it touches anything until after its manifest (or part record)
-# is written. It must work on any object store with plain PUT, GET, LIST and DELETE:
-# conditional writes (``If-None-Match: *``) are not served by every S3-compatible
-# server, and a single lock object written with a plain PUT cannot tell two writers
-# apart (the last PUT wins, silently). Instead every pack writes its OWN claim object,
-# ``.shardstream-lock[-part-IIIII].<run id>.json``, then lists the claims of its scope:
-#   - before writing its claim, a live claim of another pack refuses at once;
-#   - after writing it, any other claim not already known to be stale means another
-#     pack is starting at the same moment: this one deletes its claim and refuses.
-# Of two packs that start together, the one that lists last sees both claims, so at
-# least one refuses; both may refuse (each then says so), but both never go on. This
-# needs only that a LIST made after a PUT returned shows the object (S3's strong
-# read-after-write consistency, and that of local folders, MinIO and SeaweedFS).
-# A claim is renewed every quarter of its lease by a daemon thread; it is stale when
-# its lease ran out since its last renewal (by the reader's clock: clocks of machines
-# that share a bucket must agree to well within a lease), or at once when it names this
-# machine and a process that is gone (a SIGKILLed pack rerun on the same machine does
-# not wait). A stale claim is deleted, with a warning, and its pack's work is taken over
-# (NOTE [ Packs in progress ] in ``pack.dest``). Before writing the manifest the pack checks
-# that its claim is still there and alone: a pack paused for longer than its lease (and
-# so taken over) fails instead of writing a manifest over another's dataset.
-# Scopes: ``--part I/N`` packs write disjoint names, so each part has its own scope and
-# N machines can pack N parts into one folder at once; two packs of the same part
-# exclude each other. The whole-dataset scope ``""`` (a pack without ``--part``, and
-# ``shardstream index``) conflicts with every scope: it deletes or joins what parts
-# write, so it treats every claim as a rival, and every part treats its claims as
-# rivals. The lease is ``SHARDSTREAM_PACK_LEASE`` seconds (default 60).
-# Fencing: ``check`` lists the claims (I/O) and runs before the manifest; ``ensure``
-# costs no I/O and runs before each shard is stored or reused and before each
-# deletion: once the last stored renewal is older than half the lease, the pack stops
-# (another pack may take it over once the whole lease ran out, by its clock). The
-# renewing thread's storage gives up retrying after a quarter of the lease (its
-# ``RetryPolicy.timeout``), so one slow renewal does not outlast the next; a renewal
-# that still hangs only lets ``ensure`` stop the pack, the safe side.
-# A claim that cannot be parsed, or whose values are impossible (not finite, a lease
-# outside 0.1 s to 1 day, renewed further in the future than its lease), is taken over
-# at once with a warning naming it: claims are written atomically (a temp file renamed,
-# or one PUT), so no live pack's claim reads like that, and a claim that can never run
-# out must not block a destination forever.
+The protocol is NOTE [ One pack per destination ] and NOTE [ Lease renewal and fencing ],
+above ``Claim``.
 """
 
 from __future__ import annotations
@@ -123,6 +83,51 @@ def _alive(pid: int) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+# NOTE [ One pack per destination ]
+# Two packs into one folder at once would each delete what the other wrote and both
+# write a manifest: one dataset is lost and both exit 0. So a pack holds a lease on its
+# destination from before it touches anything until after its manifest (or part record)
+# is written. It must work on any object store with plain PUT, GET, LIST and DELETE:
+# conditional writes (``If-None-Match: *``) are not served by every S3-compatible
+# server, and a single lock object written with a plain PUT cannot tell two writers
+# apart (the last PUT wins, silently). Instead every pack writes its OWN claim object,
+# ``.shardstream-lock[-part-IIIII].<run id>.json``, then lists the claims of its scope:
+#   - before writing its claim, a live claim of another pack refuses at once;
+#   - after writing it, any other claim not already known to be stale means another
+#     pack is starting at the same moment: this one deletes its claim and refuses.
+# Of two packs that start together, the one that lists last sees both claims, so at
+# least one refuses; both may refuse (each then says so), but both never go on. This
+# needs only that a LIST made after a PUT returned shows the object (S3's strong
+# read-after-write consistency, and that of local folders, MinIO and SeaweedFS).
+# Scopes: ``--part I/N`` packs write disjoint names, so each part has its own scope and
+# N machines can pack N parts into one folder at once; two packs of the same part
+# exclude each other. The whole-dataset scope ``""`` (a pack without ``--part``, and
+# ``shardstream index``) conflicts with every scope: it deletes or joins what parts
+# write, so it treats every claim as a rival, and every part treats its claims as
+# rivals. The lease is ``SHARDSTREAM_PACK_LEASE`` seconds (default 60).
+
+
+# NOTE [ Lease renewal and fencing ]
+# A claim is renewed every quarter of its lease by a daemon thread; it is stale when
+# its lease ran out since its last renewal (by the reader's clock: clocks of machines
+# that share a bucket must agree to well within a lease), or at once when it names this
+# machine and a process that is gone (a SIGKILLed pack rerun on the same machine does
+# not wait). A stale claim is deleted, with a warning, and its pack's work is taken over
+# (NOTE [ Packs in progress ] in ``pack.dest``). Before writing the manifest the pack checks
+# that its claim is still there and alone: a pack paused for longer than its lease (and
+# so taken over) fails instead of writing a manifest over another's dataset.
+# Fencing: ``check`` lists the claims (I/O) and runs before the manifest; ``ensure``
+# costs no I/O and runs before each shard is stored or reused and before each
+# deletion: once the last stored renewal is older than half the lease, the pack stops
+# (another pack may take it over once the whole lease ran out, by its clock). The
+# renewing thread's storage gives up retrying after a quarter of the lease (its
+# ``RetryPolicy.timeout``), so one slow renewal does not outlast the next; a renewal
+# that still hangs only lets ``ensure`` stop the pack, the safe side.
+# A claim that cannot be parsed, or whose values are impossible (not finite, a lease
+# outside 0.1 s to 1 day, renewed further in the future than its lease), is taken over
+# at once with a warning naming it: claims are written atomically (a temp file renamed,
+# or one PUT), so no live pack's claim reads like that, and a claim that can never run
+# out must not block a destination forever.
 class Claim:
     """One pack's claim object, as read back."""
 
