@@ -124,3 +124,23 @@ def test_token_shards_equal_pack_parts_with_the_same_tokenizer(tmp_path):
     commit_job(job, [write_partition(job, p, partition(p)) for p in range(PARTITIONS)])
     packed = packed_by_parts(str(tmp_path), "tokens", 11, tokenizer=tokenizer)
     assert files_of(dest) == files_of(packed)
+
+
+def test_a_job_taken_over_commits_nothing_and_deletes_nothing_of_the_other(tmp_path):
+    dest = tmp_path / "d"
+    job = _job(str(dest), samples_per_shard=50)
+    messages = [write_partition(job, p, partition(p)) for p in range(PARTITIONS)]
+    with Storage(str(dest)) as storage:
+        for name in storage.list_files():
+            if name.startswith(".shardstream-lock"):
+                storage.delete(name)  # the job stalled past its lease; a pack took its claim over
+        lease = PackLease(storage)
+        lease.acquire()
+        try:
+            (dest / "shard-000000.tar").write_bytes(b"the other pack's shard")
+            with pytest.raises(UsageError, match="lost its lock"):
+                commit_job(job, messages)
+            assert (dest / "shard-000000.tar").exists()
+            assert not (dest / ".shardstream" / "manifest.json").exists()
+        finally:
+            lease.release()

@@ -217,7 +217,7 @@ def abort_job(job: WriteJob, messages: Iterable[AttemptMessage | None] = ()) -> 
 
 def _abort(storage: Storage, lease: JobLease, job: WriteJob) -> None:
     with contextlib.suppress(ShardstreamError):
-        if lease.held():  # only the claim's holder may delete shard names; a job refused holds none
+        if lease.alone():  # only the claim's holder may delete shard names; a job refused or taken over not
             names = shard_name_re()
             files = storage.list_files()
             _delete_all(storage, [f for f in files if names.match(f) or PART_RECORD_RE.match(f)])

@@ -78,9 +78,13 @@ class JobLease:
         """Whether the claim is still there (a task asks after each shard it stores)."""
         return self.storage.exists(self.name)
 
+    def alone(self) -> bool:
+        """Whether the job still holds the destination, and no other pack claims it."""
+        return self.held() and not self._others()
+
     def check(self) -> None:
         """Raise unless the job still holds the destination alone (before its manifest)."""
-        if not self.held() or self._others():
+        if not self.alone():
             raise UsageError(
                 f"this job lost its lock {self.name} (stalled for longer than its lease of "
                 f"{self.seconds:g} s, and another pack took over); no manifest was written",
