@@ -534,3 +534,16 @@ def test_a_missing_bucket_says_so_on_read_and_on_pack(s3, tmp_path):
         list(shardstream.StreamingDataset(url, storage_options=options))
     with pytest.raises(ShardstreamError, match="bucket 'no-such-bucket-here' does not exist"):
         pack(corpus(tmp_path / "c.jsonl"), url, storage_options=options)
+
+
+def test_a_map_dataset_heals_a_cache_entry_corrupted_after_its_first_read(cached_dataset, caplog):
+    url, options, cache = cached_dataset
+    dataset = shardstream.MapDataset(url, storage_options=options, cache_dir=str(cache), decode=False)
+    assert dataset[3]["bin"] == b"\x07" * 1000  # its check blocks read, and its CRC recorded
+    entry = entry_of(url, options, cache)
+    with open(entry, "rb") as f:  # the sample's own bytes, after its 512-byte tar header
+        where = f.read().index(b"k003.bin") + 512
+    flip(entry, where + 10)
+    with caplog.at_level(logging.WARNING, logger="shardstream"):
+        assert dataset[3]["bin"] == b"\x07" * 1000
+    assert any(entry in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]

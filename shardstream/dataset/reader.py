@@ -198,7 +198,7 @@ class WindowReader:
         self._prefetcher: Prefetcher[Any, tuple[list[Fetched], int]] | None = None
         # a stream's block checks, read by read beside decoding (NOTE [ Checks beside decoding ])
         self._checker: ThreadPoolExecutor | None = None
-        self._healer = CacheHealer()  # NOTE [ Healing the cache ] in heal.py
+        self.healer = CacheHealer()  # NOTE [ Healing the cache ] in heal.py
         self.fields = manifest.fields  # every sample has them all: NOTE [ Missing fields ] in fields.py
         # reads are checked against the manifest
         self.bytes = ByteFetcher(
@@ -232,7 +232,7 @@ class WindowReader:
         except FormatError as error:
             if not self.storage.cached:
                 raise
-            data = self._healer.read_again(
+            data = self.healer.read_again(
                 self.bytes, info.index, None, error.offset or 0
             )  # NOTE [ Healing the cache ]
             index = self._checked_index(info, data)
@@ -422,7 +422,7 @@ class WindowReader:
         bad = self._failed_blocks(read, data, index)
         if bad and self.storage.cached:
             path = self.manifest.shards[read.shard].path
-            data = self._healer.read_again(self.bytes, path, read.rng, bad[0])
+            data = self.healer.read_again(self.bytes, path, read.rng, bad[0])
             bad = self._failed_blocks(read, data, index)
         if bad and self.on_error != "skip":
             checks = cast(ShardChecks, index.checks)

@@ -140,7 +140,13 @@ class SampleReads:
             return self._first_read(kept, shard, position, ByteRange(start, end))
         data = self._read(shard, start, end)
         if recorded >= 0 and crc32(data) != recorded:
-            raise self._mismatch(kept, ByteRange(start, end))
+            reader = self.reader
+            if not reader.storage.cached:
+                raise self._mismatch(kept, ByteRange(start, end))
+            # NOTE [ Healing the cache ] in heal.py
+            data = reader.healer.read_again(reader.bytes, kept.path, ByteRange(start, end), start)
+            if crc32(data) != recorded:
+                raise self._mismatch(kept, ByteRange(start, end))
         return data, start
 
     def _first_read(
