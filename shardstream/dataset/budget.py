@@ -8,66 +8,24 @@
 # takes its share in window order (a ticket each), after its sidecars are read (a
 # window of whole shards: before, NOTE [ Whole shards at once ] in reader.py) and before
 # its first shard byte is asked for, so a later window never takes the room an earlier
-# one waits for. It gives the share back when the caller asks for the next window: its
-# decoded samples hold about its bytes until then (they are views of its reads, or
-# copies of them), and a slow caller (a training step) holds them longest. It used to go
-# back when the window was decoded, before its samples were taken: with a caller slower
-# than the wire, two windows were fetched ahead of the one being taken (600 x 1 MB on
-# loopback moto, windows of 120 MB: RSS growth in the epoch +334 MB against +211 MB for
-# the reader before issue 9, ``read_concurrency=1``; now +245 MB). A window larger than
-# the budget still goes beside one other window (today's one-window prefetch: one window
-# taken while the next is read), so the bound is max(budget, two windows) and the stream
-# never stalls; but only once at most half the budget of that window's bytes is still to
-# come. Its reads tell the budget of their bytes as they arrive (``counting_arrivals`` in
-# storage/parts.py: a chunk of a long read at a time, a short read when done; a window
-# whose fetch is done has nothing to come, its bytes from a cache too). It used to go
-# at once: two windows arriving together share the wire, so the first was in (and could
-# be decoded, taken and let go) only when the second was about as far, and a caller that
-# keeps up held both (150 x 1 MB, windows of 75 MB: +150 MB against +77 MB). Letting the
-# second go only once the first's bytes were all in held +122 MB, but cost the wire its
-# overlap: through the WAN proxy (tools/bench_wan.py --only large,loopback, 3 rounds,
-# trees alternated) 1 MB tar fell from 1.92x to 1.69x of LitData and 0.84x to 0.77x of
-# boto3 in 16 threads. Half the budget still to come (32 MiB by default) is a lead of
-# ~100-200 ms at the wire's 170-300 MB/s there, several of its latencies: the same
-# epoch, paired with the rule before in 5 rounds (tools/bench_compare.py 2967451
-# 242a099), grew its RSS 162 MB, not 186, at 0.98x the rate, as the peers moved in
-# those rounds. On loopback the wire outruns the check and decode, so the second
-# window is in before the first is let go either way.
+# one waits for. It gives the share back when the caller asks for the next window, not
+# when the window is decoded: its decoded samples hold about its bytes until then (views
+# of its reads, or copies), and a slow caller (a training step) holds them longest.
+# A window larger than the budget still goes beside one other window (one taken while the
+# next is read), so the bound is max(budget, two windows) and the stream never stalls;
+# but only once at most half the budget of that window's bytes is still to come. Its reads
+# tell the budget of their bytes as they arrive (``counting_arrivals`` in
+# storage/parts.py). Letting the second window go at once would have both share the wire
+# and a caller that keeps up hold both; letting it go only once the first is all in would
+# lose the wire's overlap. Half the budget still to come is a lead of several latencies of
+# a remote wire. tools/bench_memory.py and tools/bench_wan.py measure the RSS and the rate.
 #
 # A fetch waiting for room must not outlive its process: a script that exits holding an
-# iterator it never finished (``batch = next(iter(loader))``) left a fetch waiting for a
-# share nobody gives back, and the interpreter, which joins the fetch threads at exit
-# (``concurrent.futures``' own hook), hung there forever. Every open budget is closed by
-# a hook that the interpreter calls before that join (``threading``'s exit hooks run
-# newest first, and ``concurrent.futures.thread`` registers its hook when imported, before
-# ours), so the fetches give up as ``close`` makes them.
-
-# NOTE [ Unshuffled windows in pieces ]
-# A window is the plan's unit of shuffling: the default one holds four mean-sized shards
-# (NOTE [ Window size ] in plan/config.py), whatever their bytes, and its samples come
-# only once all of it is in. With ``shuffle=False`` its yield order is its runs' order,
-# so nothing needs all of it at once: the reader takes such a window
-# (``Window.in_run_order``) as consecutive pieces of at most the budget each
-# (``in_pieces``, bytes as the manifest counts a shard's per sample). A run is cut only
-# where it alone is longer than that, evenly, so a shard that fits stays one read (a
-# whole-shard GET where it is all of its shard, NOTE [ Whole shards ] in reader.py); and
-# a piece of less than half the budget joins the one before it (the first, the one
-# after), so a window a little over the budget stays whole (a piece is then at most 1.5
-# budgets; one sample longer than the budget is a piece of its own). The plan, its order and its
-# resume state are unchanged: the caller sees the same samples, and ``state_dict``
-# counts them as before (a piece is laid out lazily, after its sidecars, as a window).
-# - Why: a window over the budget goes beside one other (above), so a caller as fast as
-#   the wire held two windows and the next one's decoding: 600 x 1 MB on loopback moto
-#   (windows of 120 MB), RSS growth in the epoch +311 MB against +240 MB for the tree
-#   before issue 9 (issue 9's bound: +64 MB). In pieces of two shards (60 MB): +177 MB,
-#   at 0.99x that tree's rate (rounds 0.95-1.40; ``tools/bench_memory.py --samples 600
-#   --rounds 5``).
-# - Why not smaller pieces: at most half the budget, two 30 MB pieces fit the budget
-#   together, but the WAN proxy's 150 x 1 MB epoch (windows of 75 MB, cut into 30 + 30 +
-#   15 MB) fell to 0.77x of whole windows (0.80x of boto3 in 16 threads, 1.13x before:
-#   ``tools/bench_compare.py c707fe8 8e6b7a7 --rounds 2 -- tools/bench_wan.py --only
-#   large,loopback --repeat 3``): each piece started its GETs anew behind the one before,
-#   where a window's reads all go at once. Joining a small tail keeps those windows whole.
+# iterator it never finished (``batch = next(iter(loader))``) would leave a fetch waiting
+# for a share nobody gives back, and the interpreter, which joins the fetch threads at
+# exit, would hang. Every open budget is closed by a hook that the interpreter calls before
+# that join (``threading``'s exit hooks run newest first, and ``concurrent.futures.thread``
+# registers its hook when imported, before ours), so the fetches give up as ``close`` makes them.
 """
 
 from __future__ import annotations
@@ -248,6 +206,26 @@ def fetched_in_order(
         give_back()
 
 
+# NOTE [ Unshuffled windows in pieces ]
+# A window is the plan's unit of shuffling: the default one holds four mean-sized shards
+# (NOTE [ Window size ] in plan/config.py), whatever their bytes, and its samples come
+# only once all of it is in. With ``shuffle=False`` its yield order is its runs' order,
+# so nothing needs all of it at once: the reader takes such a window
+# (``Window.in_run_order``) as consecutive pieces of at most the budget each
+# (``in_pieces``, bytes as the manifest counts a shard's per sample). A run is cut only
+# where it alone is longer than that, evenly, so a shard that fits stays one read (a
+# whole-shard GET where it is all of its shard, NOTE [ Whole shards ] in reader.py); and
+# a piece of less than half the budget joins the one before it (the first, the one
+# after), so a window a little over the budget stays whole (a piece is then at most 1.5
+# budgets; one sample longer than the budget is a piece of its own). The plan, its order
+# and its resume state are unchanged: the caller sees the same samples, and
+# ``state_dict`` counts them as before (a piece is laid out lazily, after its sidecars).
+# - Why: a window over the budget goes beside one other (NOTE [ Read budget ]), so a
+#   caller as fast as the wire would hold two big windows and the next one's decoding.
+# - Why not smaller pieces: each piece starts its GETs anew behind the one before, where
+#   a window's reads all go at once, so small pieces lose the wire's overlap; joining a
+#   small tail keeps windows a little over the budget whole.
+# tools/bench_memory.py measures the RSS, tools/bench_wan.py the rate.
 def in_pieces(windows: Iterator[Any], shards: Sequence[ShardInfo], limit: int) -> Iterator[Any]:
     """``windows``, each one in run order whose runs' bytes (``shards``' bytes per sample)
     pass ``limit`` as consecutive windows of about ``limit`` bytes (``_pieces``; NOTE [
