@@ -12,20 +12,18 @@
 #
 # Local files are read with ``pread`` into one buffer per range, in the prefetch thread
 # (the GIL is released while the kernel copies). Shards in the local cache are
-# memory-mapped instead and their fields copied once, straight from the page cache
-# (measured 20-40% faster than a read for 300-byte tar samples). Why not map local
-# files too: a mapping outlives any size check (the next window is mapped while this one
-# is decoded, and a DataLoader worker decodes most of the time), so a shard truncated in
-# place meanwhile (``cp`` over it, ``truncate``) killed the process with SIGBUS on first
+# memory-mapped instead and their fields copied once, straight from the page cache,
+# which is faster for small samples. Why not map local files too: a mapping outlives any
+# size check (the next window is mapped while this one is decoded), so a shard truncated
+# in place meanwhile (``cp`` over it, ``truncate``) kills the process with SIGBUS on first
 # touch, which no Python code can catch; a read sees the file's size when it runs, so a
-# truncated shard is a ``StorageError`` naming it. A cache entry is never truncated: the
-# cache only renames a complete file into place or unlinks one (a mapped inode outlives
-# its name), so its mapping is safe; so is a file on a read-only mount. Elsewhere the user
-# may choose the mapping (``local_reads="map"``) for a dataset that nothing rewrites in
-# place while it is read: a pack (``--overwrite`` too) renames finished files into place
-# and ``rm`` unlinks, both safe; ``cp`` over a shard, ``rsync --inplace`` or ``truncate``
-# are not. On small tar samples the mapping streams about twice as fast
-# (``tools/bench_stream.py --only small`` prints both, and what the block CRCs cost in each).
+# truncated shard is a ``StorageError`` naming it. A cache entry is never truncated (the
+# cache only renames a complete file into place or unlinks one), so its mapping is safe;
+# so is a file on a read-only mount. Elsewhere the user may choose the mapping
+# (``local_reads="map"``) for a dataset that nothing rewrites in place while it is read: a
+# pack renames finished files into place and ``rm`` unlinks, both safe; ``cp`` over a
+# shard, ``rsync --inplace`` or ``truncate`` are not. tools/bench_stream.py --only small
+# measures both ways (docs/benchmarks.md, claim local-small).
 #
 # Every read also carries what the manifest says of its object (``Expected``: size and
 # sha256 of shards; size and the shard's sha256 for sidecars), so a changed object fails

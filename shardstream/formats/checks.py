@@ -14,34 +14,26 @@
 # computed in the same sequential pass that hashes the shard (the pack's hashing thread,
 # ``index``'s and ``verify``'s one read of it), with no knowledge of the format, and they
 # cover every byte a decoder may touch, headers and Parquet pages included. Why in the
-# reader's fetch (the prefetch thread) rather than in decode: the CRC releases the
-# GIL on large buffers, so the check runs beside the decoding of the previous window and
-# touches the mapped pages that decoding reads next (tools/bench_stream.py). A 64 KiB
-# block holds ~20 small tar samples; a per-sample Python CRC would cost more than
-# decoding them. The CRC is CRC-32 (zlib's polynomial), computed by ISA-L (``isal``, a
-# dependency: ~10 GB/s on this machine, 4-5x zlib) and by zlib where isal cannot load
-# (~2 GB/s): the same values either way, so any reader checks any sidecar. With zlib
-# alone a small-sample tar epoch spent ~25% of its time in the check (each ~250 B sample
-# is ~3 KiB of tar); with ISA-L the arithmetic is cheap and what remains is reading every
-# byte of a read once more (decoding a ~300 B sample touches ~300 B of its ~3 KiB): ~3-10%
-# of an epoch's CPU time (more where shards are mapped than copied, as a copy has just
-# brought the bytes into the cache), hidden behind decoding only where a core is free.
-# What the check costs is reading every byte of a read again (~10 GB/s here, memory
-# bound: isal's arithmetic on hot data is no faster), and how it sits beside decoding:
-# see NOTE [ One CRC per read ].
+# reader's fetch (the prefetch thread) rather than in decode: the CRC releases the GIL on
+# large buffers, so the check runs beside the decoding of the previous window and touches
+# the pages that decoding reads next; a per-sample CRC in Python would cost more than
+# decoding small samples. The CRC is CRC-32 (zlib's polynomial), computed by ISA-L
+# (``isal``, a dependency, several times faster than zlib) and by zlib where isal cannot
+# load: the same values either way, so any reader checks any sidecar. What is left of the
+# cost is reading every byte of a read once more (memory bound), hidden behind decoding
+# only where a core is free: NOTE [ One CRC per read ]. tools/bench_stream.py --only small
+# measures it (docs/benchmarks.md, claim checks-cost).
 #
 # NOTE [ One CRC per read ]
 # A read's whole blocks are checked by one CRC-32 of all of them, compared with their
 # CRCs joined (zlib's crc32_combine: a fixed linear map per block length, applied by
-# four tables of 256; ~0.5 us a block in Python); only where that fails are the blocks
-# checked one by one, to name them (damage to several blocks of one read passes with
-# odds 2^-32, as one block's would). One call releases the GIL once for the whole read,
-# so the check runs beside decoding: a call per 64 KiB block made ~470 hand-overs of the
-# GIL per 30 MB read, each waiting for the decoding thread to give it back.
-# Tried with no gain: block sums by xxh3-64 instead of CRC-32 (a sidecar version 3):
-# ~4x faster on data in cache, but the check thread's CPU per small-sample epoch went
-# only from 45 to 42 ms (307 MB, copies; 51 to 48 mapped): the bytes come from memory
-# either way, and xxhash holds the GIL.
+# four tables of 256); only where that fails are the blocks checked one by one, to name
+# them (damage to several blocks of one read passes with odds 2^-32, as one block's
+# would). One call releases the GIL once for the whole read, so the check runs beside
+# decoding; a call per block would hand the GIL over hundreds of times per long read,
+# each time waiting for the decoding thread to give it back. A faster hash (xxh3) in
+# place of the CRC gains nothing: the bytes come from memory either way, and xxhash
+# holds the GIL.
 # Sidecars of version 1 have none of this: they load and stream unchecked, ``verify``
 # names them, and ``shardstream index`` rewrites them.
 """
