@@ -2,7 +2,7 @@
 
 # NOTE [ Bulk decode ]
 # Decoding sample by sample costs a dict, an extension lookup and a Python call per field
-# per sample: for ~300-byte samples that was two thirds of a decoded epoch. A window (or a
+# per sample: for small samples, most of a decoded epoch. A window (or a
 # batch of random reads) is decoded here column by column instead: each field's decoder is
 # looked up once, its column decoded in one pass, and the sample dicts built by one
 # compiled builder per field tuple (NOTE [ Fast tar decode ]). A streamed window comes
@@ -55,8 +55,8 @@ __all__ = ["CHUNK", "decode_columns", "decode_samples", "decoded_columns", "deco
 # Samples of a window decoded at a time: enough for the columns' C-level passes, few
 # enough that a chunk's decoded objects are mostly gone before the cyclic GC's next young
 # collection, so they are not promoted to be rescanned by full collections over a heap
-# that holds the whole window (tools/bench_stream.py, 100k samples: decode=True at 0.52x
-# of decode=False with 64, 0.42x with 512, 0.25x with the whole window at once).
+# that holds the whole window; bigger chunks decode markedly slower
+# (tools/bench_stream.py measures decode=True against decode=False).
 CHUNK = 64
 Errors = dict[int, ShardstreamError]  # position in the samples -> the error of that sample
 _scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # json.loads without its Python frames

@@ -42,19 +42,18 @@ __all__ = ["BATCH_GAP", "BATCH_READ_THREADS", "MapDataset"]
 # batch's indices) reads each distinct sample once: the indices are sorted, consecutive
 # samples of a shard become one run, and runs of a shard share one ranged read where their
 # bytes lie within a gap of each other: ``BATCH_GAP`` on object storage,
-# NOTE [ Coalescing gap ]'s ``COALESCE_GAP`` (runs.py) on local files and the cache. A batch of random
-# indices is a few samples per shard, scattered, and on object storage a request costs
-# more than megabytes of its bytes, so the batch reads each shard it touches once, holes
-# and all (a shard up to ~4 MiB whole), instead of once per 256 KiB stretch of samples: 20
-# reads for the 20 shards of tools/bench_access.py's batch, not 63. Measured on loopback:
-# moto copies the whole object for any ranged GET (its GETs cost the same at 3 KB and
-# 3 MB); SeaweedFS's cost ~20% more at 3 MB than at 3 KB; S3 itself gives a connection
-# ~100 MB/s after 20-50 ms to the first byte. Only the check blocks of the samples are checked
-# and decoded (runs.Read.spans), not those of the holes. The reads are issued at once, in
-# up to ``BATCH_READ_THREADS`` threads. The threads live for the call only: a dataset held
-# by a DataLoader worker, or a test, keeps none between batches. The samples are decoded
-# together (NOTE [ Bulk decode ]) and returned in the caller's order, duplicates as
-# copies. Batches of one dataset from several threads take turns.
+# NOTE [ Coalescing gap ]'s ``COALESCE_GAP`` (runs.py) on local files and the cache. A batch
+# of random indices is a few samples per shard, scattered, and on object storage a request
+# costs more than megabytes of its bytes (a ranged GET costs about what a small whole one
+# does, and S3 gives a connection its full rate only after tens of ms to the first byte),
+# so the batch reads each shard it touches once, holes and all (a small shard whole),
+# instead of once per stretch of samples. Only the check blocks of the samples are
+# checked and decoded (runs.Read.spans), not those of the holes. The reads are issued at
+# once, in up to ``BATCH_READ_THREADS`` threads. The threads live for the call only: a
+# dataset held by a DataLoader worker, or a test, keeps none between batches. The samples
+# are decoded together (NOTE [ Bulk decode ]) and returned in the caller's order,
+# duplicates as copies. Batches of one dataset from several threads take turns.
+# tools/bench_access.py measures it (docs/benchmarks.md, claim random-access).
 BATCH_READ_THREADS = 32
 BATCH_GAP = 4 * 1024 * 1024
 # Held while a process makes a dataset's _Opened (module-level: a dataset pickles to

@@ -45,22 +45,12 @@ __all__ = [
 # holes. On object storage the trade is a request against the hole's bytes, which the
 # server reads and sends and the client receives all the same: the runs of order="global"
 # are where it matters (a worker's parts of a lane group in two windows of the sequence
-# lie one other worker's part apart, NOTE [ Nested chunk order ]). At 1 MiB, set when
-# moto was the bench's server (moto copies the whole object for every ranged GET, so a
-# request cost more than any hole), worker 0 of 2 on the bench's small samples
-# (tools/bench_stream.py --only order, 128 lanes in groups) made 92 GETs of 180 MB, 17 MB
-# of them holes (local order: 36 GETs, 156 MB); at 256 KiB, as local files, 114 GETs of
-# 165 MB. On SeaweedFS (a real S3 server, --s3-server seaweedfs) the holes cost more than
-# the requests they saved: global / local order 0.79x -> 0.89x and 0.59x -> 0.82x in two
-# paired runs on a loaded machine (head / base 1.14x and 1.26x; tools/bench_compare.py
-# main . --rounds 3 -- tools/bench_stream.py --only order --s3-server seaweedfs
-# --repeat 3); in a /tmp harness of 12 alternated DataLoader epochs each, gaps of 0,
-# 256 KiB, 512 KiB, 2 MiB and 3 MiB gave 1.15x, 1.07x, 1.07x, 0.85x and 0.84x of 1 MiB's
-# rate. Through the WAN proxy (shardstream.testing.wanproxy, 30 ms, 40 MB/s per
-# response; worker 0 of 2 in one process, 6 alternated epochs) 1 MiB and 256 KiB read
-# an epoch in the same time (0.97 s and 0.92 s medians): with 16 GETs in flight the
-# requests' latencies overlap, and a hole's bytes take its connection's time as a
-# request's latency would. On moto 0.63x -> 0.75x (one paired run beside the test suite).
+# lie one other worker's part apart, NOTE [ Nested chunk order ]). A server that copies
+# the whole object for every ranged GET (moto) favours a wide gap, but a real S3 server
+# pays for the holes more than for the requests they save, and through a remote wire with
+# many GETs in flight the requests' latencies overlap while a hole's bytes take its
+# connection's time as a request's latency would. So the gap is that of local files.
+# tools/bench_stream.py --only order --s3-server seaweedfs measures it.
 COALESCE_GAP = 256 * 1024
 REMOTE_COALESCE_GAP = 256 * 1024
 
