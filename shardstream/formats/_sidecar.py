@@ -109,16 +109,15 @@ def pack_strings(strings: Sequence[str]) -> tuple[bytes, bytes]:
 # NOTE [ Keys on first use ]
 # A reader loads the sidecars of a window in its prefetch thread while the consumer
 # decodes the window before (NOTE [ Getting the bytes ] in shardstream/dataset/fetch.py).
-# Decoding a 10k-sample shard's keys one by one was ~80% of loading its sidecar, and the
-# sidecar's CRC by zlib (~0.3 ms for 900 KB) released the GIL long enough for the decoder
-# to take it: under the decoder, the 4 sidecars of a small-sample window took 20-50 ms of
-# wall time for ~12 ms of CPU, on the thread that was the epoch's critical path, so every
-# cost of that thread (the read checks' CRCs among them) landed in full. So a string
-# table is checked when its sidecar loads (offsets in order, ending at the blob's end) and
-# kept as stored; its strings are decoded once, when first asked (by the decoder, for the
-# shard's first run), and a sidecar written back reuses the stored bytes. The sidecar's
-# CRC is ISA-L's (NOTE [ Checksummed reads ]). A window's 4 sidecars load in ~2 ms under
-# the decoder (tools/bench_stream.py --only small, local shards).
+# Decoding a shard's keys one by one is most of the cost of loading its sidecar, and a
+# zlib CRC of the sidecar releases the GIL long enough for the decoder to take it: under
+# the decoder, a window's sidecars then take several times their CPU in wall time, on the
+# thread that is the epoch's critical path, so every cost of that thread (the read
+# checks' CRCs among them) lands in full. So a string table is checked when its sidecar
+# loads (offsets in order, ending at the blob's end) and kept as stored; its strings are
+# decoded once, when first asked (by the decoder, for the shard's first run), and a
+# sidecar written back reuses the stored bytes. The sidecar's CRC is ISA-L's (NOTE
+# [ Checksummed reads ]). tools/bench_stream.py --only small measures it on local shards.
 class StringTable:
     """The strings of a sidecar's string table, decoded on first use (NOTE [ Keys on first use ])."""
 

@@ -146,7 +146,7 @@ def _run(
 # columns back to back (and compressed). Where a tar dataset's members average under
 # ``SMALL_MEMBERS`` x 512 bytes on disk, more than half of what a reader downloads is headers and
 # padding: pack says so and names Parquet, which streams the same samples in fewer bytes
-# (issue 9's table: 2x the samples/s of tar through a 30 ms, 40 MB/s link).
+# (tools/bench_wan.py measures both formats over a slow link).
 SMALL_MEMBERS = 3  # members under this many times their format's overhead, on average
 
 

@@ -60,9 +60,8 @@ CONTROL_PREFIX = "/__wanproxy__/"
 # figures toward its own ceiling. A body is copied with ``readinto`` into one buffer per
 # connection and ``sendall`` from it (no bytes object per piece), in pieces of
 # ``PACE_STEP`` seconds at the response's bandwidth (``CHUNK_MIN`` to ``CHUNK_MAX``
-# bytes): at 40 MB/s that is 200 KB, 200 wake-ups a second per response, where 64 KB
-# pieces cost the proxy about 1.6x the CPU per byte (tools/bench_wan.py prints what the
-# proxy and the server spent in each run).
+# bytes): few wake-ups per response, where small fixed pieces cost the proxy much more CPU
+# per byte (tools/bench_wan.py prints what the proxy and the server spent in each run).
 CHUNK_MIN = 64 * 1024
 CHUNK_MAX = 1 << 20
 PACE_STEP = 0.005  # seconds of a paced response per write

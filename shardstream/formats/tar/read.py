@@ -7,13 +7,13 @@
 #   does the arithmetic), shifted so they index the object that owns the bytes.
 # - Every value is sliced straight out of that object by one C-level ``map``: slicing a
 #   ``bytes`` or an ``mmap`` makes the value ``bytes`` with one copy and no other object
-#   (a memoryview slice first, then ``bytes()`` of it, costs a second object per member
-#   and was ~25% of the time for 300-byte samples). A memoryview of a ``bytes`` or an
+#   (a memoryview slice first, then ``bytes()`` of it, costs a second object per member,
+#   a large share of the time for small samples). A memoryview of a ``bytes`` or an
 #   ``mmap`` (what the dataset's reader hands over for a mapped local range) is resolved
 #   to its owner and its offset in it; any other buffer goes the memoryview way.
 # - When every sample of the shard has the same fields (the usual case), each sample dict
 #   is built by a function generated once per field tuple, a dict display with constant
-#   keys (BUILD_CONST_KEY_MAP): about twice as fast as ``dict(zip(names, values))``.
+#   keys (BUILD_CONST_KEY_MAP), much faster than ``dict(zip(names, values))``.
 #   Field names enter the generated code only as ``repr()`` literals.
 # Values stay ``bytes``, as webdataset gives them, so each field is copied once: out of
 # the page cache for a mapped range, out of the response body for object storage.
@@ -44,10 +44,9 @@ _OWNERS = (bytes, mmap.mmap)
 
 
 # Samples cut and built at a time: their values are still in the CPU cache when their
-# dicts are built. For a caller that takes samples as they come (decode is lazy) that
-# measured ~15-30% faster than cutting all of a 10k-sample shard first
-# (tools/bench_formats.py); the dataset's reader lists a run's samples, which is as fast
-# either way.
+# dicts are built. For a caller that takes samples as they come (decode is lazy) that is
+# faster than cutting all of a shard first (tools/bench_formats.py measures it); the
+# dataset's reader lists a run's samples, which is as fast either way.
 BLOCK = 256
 
 
