@@ -155,7 +155,7 @@ class ProgressBar:
         return line
 
 
-Progress = ProgressBar  # the name before the naming pass of issue 8; kept importable
+Progress = ProgressBar  # its earlier name; kept importable
 
 
 class _AboveTheBar(logging.Handler):

@@ -180,8 +180,7 @@ def _packing(url: str, seq_len: int | None, packing: str | None, long_docs: str 
 def read_streamable_manifest(storage: Storage) -> Manifest:
     """``storage``'s manifest, refused when it lists no shards: a pack never writes one
     (it refuses an empty source), so it is hand-made or cut short, and streaming it would
-    end every epoch at once with no error (issue 10: ``verify`` names the shard files
-    beside it)."""
+    end every epoch at once with no error (``verify`` names the shard files beside it)."""
     manifest = read_manifest(storage)  # where there is none, it says why
     if not manifest.shards:
         raise ManifestError(

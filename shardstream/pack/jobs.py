@@ -243,7 +243,7 @@ class ShardJobs:
         return self.make_job(self.shards - 1, parts)
 
 
-ShardPlan = ShardJobs  # its name before the naming pass of issue 8 (a plan is the epoch's); kept importable
+ShardPlan = ShardJobs  # its earlier name (a plan is the epoch's); kept importable
 
 
 class Sized(NamedTuple):
@@ -324,7 +324,7 @@ class PackProgress(Protocol):
     def update(self, samples: int, nbytes: int) -> None: ...
 
 
-Progress = PackProgress  # its name here before the naming pass of issue 8; kept importable
+Progress = PackProgress  # its earlier name here; kept importable
 
 
 _TICK = 1024  # samples between progress updates while a shard is written in this process
