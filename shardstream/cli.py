@@ -101,7 +101,49 @@ def add_pack(subparsers: Any, common: argparse.ArgumentParser) -> None:
         default=None,
         help="end each document with the tokenizer's EOS (default: when it has one)",
     )
+    _sequence_options(tokens)
     p.set_defaults(run=run_pack)
+
+
+def _sequence_options(group: Any) -> None:
+    group.add_argument(
+        "--seq-len",
+        type=_count,
+        metavar="S",
+        help="also count the packed sequences of S tokens of each shard and record them in the manifest "
+        "(best_fit's bins beside the shards), so a plan needs no sidecar to count them",
+    )
+    group.add_argument(
+        "--packing",
+        choices=("best_fit", "pad"),
+        default="best_fit",
+        help="with --seq-len (default: best_fit)",
+    )
+    group.add_argument(
+        "--long-docs",
+        choices=("split", "truncate"),
+        default="split",
+        help="with --packing pad (default: split)",
+    )
+
+
+def _record_sequences(args: argparse.Namespace, url: str) -> None:
+    """With ``--seq-len``: count and record a token dataset's packed sequences (NOTE [ Recorded sequences ])."""
+    from shardstream.catalog import record_sequences
+
+    manifest = record_sequences(
+        url,
+        args.seq_len,
+        packing=args.packing,
+        long_docs=args.long_docs,
+        storage_options=storage_options_for(url, args.endpoint_url),
+    )
+    if not args.quiet:
+        key = next(key for key in manifest.sequences if key.startswith(f"{args.packing}/{args.seq_len}"))
+        count = sum(manifest.sequences[key])
+        print(
+            f"sequences: {plural(count, 'sequence')} of {args.seq_len} tokens ({args.packing}) recorded at {url}"
+        )
 
 
 def run_pack(args: argparse.Namespace) -> int:
@@ -135,6 +177,8 @@ def run_pack(args: argparse.Namespace) -> int:
         print(progress.summary(where))
         if args.part:
             print(f"part {args.part} done; when every part is, run: shardstream index {args.dest}")
+    if args.seq_len is not None and not args.part:
+        _record_sequences(args, args.dest)
     return 0
 
 
@@ -153,12 +197,18 @@ def add_index(subparsers: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--rehash", action="store_true", help="read every shard, even those listed in part records"
     )
+    _sequence_options(p.add_argument_group("packed sequences of a token dataset"))
     p.set_defaults(run=run_index)
 
 
 def run_index(args: argparse.Namespace) -> int:
     from shardstream.catalog import index_dataset
+    from shardstream.diagnose import has_manifest
 
+    options = storage_options_for(args.url, args.endpoint_url)
+    if args.seq_len is not None and not args.rehash and has_manifest(args.url, options):
+        _record_sequences(args, args.url)  # a dataset already: its sequences alone
+        return 0
     manifest = index_dataset(
         args.url,
         storage_options=storage_options_for(args.url, args.endpoint_url),
@@ -171,6 +221,8 @@ def run_index(args: argparse.Namespace) -> int:
             f"{plural(manifest.num_samples, 'sample')}, "
             f"{human_bytes(manifest.num_bytes)}; wrote .shardstream/manifest.json at {args.url}"
         )
+    if args.seq_len is not None:
+        _record_sequences(args, args.url)
     return 0
 
 

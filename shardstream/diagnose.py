@@ -20,7 +20,14 @@ from shardstream.manifest import MANIFEST_NAME, Manifest
 from shardstream.storage import Storage
 from shardstream.storage.retry import is_not_found
 
-__all__ = ["missing_bucket", "no_destination", "nothing_there", "read_manifest", "why_not_a_dataset"]
+__all__ = [
+    "has_manifest",
+    "missing_bucket",
+    "no_destination",
+    "nothing_there",
+    "read_manifest",
+    "why_not_a_dataset",
+]
 
 
 def read_manifest(storage: Storage) -> Manifest:
@@ -32,6 +39,18 @@ def read_manifest(storage: Storage) -> Manifest:
             f"{storage.url} is not a shardstream dataset (no {MANIFEST_NAME}): {why_not_a_dataset(storage)}",
             url=error.url,
         ) from None
+
+
+def has_manifest(url: str, storage_options: dict[str, Any] | None = None) -> bool:
+    """Whether ``url`` holds a manifest (is a dataset already)."""
+    storage = Storage(url, storage_options)
+    try:
+        storage.read_manifest()
+        return True
+    except NotADatasetError:
+        return False
+    finally:
+        storage.close()
 
 
 def why_not_a_dataset(storage: Storage) -> str:

@@ -79,6 +79,7 @@ __all__ = [
     "build_manifest",
     "claim_name",
     "fields_and_schema",
+    "fit_sidecar_name",
     "legacy_part_record_name",
     "own_name",
     "pack_record_name",
@@ -106,7 +107,7 @@ def shard_name_re() -> re.Pattern[str]:
 def _shard_name_re(suffixes: tuple[str, ...]) -> re.Pattern[str]:
     formats = "|".join(map(re.escape, suffixes))
     shard = rf"(?:part-\d{{5}}-)?shard-\d{{6}}(?:{formats})"
-    return re.compile(rf"^(?:{shard}|(?:{re.escape(META_FOLDER)}/)?{shard}\.idx)$")
+    return re.compile(rf"^(?:{shard}|(?:{re.escape(META_FOLDER)}/)?{shard}\.(?:idx|fit\d+))$")
 
 
 # The names of the built-in formats' shards, for importers; a pack asks ``shard_name_re()``,
@@ -135,6 +136,11 @@ def shard_name(prefix: str, number: int, suffix: str) -> str:
 def sidecar_name(shard: str) -> str:
     """The sample-index sidecar of ``shard`` (a path in the folder): ``.shardstream/<shard>.idx``."""
     return f"{META_FOLDER}/{shard}.idx"
+
+
+def fit_sidecar_name(shard: str, seq_len: int) -> str:
+    """The best-fit bins of ``shard`` for sequences of ``seq_len`` tokens: ``.shardstream/<shard>.fit<S>``."""
+    return f"{META_FOLDER}/{shard}.fit{seq_len}"
 
 
 def part_record_name(part: int, count: int) -> str:

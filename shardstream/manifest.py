@@ -23,6 +23,7 @@ from shardstream.errors import ManifestError
 from shardstream.formats import available_formats
 
 __all__ = [
+    "sequences_key",
     "FORMATS",
     "LEGACY_MANIFEST_NAME",
     "MANIFEST_NAME",
@@ -128,6 +129,9 @@ class Manifest:
     writer: str = ""
     version: int = MANIFEST_VERSION
     tokens: TokensInfo | None = None  # token datasets: what their ids are
+    # token datasets: each shard's packed sequences for a packing (``sequences_key``),
+    # recorded by ``shardstream index --seq-len`` so that a plan needs no sidecar to count them
+    sequences: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         known = available_formats()
@@ -180,6 +184,8 @@ class Manifest:
         if self.tokens is not None:  # only where there are tokens: other manifests keep their bytes
             out["tokens"] = self.tokens.to_dict()
             out["num_tokens"] = self.num_tokens
+        if self.sequences:
+            out["sequences"] = {key: list(counts) for key, counts in sorted(self.sequences.items())}
         return out
 
     def to_json(self) -> str:
@@ -222,6 +228,7 @@ class Manifest:
                 writer=_string(data, "writer", url, default=""),
                 version=version,
                 tokens=None if data.get("tokens") is None else TokensInfo.from_dict(data["tokens"], url),
+                sequences=_sequences(data.get("sequences"), len(infos), url),
             )
         except ManifestError as error:
             raise ManifestError(error.message, url=url, shard=error.shard) from None
@@ -265,6 +272,25 @@ def _strings(value: object, key: str, url: str | None) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ManifestError(f"manifest field {key!r} must be a list of strings", url=url)
     return value
+
+
+def sequences_key(mode: str, seq_len: int, long_docs: str = "split") -> str:
+    """The name under which a manifest records each shard's packed sequences of a packing."""
+    return f"{mode}/{seq_len}" + ("/truncate" if long_docs == "truncate" else "")
+
+
+def _sequences(value: object, shards: int, url: str | None) -> dict[str, tuple[int, ...]]:
+    """``sequences``: for each packing, one count per shard."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ManifestError("manifest field 'sequences' must be a JSON object", url=url)
+    out = {}
+    for key, counts in value.items():
+        if not isinstance(counts, list) or len(counts) != shards:
+            raise ManifestError(f"manifest field 'sequences.{key}' must list one count per shard", url=url)
+        out[key] = tuple(c if _fits(c) else _count(c, f"sequences.{key}", url) for c in counts)
+    return out
 
 
 def _schema(value: object, url: str | None) -> dict[str, str]:

@@ -6,6 +6,8 @@
   a Parquet one twice (its footer comes first).
 - ``inspect_dataset(url)`` summarises the manifest: shards, samples, bytes, fields, a
   few keys and the distribution of shard sizes.
+- ``record_sequences(url, seq_len)`` counts a token dataset's packed sequences of one
+  packing once and records them in its manifest (NOTE [ Recorded sequences ]).
 - ``verify_dataset(url)`` re-reads every shard and checks it against the manifest:
   size, sha256, sample count, and the sidecar against an index rebuilt from the shard.
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 from shardstream.catalog.index import index_dataset
 from shardstream.catalog.inspect import DatasetSummary, inspect_dataset
+from shardstream.catalog.sequences import record_sequences
 from shardstream.catalog.verify import ShardProblem, VerifyReport, verify_dataset
 
 __all__ = [
@@ -25,5 +28,6 @@ __all__ = [
     "VerifyReport",
     "index_dataset",
     "inspect_dataset",
+    "record_sequences",
     "verify_dataset",
 ]

@@ -232,7 +232,8 @@ class MixedDataset(StreamingDataset):
         )
         if self.config.sequences is None:
             return reader
-        shards = TokenShards.of([dataset.manifest for dataset in self.datasets], mixture=True)
+        manifests = [dataset.manifest for dataset in self.datasets]
+        shards = TokenShards.of(manifests, self.config.sequences, mixture=True)
         return SequenceReader(reader, self.config.sequences, shards)
 
 

@@ -81,6 +81,10 @@ class MixtureReader:
         stream = self._stream_of(shard)
         return self.readers[stream].index(shard - int(self._offsets[stream]))
 
+    def sidecar(self, shard: int, name: str) -> bytes:
+        """The file ``name`` of the dataset of mixture shard ``shard`` (a sidecar of it)."""
+        return self.readers[self._stream_of(shard)].sidecar(shard, name)
+
     # -- one window ----------------------------------------------------------------------
 
     def fetch(self, window: Any, take: Callable[[int], None] | None = None) -> list[list[Fetched]]:

@@ -218,6 +218,10 @@ class WindowReader:
         info = self.manifest.shards[shard]
         return self._keep_index(shard, self.bytes.read(info.index, None))
 
+    def sidecar(self, shard: int, name: str) -> bytes:
+        """The file ``name`` of the dataset folder (a sidecar of ``shard`` beside its index)."""
+        return bytes(self.bytes.read(name, None))
+
     def _cached_index(self, shard: int) -> SampleIndex | None:
         info = self.manifest.shards[shard]
         index = self._indexes.get(info)

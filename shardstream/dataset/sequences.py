@@ -29,9 +29,11 @@ from shardstream.dataset.mixture_reader import STREAM_KEY
 from shardstream.errors import FormatError, UsageError
 from shardstream.formats.base import SampleColumns
 from shardstream.formats.tokens import doc_ends
-from shardstream.manifest import Manifest
+from shardstream.layout import fit_sidecar_name
+from shardstream.manifest import Manifest, sequences_key
 from shardstream.plan import Run, Window
 from shardstream.tokens import (
+    BestFit,
     Packing,
     SequenceLayout,
     SequencePieces,
@@ -58,10 +60,13 @@ def check_token_dataset(manifest: Manifest, url: str) -> None:
 
 
 def sequence_counts(packing: Packing, manifest: Manifest, layouts: Any) -> np.ndarray:
-    """The sequences of every shard: concat's from the manifest's token counts; the others'
-    from each shard's document ends (``layouts(packing)`` gives ``(layout of shard, close)``,
-    reading sidecars; made only where they are needed)."""
+    """The sequences of every shard: recorded in the manifest (NOTE [ Recorded sequences ]),
+    or concat's from its token counts; else from each shard's document ends (``layouts(packing)``
+    gives ``(layout of shard, close)``, reading sidecars; made only where they are needed)."""
     shards = manifest.shards
+    recorded = manifest.sequences.get(sequences_key(packing.mode, packing.seq_len, packing.long_docs))
+    if recorded is not None:
+        return np.array(recorded, dtype=np.int64)
     if packing.mode == "concat" and all(info.tokens is not None for info in shards):
         tokens = np.fromiter((info.tokens or 0 for info in shards), dtype=np.int64, count=len(shards))
         return tokens // packing.seq_len
@@ -83,19 +88,26 @@ class TokenShards:
     doc_base: tuple[int, ...]
     streams: tuple[int, ...] | None
     pads: tuple[int, ...]
+    fits: tuple[str | None, ...]  # each shard's best-fit sidecar where one was recorded
 
     @classmethod
-    def of(cls, manifests: Sequence[Manifest], *, mixture: bool = False) -> TokenShards:
-        paths, counts, streams, pads = [], [], [], []
+    def of(cls, manifests: Sequence[Manifest], packing: Packing, *, mixture: bool = False) -> TokenShards:
+        paths, counts, streams, pads, fits = [], [], [], [], []
         for number, manifest in enumerate(manifests):
             eos = manifest.tokens.eos_id if manifest.tokens is not None else None
+            fitted = (
+                packing.mode == "best_fit"
+                and sequences_key("best_fit", packing.seq_len) in manifest.sequences
+            )
             for info in manifest.shards:
                 paths.append(info.path)
                 counts.append(info.samples)
                 streams.append(number)
                 pads.append(0 if eos is None else int(eos))
+                fits.append(fit_sidecar_name(info.path, packing.seq_len) if fitted else None)
         base = np.cumsum(counts, dtype=np.int64) - np.asarray(counts, dtype=np.int64)
-        return cls(tuple(paths), tuple(base.tolist()), tuple(streams) if mixture else None, tuple(pads))
+        streamed = tuple(streams) if mixture else None
+        return cls(tuple(paths), tuple(base.tolist()), streamed, tuple(pads), tuple(fits))
 
 
 class SequenceReader:
@@ -111,8 +123,13 @@ class SequenceReader:
         """The sequences of ``shard`` (its sidecar read once, the layout kept a while)."""
         found = self._layouts.get(shard)
         if found is None:
-            name = self.shards.paths[shard]
-            found = sequence_layout(self.packing, doc_ends(self.reader.index(shard)), shard=name)
+            name, fit_name = self.shards.paths[shard], self.shards.fits[shard]
+            fit = (
+                None
+                if fit_name is None
+                else BestFit.from_bytes(self.reader.sidecar(shard, fit_name), name=fit_name)
+            )
+            found = sequence_layout(self.packing, doc_ends(self.reader.index(shard)), fit=fit, shard=name)
             self._layouts[shard] = found
             while len(self._layouts) > _LAYOUTS:
                 self._layouts.popitem(last=False)

@@ -313,7 +313,7 @@ class StreamingDataset(IterableDataset):
         """``(layout of shard, close)``: each shard's sequences read from its sidecar, for counts
         that the manifest does not give."""
         reader = self._window_reader()
-        return SequenceReader(reader, packing, TokenShards.of([self.manifest])).layout, reader.close
+        return SequenceReader(reader, packing, TokenShards.of([self.manifest], packing)).layout, reader.close
 
     def _token_sequences(self, packing: Packing) -> TokenSequences:
         """The plan's source of a token dataset read as sequences (NOTE [ Reading sequences ]):
@@ -404,7 +404,7 @@ class StreamingDataset(IterableDataset):
     def open_reader(self) -> WindowReader | MixtureReader | SequenceReader:
         """A reader of this dataset's windows for one iteration (in this process)."""
         if self.config.sequences is not None:
-            shards = TokenShards.of([self.manifest])
+            shards = TokenShards.of([self.manifest], self.config.sequences)
             return SequenceReader(self._window_reader(), self.config.sequences, shards)
         return self._window_reader()
 
