@@ -1,5 +1,5 @@
-"""CRC-32 as zlib computes it (the same values), by ISA-L where it loads: 4-5x faster
-(8-11 GB/s on the 2-core VM).
+"""CRC-32 as zlib computes it (the same values), by ISA-L where it loads: several times
+faster than zlib.
 
 Below every layer: the read checks of the formats (NOTE [ Checksummed reads ] in
 ``formats/checks.py``) and the cache fills of the storage (NOTE [ Filling the cache ] in

@@ -19,7 +19,7 @@ INDEX_CACHE_SIZE = 48
 # dataset (one IndexCache per dataset and process, made with its Storage and anew after a
 # fork, as the Storage is), so the next epoch of a persistent DataLoader
 # worker or of an in-process loop does not read them again (on S3, one GET per shard per
-# epoch; measured ~7% of a 64 MB-shard epoch on moto). They are keyed by the shard's whole
+# epoch, a visible share of an epoch). They are keyed by the shard's whole
 # manifest entry (paths, sizes, sha256), so another manifest never gets a stale index,
 # and held while the dataset lives: at most INDEX_CACHE_SIZE of them.
 

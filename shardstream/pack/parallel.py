@@ -33,8 +33,8 @@
 # NOTE [ Garbage collection during a pack ]
 # A pack makes millions of small objects (entries: tuples and strings) that live until
 # their shard is written. CPython's cyclic collector runs every 700 allocations, and its
-# full collections rescan every object still alive: about 5% of the time of a pack of
-# small files. None of these objects is part of a cycle, so every process of a pack
+# full collections rescan every object still alive: a visible share of the time of a pack
+# of small files. None of these objects is part of a cycle, so every process of a pack
 # turns automatic collection off while it runs and collects the young generations after
 # each shard instead: the rare cycles (an exception's frames, the asyncio objects of an
 # S3 upload) are still freed, and the entries of cut shards are not rescanned.
@@ -248,7 +248,7 @@ class _Pool:
 
     def submit(self, job: ShardJob) -> Future[ShardResult]:
         """Give ``job`` to a worker, pickled here: the pool's own threads would pickle it
-        only when this busy thread lets them have the GIL (a worker got it ~20 ms later)."""
+        only when this busy thread lets them have the GIL (a worker would wait for it)."""
         if self.pool is None:
             raise PackError(f"shard job {job.name} was handed to a pack pool that has no worker process")
         try:

@@ -320,7 +320,7 @@ class S3Reader:
 def _loader(data_path: Any) -> Any:
     """This process's botocore model loader for ``data_path`` (call with ``_lock`` held).
 
-    A fresh session parses the S3 model again (~100 ms a client); the parsed models are
+    A fresh session parses the S3 model again (slow, for every client); the parsed models are
     plain data, so sessions share one loader, forked children included. Sessions stay
     separate: each resolves its own credentials, as s3fs's do.
     """

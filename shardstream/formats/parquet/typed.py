@@ -46,7 +46,7 @@ _INTEGER = frozenset({"cls", "cls2", "class"})
 _JSON = frozenset({"json", "jsn"})
 _INT64 = range(-(2**63), 2**63)
 # Values below which a column is turned back into bytes in Python rather than by Arrow
-# casts, which cost ~40 us a call however short the column (a run of a few samples).
+# casts, which pay a fixed cost per call however short the column (a run of a few samples).
 _CAST_FROM = 256
 
 

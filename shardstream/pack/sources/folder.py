@@ -41,7 +41,7 @@ _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # a FIFO put in a file's place opens without waiting
 _STAT_DIR_FD = os.stat in os.supports_dir_fd  # Unix: a file stat'ed relative to its folder
-_CHUNK_FILES = 2048  # files sized by one task (about 10 ms of stat calls)
+_CHUNK_FILES = 2048  # files sized by one task (a short task of stat calls)
 _CHUNK_FOLDERS = 8  # folders listed by one task
 
 # Chunks of the walk are ("files", pieces) or ("folders", ((folder, key prefix), ...)).
@@ -347,8 +347,8 @@ def _shape(shapes: dict[tuple[str, ...], tuple[str, ...]], fields: list[str]) ->
 # NOTE [ Large reads and the allocator ]
 # glibc serves a malloc of M_MMAP_THRESHOLD bytes or more (128 KiB at first) with a fresh
 # mmap: every page faulted in and zeroed, then unmapped on free. Reading 1 MB files into
-# new bytes objects took that path for every file (~256 page faults each, ~20% of a pack's
-# time). glibc raises the threshold to the size of any mmapped block that is freed (up to
+# new bytes objects takes that path for every file (a page fault per 4 KiB, a large share
+# of a pack's time). glibc raises the threshold to the size of any mmapped block that is freed (up to
 # 32 MiB; see mallopt(3)), so freeing one block a little larger than the files before
 # reading them makes their buffers come from the heap, where freed ones are reused. Other
 # allocators ignore this; ``bytes(n)`` uses calloc, which touches no page of a new mmap.
