@@ -2,8 +2,8 @@
 
 NOTE [ Checked single reads ]
 A checked read is widened to whole check blocks (NOTE [ Checksummed reads ]): for one
-~300 B tar sample, ``dataset[i]`` read and CRC'd a 64 KiB block (two where the sample
-straddles a boundary), ~200x its bytes, and that was most of its time. So the first
+small tar sample, ``dataset[i]`` would read and CRC a whole block (two where the sample
+straddles a boundary), many times its bytes, and most of its time. So the first
 checked read of a block also records, in this process, the CRC-32 of every sample that
 lies wholly in the bytes it has just checked; a later read of such a sample reads only
 its own bytes and checks them against that CRC. The guarantee is the block check's:
