@@ -179,7 +179,7 @@ def _classify_one(error: BaseException) -> bool | None:
     http_status = getattr(error, "status", None)
     if type(error).__name__ == "ClientResponseError" and isinstance(http_status, int):  # aiohttp
         return http_status >= 500 or http_status in (408, 429)
-    import http.client  # here, not at the top: only an error pays for it (~15 ms at start)
+    import http.client  # here, not at the top: only an error pays for its import
 
     if isinstance(
         error, TimeoutError | ConnectionError | http.client.IncompleteRead | http.client.BadStatusLine
