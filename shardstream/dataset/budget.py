@@ -66,7 +66,7 @@ def _close_open_budgets() -> None:
         budget.close()
 
 
-# private, as concurrent.futures uses it; without it an exit may wait as before
+# private, as concurrent.futures uses it; without it an exit may wait on a fetch forever
 getattr(threading, "_register_atexit", lambda hook: None)(_close_open_budgets)
 
 DEFAULT_READ_BUDGET = 64 * 2**20

@@ -59,7 +59,7 @@ _LAZY = {  # NOTE [ pyarrow on demand ]: these names import pyarrow, so only on 
 
 # NOTE [ pyarrow on demand ]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~
-# Importing pyarrow (and numpy with it) costs ~0.15 s, paid by every ``shardstream``
+# Importing pyarrow (and numpy with it) is slow, paid by every ``shardstream``
 # command and every pack worker process, though most write tar. The registry in
 # ``shardstream.formats`` holds a ParquetFormat instance, so this module must import
 # cheaply: pyarrow and the modules built on it are imported inside the functions that

@@ -13,7 +13,7 @@
 #   a struct: a struct needs the same keys and types in every sample, turns a missing key
 #   into a null, and cannot hold a document that is a list or a number; the text keeps
 #   every document whole, and DuckDB (``json`` functions) and pandas read it as text;
-# - anything else (``npy``, images, ...): a binary column, as before.
+# - anything else (``npy``, images, ...): a binary column.
 # Every column made from bytes records its field's extension in the Arrow field metadata
 # (``shardstream.extension``), so any reader knows how to decode it.
 # shardstream reads a typed column back as the bytes it was made from (``as_bytes``): its
