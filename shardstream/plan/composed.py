@@ -15,30 +15,10 @@ as a ``GlobalPlan``'s. The quotas are first rounded so that the epoch is whole b
 the epoch of stream ``s`` is ``q_s'`` samples (``quotas``), taken from its passes as
 ``Mixture.segments(quota=q_s')`` takes them, so "every sample before a repeat" holds.
 
-- stratified: ``q'`` is ``B G`` apportioned by the quotas; ``a_s = q_s' // B`` and
-  ``e_s = q_s' % B``. Stream ``s`` has a main part (``g = a_s``, in every batch) over
-  its first ``a_s B`` samples and an extras part (``g = 1``) over its last ``e_s``.
-  Every batch holds exactly ``X = G - sum(a_s)`` extras (``sum(e_s) = X B``): batch
-  ``k`` holds one of stream ``s`` when ``pi(k)`` falls in the cyclic interval
-  ``[c_s, c_s + e_s)`` of ``[0, B)`` (``c_s`` the sum of the ``e`` before ``s``), so the
-  intervals wrap around ``[0, B)`` exactly ``X`` times and each batch holds ``a_s`` or
-  ``a_s + 1`` of stream ``s``. ``pi(k) = alpha k + beta (mod B)`` with ``alpha`` the
-  inverse of a step near ``B / phi`` (coprime with ``B``; of the neighbours, the one with
-  the smallest continued-fraction quotients): consecutive ``pi`` values are batches
-  about ``0.618 B`` apart, so a stream's extras spread evenly over the epoch (every
-  prefix within 4 of its share up to B = 3e6, as measured); ``beta`` is keyed by
-  ``(seed, epoch)``. Parts of a batch: mains by stream, then extras.
-- per_stream: ``b`` is ``B`` apportioned by the quotas, ``q_s' = b_s G``; one part per
-  stream (``g = G``). Stream ``s`` has the points ``(j + u_s) / b_s`` for ``j < b_s``
-  (``u_s`` keyed by ``(seed, epoch)``), and batch ``k`` is the stream of the ``k``-th
-  point of all streams (ties to the first stream): every stream's batches evenly spread
-  and interleaved. Where the ``k``-th point lies is a bisection over O(S) counts, so a
-  range of batches costs O(S log + range): nothing O(B) is ever built.
-
-Which part-batch a global batch holds is a count (``before``): for a main, ``k``; for
-extras, the lattice points of ``alpha k + beta`` below ``k`` in an interval (a floor
-sum, O(log B)); for per_stream, the bisection above. So a resume state is the number of
-global batches taken, as a ``GlobalPlan``'s, and memory is O(segments + window).
+How each mix lays its parts: NOTE [ Stratified batches ] and NOTE [ Per-stream batches ]
+in plan/parts.py. Which part-batch a global batch holds is a count (``before``), never a
+walk over the epoch, so a resume state is the number of global batches taken, as a ``GlobalPlan``'s,
+and memory is O(segments + window).
 
 Every part's windows are ``M = shuffle_window // G`` of its own batches: a main part's
 windows are then exactly the windows of the global batches, a sparse part's span more

@@ -163,6 +163,21 @@ class ComposedSequence(abc.ABC):
         return tuple(runs), order
 
 
+# NOTE [ Stratified batches ]
+# ``q'`` is ``B G`` apportioned by the quotas; ``a_s = q_s' // B`` and ``e_s = q_s' % B``.
+# Stream s has a main part (g = a_s, in every batch) over its first ``a_s B`` samples and
+# an extras part (g = 1) over its last ``e_s``. Every batch holds exactly
+# ``X = G - sum(a_s)`` extras (``sum(e_s) = X B``): batch k holds one of stream s when
+# ``pi(k)`` falls in the cyclic interval ``[c_s, c_s + e_s)`` of ``[0, B)`` (``c_s`` the sum
+# of the e before s), so the intervals wrap around ``[0, B)`` exactly X times and each
+# batch holds ``a_s`` or ``a_s + 1`` of stream s. ``pi(k) = alpha k + beta (mod B)`` with
+# alpha the inverse of a step near ``B / phi`` (coprime with B; of the neighbours, the one
+# with the smallest continued-fraction quotients): consecutive pi values are batches about
+# ``0.618 B`` apart, so a stream's extras spread evenly over the epoch (every prefix of the
+# epoch stays within a few samples of its share); beta is keyed by ``(seed, epoch)``.
+# Parts of a batch: mains by stream, then extras. Which extras-batch batch k holds is the
+# count of lattice points of ``alpha k + beta`` below k in an interval (a floor sum,
+# O(log B)); a main's is k.
 class StratifiedSequence(ComposedSequence):
     """mix="stratified": every batch holds each stream's share to within one sample."""
 
@@ -217,6 +232,13 @@ class StratifiedSequence(ComposedSequence):
         return placed
 
 
+# NOTE [ Per-stream batches ]
+# b is B apportioned by the quotas, ``q_s' = b_s G``; one part per stream (g = G). Stream s
+# has the points ``(j + u_s) / b_s`` for ``j < b_s`` (``u_s`` keyed by ``(seed, epoch)``),
+# and batch k is the stream of the k-th point of all streams (ties to the first stream):
+# every stream's batches evenly spread and interleaved. Where the k-th point lies is a
+# bisection over O(S) counts, so a range of batches costs O(S log + range): nothing O(B) is
+# ever built, and which part-batch batch k holds is the same bisection's count.
 class PerStreamSequence(ComposedSequence):
     """mix="per_stream": each global batch from one stream, the streams evenly interleaved."""
 
