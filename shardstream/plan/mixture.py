@@ -9,21 +9,7 @@ stream repeats), or none: then each stream a ``repeat`` (a multiple of its own s
 0.5 takes half of it, 2.5 two and a half times) or a ``choose`` (samples per epoch), or
 neither (all of it once).
 
-Which samples of a stream an epoch takes: the stream has an endless sequence of passes,
-each its shards in a keyed order (manifest order without shuffle) laid end to end, and
-epoch ``e`` takes positions ``[e q, (e + 1) q)`` of it (``q`` the quota, ``N`` the
-stream's samples). So no sample of a stream repeats before every sample of it has been
-seen, and a downsampled stream takes the next part of its passes each epoch (another
-subset every epoch, all of the stream over successive epochs). Within one epoch every
-sample must come ``q // N`` or ``q // N + 1`` times (at most once when downsampled); an
-epoch that takes the tail of one pass and the head of the next would break that with two
-unrelated orders (the head may hold samples of the tail). So the passes keep one order
-for a cycle of ``q / gcd(N, q)`` passes, after which epochs and passes align again
-(``N / gcd(N, q)`` epochs), the order ``permutation(shards, (seed, c, TAG_PASS,
-stream))`` for cycle ``c``: a head and the tail before it then never overlap (``q <=
-N``) or overlap in exactly ``q mod N`` samples. A fresh order comes every cycle: every
-epoch when ``q`` divides or is a multiple of ``N``. Those positions are ``Segments``: runs
-of one real shard each, a few per shard of the stream and epoch.
+Which samples of a stream an epoch takes: NOTE [ A stream's passes ], at ``Mixture.segments``.
 
 The segments are the shards a plan runs on ("virtual shards"): with ``mix="random"`` one
 ``EpochPlan`` (or ``GlobalPlan``, order="global") over all streams' segments, which
@@ -146,6 +132,22 @@ class Mixture:
         found = np.searchsorted(self.shard_offsets, shards, side="right") - 1
         return int(found) if np.ndim(found) == 0 else found
 
+    # NOTE [ A stream's passes ]
+    # Which samples of a stream an epoch takes: the stream has an endless sequence of passes,
+    # each its shards in a keyed order (manifest order without shuffle) laid end to end, and
+    # epoch ``e`` takes positions ``[e q, (e + 1) q)`` of it (``q`` the quota, ``N`` the
+    # stream's samples). So no sample of a stream repeats before every sample of it has been
+    # seen, and a downsampled stream takes the next part of its passes each epoch (another
+    # subset every epoch, all of the stream over successive epochs). Within one epoch every
+    # sample must come ``q // N`` or ``q // N + 1`` times (at most once when downsampled); an
+    # epoch that takes the tail of one pass and the head of the next would break that with two
+    # unrelated orders (the head may hold samples of the tail). So the passes keep one order
+    # for a cycle of ``q / gcd(N, q)`` passes, after which epochs and passes align again
+    # (``N / gcd(N, q)`` epochs), the order ``permutation(shards, (seed, c, TAG_PASS,
+    # stream))`` for cycle ``c``: a head and the tail before it then never overlap (``q <=
+    # N``) or overlap in exactly ``q mod N`` samples. A fresh order comes every cycle: every
+    # epoch when ``q`` divides or is a multiple of ``N``. Those positions are ``Segments``: runs
+    # of one real shard each, a few per shard of the stream and epoch.
     def segments(
         self, stream: int, epoch: int, *, seed: int, shuffle: bool, quota: int | None = None
     ) -> Segments:
