@@ -152,7 +152,7 @@ class Mixture:
         self, stream: int, epoch: int, *, seed: int, shuffle: bool, quota: int | None = None
     ) -> Segments:
         """The samples stream ``stream`` gives in ``epoch`` (its quota, or ``quota``), in
-        pass order, as runs of mixture shards (NOTE [ Mixtures ])."""
+        pass order, as runs of mixture shards (NOTE [ A stream's passes ])."""
         spec, offset = self.streams[stream], int(self.shard_offsets[stream])
         total = spec.num_samples
         take = self.quotas[stream] if quota is None else check_count(quota, "quota")
