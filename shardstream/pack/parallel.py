@@ -29,15 +29,6 @@
 # Sized chunks are cut in walk order, and an error found while sizing is raised only
 # when the cut reaches it, so the same input fails with the same error however many
 # workers there are.
-
-# NOTE [ Garbage collection during a pack ]
-# A pack makes millions of small objects (entries: tuples and strings) that live until
-# their shard is written. CPython's cyclic collector runs every 700 allocations, and its
-# full collections rescan every object still alive: a visible share of the time of a pack
-# of small files. None of these objects is part of a cycle, so every process of a pack
-# turns automatic collection off while it runs and collects the young generations after
-# each shard instead: the rare cycles (an exception's frames, the asyncio objects of an
-# S3 upload) are still freed, and the entries of cut shards are not rescanned.
 """
 
 from __future__ import annotations
@@ -95,9 +86,17 @@ def _work(job: ShardJob) -> ShardResult:
         gc.collect(1)
 
 
+# NOTE [ Garbage collection during a pack ]
+# A pack makes millions of small objects (entries: tuples and strings) that live until
+# their shard is written. CPython's cyclic collector runs every 700 allocations, and its
+# full collections rescan every object still alive: a visible share of the time of a pack
+# of small files. None of these objects is part of a cycle, so every process of a pack
+# turns automatic collection off while it runs and collects the young generations after
+# each shard instead: the rare cycles (an exception's frames, the asyncio objects of an
+# S3 upload) are still freed, and the entries of cut shards are not rescanned.
 @contextmanager
 def _collect_per_shard() -> Iterator[None]:
-    """No automatic garbage collection in this process while the block runs (see the NOTE)."""
+    """No automatic garbage collection in this process while the block runs (NOTE above)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
