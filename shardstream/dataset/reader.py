@@ -75,13 +75,13 @@ _log = logging.getLogger("shardstream.dataset")
 # (tar's end-of-archive blocks, padding to a 10 KiB record, a Parquet footer) is a plain
 # GET of the whole object rather than a ranged one: the same bytes, give or take the
 # trailer, and no server work to cut a range. moto, for one, copies the whole object and
-# then slices it for every ranged GET (~10% of the throughput of 64 MB shards on loopback).
+# then slices it for every ranged GET, which costs large shards much of their throughput.
 # A run of a window that takes a whole shard (the usual case for large samples) is one.
 WHOLE_SHARD_SLACK = 64 * 1024
 
 # NOTE [ Whole shards at once ]
 # A window's reads are planned from its shards' sidecars, so on object storage the first
-# window waited for three round trips in a row: the manifest, the sidecars, the shards.
+# window would wait for three round trips in a row: the manifest, the sidecars, the shards.
 # Where the plan knows a window's runs up front (``Window.known_runs``: ``shuffle=False``,
 # or a dataset no larger than a window), the runs that are all of their shard, as the
 # manifest counts them, need no sidecar to be read: those shards' GETs (whole objects, as
@@ -92,37 +92,27 @@ WHOLE_SHARD_SLACK = 64 * 1024
 # index) before the window is laid out or anything decoded. The window takes its budget
 # (NOTE [ Read budget ]) before any GET, counting a part of a shard as all of it (its
 # bytes are not known yet). Only while the whole shards' manifest sizes fit in the
-# budget, so a manifest that lies about a shard cannot make the reader
-# allocate more than the budget before its sidecar is checked; only where some sidecar
-# is not in the LRU yet (else there is no round trip to save); and only while no earlier
-# window holds bytes of the budget (the first window of an epoch, or a reader whose
-# consumer caught up): behind a window still being fetched the sidecars' round trip is
-# hidden anyway, and a shard GET sent early only took connections from the window
-# needed first (150 x 1 MB in 5 shards, a second window of one shard: Parquet 0.94x,
-# paired, 6 rounds). Through the WAN proxy (30 ms, 40 MB/s), 20k samples of ~250 B in 4
-# shards (one window, shuffle=False),
-# cold epochs with and without this, paired in 6 rounds: Parquet 1.26x, tar 1.16x (tar
-# moves ~3 KB per sample, so its epoch is mostly the shards' GETs themselves). 150 x 1 MB
-# in 5 shards (windows of 2.5 shards: each cut inside one) through the same proxy, with
-# and without the whole shards of such windows going early, alternated with boto3 x16 in
-# one process for 30 rounds: median epoch 786 -> 759 ms, 1.05x -> 1.18x of boto3's.
+# budget, so a manifest that lies about a shard cannot make the reader allocate more than
+# the budget before its sidecar is checked; only where some sidecar is not in the LRU yet
+# (else there is no round trip to save); and only while no earlier window holds bytes of
+# the budget (the first window of an epoch, or a reader whose consumer caught up): behind
+# a window still being fetched the sidecars' round trip is hidden anyway, and a shard GET
+# sent early would only take connections from the window needed first.
+# tools/bench_wan.py measures cold epochs through a remote wire.
 
 # NOTE [ Checks beside decoding ]
 # In a stream (``prefetched``) a window's block checks (NOTE [ Checksummed reads ]) run in
 # a thread of the reader's own, read by read in window order, and ``decode`` waits for
 # each read's check just before it decodes that read: the first read is decoded while the
-# others are checked. They were checked one after the other at the end of the fetch, so a
-# window's first read waited for every read's check; where fetching costs nothing (local
-# files mapped, a warm cache) that put a whole window's CRCs between the caller and its
+# others are checked. Checking them all at the end of the fetch would make a window's
+# first read wait for every read's check; where fetching costs nothing (local files
+# mapped, a warm cache) that puts a whole window's CRCs between the caller and its
 # samples: the epoch's first window, and any window the caller catches up with. Every read
 # is still checked before any of its bytes is decoded, a failed check is the same error,
 # raised where the window is decoded, and a window's samples come only once all its reads
 # are decoded. ``MapDataset``'s batches check inline (no thread kept between batches:
-# NOTE [ Batch fetches ] in random_access.py). 100k ~300 B tar samples in 10 local shards
-# (``tools/bench_compare.py 006544d dfae3e7 --rounds 3 -- tools/bench_stream.py --only
-# small --repeat 5``, a noisy day): checked / unchecked 0.85x -> 0.99x mapped, 0.90x ->
-# 1.01x copied; the first sample of a mapped epoch 95-136 ms -> 87-94 ms (unchecked
-# 87-108 ms) in a /tmp harness of 8 alternated epochs, twice.
+# NOTE [ Batch fetches ] in random_access.py). tools/bench_stream.py --only small measures
+# checked against unchecked epochs (docs/benchmarks.md, claim checks-cost).
 
 # On object storage, windows fetched ahead at most, and the threads fetching them (their
 # GETs share the worker's read_concurrency; NOTE [ Read budget ] bounds their bytes).
@@ -205,7 +195,7 @@ class WindowReader:
             storage, manifest, threads=read_concurrency, local_reads=local_reads, expected=expected
         )
         # Object storage, cached too: how far ahead windows are fetched (NOTE [ Read budget ]).
-        ahead = read_concurrency > 1 and (storage.cached or not self.bytes.local)  # 1: as before issue 9
+        ahead = read_concurrency > 1 and (storage.cached or not self.bytes.local)  # else one window at a time
         self.budget = ReadBudget(read_budget) if ahead else None
 
     # -- indexes -------------------------------------------------------------------------
@@ -271,10 +261,9 @@ class WindowReader:
         # On object storage the first windows of an epoch are fetched at once (AHEAD_THREADS),
         # and each reads the sidecars of its shards that are not in the LRU yet: where two
         # windows share shards, as every window of order="global" shares all of a worker's,
-        # both read them, and each sidecar was read (and parsed) twice per worker and epoch
-        # (the bench's small samples, tools/bench_stream.py --only order: 10 sidecars of
-        # ~0.9 MB each again per worker, 5 in the local order). A sidecar being read is a
-        # Future that the other windows wait for; a failed read fails them all.
+        # both would read them, each sidecar read (and parsed) twice per worker and epoch.
+        # So a sidecar being read is a Future that the other windows wait for; a failed read
+        # fails them all.
         found: dict[int, SampleIndex | Future[SampleIndex] | None] = {
             shard: self._cached_index(shard) for shard in dict.fromkeys(shards)
         }
