@@ -50,18 +50,14 @@ STATE_VERSION = RESUME_VERSION
 # thousand objects (torch, numpy, the user's model and data), each tracked by the cyclic
 # garbage collector. A worker makes a dict for every sample, and once enough of them live
 # at once (about a quarter of the objects that survived the parent's last full
-# collection: ~60k here) the collector runs a full collection, which walks every tracked
-# object, the inherited ones included. Walking them writes to their headers, so each of
-# their pages is copied from the parent (copy on write): on the bench's ~300 B samples
-# (``tools/bench_stream.py --only order --s3-server seaweedfs``: 2 workers, 100k samples,
-# windows of 20k-30k) one such collection took 0.39-0.50 s of a worker's CPU (293k
-# objects) in the global order, whose worker holds 50k samples at its peak, and none ran
-# in the local order (25k at once): most of the global order's extra worker CPU (the
-# two workers' 2.6 s against 1.55 s an epoch), on a 2-core machine where that CPU is the
-# epoch's time. So a worker's first iteration moves everything it inherited to the
+# collection) the collector runs a full collection, which walks every tracked object, the
+# inherited ones included. Walking them writes to their headers, so each of their pages
+# is copied from the parent (copy on write): a costly pause of the worker's CPU, and the
+# order="global" worker, which holds more samples at its peak than the local order's,
+# meets it every epoch. So a worker's first iteration moves everything it inherited to the
 # permanent generation (``gc.freeze()``, as Python's documentation advises for a process
 # that forks without exec): its collections walk only what the worker made since, and
-# the parent's pages stay shared.
+# the parent's pages stay shared. tools/bench_stream.py --only order measures the epoch.
 # Once per process, so a persistent worker's later epochs collect their own garbage as
 # ever. The price: cycles among the inherited objects that die in the worker are never
 # collected there (reference counting still frees everything else); they were the
