@@ -20,34 +20,6 @@ joins parts packed by another machine), so changing one is a format change. Data
 written before ``.shardstream/`` existed keep their sidecars beside their shards and
 their manifest and part records at the top (the legacy layout): they are read, resumed
 and joined as they are, and a pack or ``index`` that rewrites one moves it.
-
-# NOTE [ The dataset folder as others read it ]
-# A dataset folder should load in the tools its users have, as it is: Hugging Face
-# ``datasets.load_dataset(folder)``, DuckDB's ``read_parquet('folder/*.parquet')``,
-# ``webdataset.WebDataset`` on a brace URL, pyarrow's ``dataset(folder)``. Hugging Face
-# takes every file of the folder whose name holds a data extension as data: a sidecar
-# ``shard-000000.parquet.idx`` was read as Parquet (and failed), and a ``manifest.json``
-# beside one tar shard made it pick its JSON builder and load the manifest as the data.
-# It skips files and folders whose names start with a dot (and folders starting with
-# ``__``); pyarrow's dataset discovery skips names starting with ``.`` or ``_``. So all
-# that shardstream keeps beside the shards goes in one folder, ``.shardstream/``, as
-# the records of packs in progress (``.shardstream-pack*.json``) always did: the top of
-# the folder holds the shards alone. The other way, writing the ``configs:`` YAML of a
-# README.md that Hugging Face reads, would put a file of ours where users keep their own
-# dataset card, and would help Hugging Face only. (A copy of the folder must take its
-# hidden entries too: ``cp -r folder dest``, ``aws s3 sync``, not ``cp folder/* dest``.)
-#
-# NOTE [ One schema per dataset ]
-# A Parquet shard's schema is inferred from its own first rows, so JSON Lines whose
-# ``cls`` is an integer in one shard's rows and a string in the next's packed into
-# shards of two schemas, under a manifest naming the first: DuckDB and Hugging Face,
-# which read the folder as one table, refused it. So ``build_manifest`` (a pack's, a
-# ``ShardWriter``'s and ``index``'s) refuses shards that disagree on a column's type,
-# naming both shards and, where the pack knows it, the sample each type came from. It
-# does not widen (int to float, or anything to string): a value of another type is more
-# often a bug in the data than a wish, and a type that changed silently would surprise
-# the reader of the first shard. A column empty (null) in a shard takes its type from
-# the others, as readers take it.
 """
 
 from __future__ import annotations
@@ -93,7 +65,22 @@ __all__ = [
 ]
 
 SHARD_PREFIX = "shard-"
-META_FOLDER = ".shardstream"  # NOTE [ The dataset folder as others read it ]
+# NOTE [ The dataset folder as others read it ]
+# A dataset folder should load in the tools its users have, as it is: Hugging Face
+# ``datasets.load_dataset(folder)``, DuckDB's ``read_parquet('folder/*.parquet')``,
+# ``webdataset.WebDataset`` on a brace URL, pyarrow's ``dataset(folder)``. Hugging Face
+# takes every file of the folder whose name holds a data extension as data: a sidecar
+# ``shard-000000.parquet.idx`` was read as Parquet (and failed), and a ``manifest.json``
+# beside one tar shard made it pick its JSON builder and load the manifest as the data.
+# It skips files and folders whose names start with a dot (and folders starting with
+# ``__``); pyarrow's dataset discovery skips names starting with ``.`` or ``_``. So all
+# that shardstream keeps beside the shards goes in one folder, ``.shardstream/``, as
+# the records of packs in progress (``.shardstream-pack*.json``) always did: the top of
+# the folder holds the shards alone. The other way, writing the ``configs:`` YAML of a
+# README.md that Hugging Face reads, would put a file of ours where users keep their own
+# dataset card, and would help Hugging Face only. (A copy of the folder must take its
+# hidden entries too: ``cp -r folder dest``, ``aws s3 sync``, not ``cp folder/* dest``.)
+META_FOLDER = ".shardstream"
 
 
 def shard_name_re() -> re.Pattern[str]:
@@ -197,6 +184,17 @@ def fields_and_schema(index: SampleIndex) -> tuple[tuple[str, ...], dict[str, st
     return tuple(index.fields), dict(index.schema)
 
 
+# NOTE [ One schema per dataset ]
+# A Parquet shard's schema is inferred from its own first rows, so JSON Lines whose
+# ``cls`` is an integer in one shard's rows and a string in the next's packed into
+# shards of two schemas, under a manifest naming the first: DuckDB and Hugging Face,
+# which read the folder as one table, refused it. So ``build_manifest`` (a pack's, a
+# ``ShardWriter``'s and ``index``'s) refuses shards that disagree on a column's type,
+# naming both shards and, where the pack knows it, the sample each type came from. It
+# does not widen (int to float, or anything to string): a value of another type is more
+# often a bug in the data than a wish, and a type that changed silently would surprise
+# the reader of the first shard. A column empty (null) in a shard takes its type from
+# the others, as readers take it.
 def build_manifest(format: str, results: list[ShardResult], tokens: TokensInfo | None = None) -> Manifest:
     """The manifest of shards ``results`` (in order): fields are the union over shards.
 
