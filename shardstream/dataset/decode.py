@@ -188,8 +188,8 @@ def failed(name: str, key: object, error: Exception, *, url: str | None, shard: 
 # NOTE [ Single-sample decode ]
 # ``MapDataset[i]`` decodes one sample per call, so what ``SampleDecoder.__call__`` does
 # per sample (a dict of raw values, a lookup per field name, a dict built key by key) and
-# the Python frames of ``json.loads`` (encoding sniffing, whitespace matching) were most of
-# a ~300-byte sample's decode. ``SampleDecoder.for_fields`` looks a shard's field names up
+# the Python frames of ``json.loads`` (encoding sniffing, whitespace matching) are most of
+# a small sample's decode. ``SampleDecoder.for_fields`` looks a shard's field names up
 # once; its ``FieldDecoders`` then decode the values in field order and build the sample
 # with the compiled builder (NOTE [ Fast tar decode ]). The built-ins run in their column
 # forms (NOTE [ Bulk decode ]): text ``bytes.decode``, integers ``int``, JSON one C scanner

@@ -2,10 +2,9 @@
 
 # NOTE [ Missing fields ]
 # A sample without a field the dataset has (a JSON Lines row without ``cls``, a tar
-# sample without a ``.cls`` member) streamed as ``'cls': None`` from Parquet, whose
+# sample without a ``.cls`` member) would stream as ``'cls': None`` from Parquet, whose
 # rows have every column, and with no ``cls`` at all from tar, whose samples have the
-# members they have; from a Parquet shard without the column at all, with no ``cls``
-# either. One behaviour for both, and for every shard: a sample holds every field of
+# members they have, or from a Parquet shard without the column at all. One behaviour for both, and for every shard: a sample holds every field of
 # the manifest (the union over its shards), None where it has no value, as a Parquet
 # row and a Hugging Face dataset give it. Not the other way (leave the field out):
 # Parquet cannot tell a null from a missing value, and columns of one set of fields

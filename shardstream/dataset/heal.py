@@ -3,9 +3,9 @@
 # NOTE [ Healing the cache ]
 # A cache entry is checked when it is filled (NOTE [ Filling the cache ] in
 # shardstream/storage/cached.py), but a disk can flip a bit later, and a file can be
-# copied over another; every later read of it then failed its block CRC, epoch after
-# epoch, with an error naming the object on storage (which was fine), and nothing ever
-# fetched it again. So a read from the cache that fails its check (NOTE [ Checksummed
+# copied over another; every later read of it would then fail its block CRC, epoch after
+# epoch, with an error naming the object on storage (which is fine), and nothing would
+# fetch it again. So a read from the cache that fails its check (NOTE [ Checksummed
 # reads ]), or a sidecar from the cache that fails its own checksum or its manifest
 # entry, drops the entry, with a warning naming the cache file, and is read again: the
 # entry is filled anew from storage, a shard's checked against its CRC-32 as any fill is.
