@@ -234,7 +234,7 @@ def _sorted_fields(sample: Sample, key: Any, shard: str | None) -> list:
 # and its size 11 octal digits, plus its data padded to whole blocks. A sample with a
 # plain key (ASCII; no dot, NUL, leading "_" or trailing "/"), a field set already seen
 # (so its names were validated), names that fit and bytes, str or int values is sized
-# by that rule alone, in well under a microsecond. Such a sample is valid by
+# by that rule alone, cheaply. Such a sample is valid by
 # construction: its member names split back into its key and fields in every reader
 # (see ``sample_members``). Anything else takes the general path, which validates the
 # sample and builds every header (PAX ones too). A property test checks the two agree.
