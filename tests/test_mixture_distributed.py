@@ -44,7 +44,7 @@ def write_streams(s3, moto_server):
     )
 
 
-def test_torchrun_mixture_2x2_quotas_then_resume_on_1x3_and_2x1(s3, moto_server, tmp_path):
+def test_torchrun_mixture_2x2_quotas_then_resume_on_1x1_and_2x1(s3, moto_server, tmp_path):
     streams = write_streams(s3, moto_server)
     runs = [tmp_path / name for name in ("first", "second", "third")]
     for out in runs:
@@ -59,9 +59,9 @@ def test_torchrun_mixture_2x2_quotas_then_resume_on_1x3_and_2x1(s3, moto_server,
     downsampled = [key for key in keys if key.startswith("2/")]
     assert len(set(downsampled)) == len(downsampled) == 20  # each at most once
     head = json.loads((runs[0] / "pass-1.json").read_text())
-    # 1 rank x 3 workers: 2 batches more; then 2 ranks x 1 worker: the rest
+    # 1 rank x 1 worker: 2 batches more; then 2 ranks x 1 worker: the rest
     torchrun(
-        streams, runs[1], ranks=1, workers=3, epochs=[0], stop_after=2, resume=runs[0] / "state.json", env=env
+        streams, runs[1], ranks=1, workers=1, epochs=[0], stop_after=2, resume=runs[0] / "state.json", env=env
     )
     torchrun(streams, runs[2], ranks=2, workers=1, epochs=[0], resume=runs[1] / "state.json", env=env)
     parts = [head, read_epoch(runs[1], 0), read_epoch(runs[2], 0)]
