@@ -12,6 +12,7 @@ import shardstream
 from shardstream import layout
 from shardstream._version import __version__
 from shardstream.catalog import index_dataset
+from shardstream.errors import PackError
 from shardstream.lock import PackLease
 from shardstream.manifest import Manifest, ShardInfo
 from shardstream.pack import ShardWriter
@@ -88,16 +89,24 @@ def test_other_names_are_not_shards(name):
     assert not layout.PART_SHARD_RE.match(name)
 
 
-def test_build_manifest_unions_fields_and_keeps_the_first_kind():
+def test_build_manifest_unions_fields_and_refuses_a_column_of_two_types():
     def result(name, fields, schema):
         info = ShardInfo(name, 1, 10, "0" * 64, layout.sidecar_name(name), 5)
         return layout.ShardResult(info, fields, schema)
 
+    with pytest.raises(PackError, match="column 'txt' is string in shard-000000.parquet but binary"):
+        layout.build_manifest(
+            "parquet",
+            [
+                result("shard-000000.parquet", ("txt",), {"txt": "string"}),
+                result("shard-000001.parquet", ("txt",), {"txt": "binary"}),
+            ],
+        )
     manifest = layout.build_manifest(
         "parquet",
         [
             result("shard-000000.parquet", ("txt", "__key__"), {"__key__": "string", "txt": "string"}),
-            result("shard-000001.parquet", ("cls",), {"txt": "binary", "cls": "int64"}),
+            result("shard-000001.parquet", ("cls",), {"txt": "string", "cls": "int64"}),
         ],
     )
     assert [s.path for s in manifest.shards] == ["shard-000000.parquet", "shard-000001.parquet"]
