@@ -94,7 +94,7 @@ def test_build_manifest_unions_fields_and_refuses_a_column_of_two_types():
         info = ShardInfo(name, 1, 10, "0" * 64, layout.sidecar_name(name), 5)
         return layout.ShardResult(info, fields, schema)
 
-    with pytest.raises(PackError, match="column 'txt' is string in shard-000000.parquet but binary"):
+    with pytest.raises(PackError, match=r"column 'txt' is string in shard-000000\.parquet but binary"):
         layout.build_manifest(
             "parquet",
             [
