@@ -2,33 +2,29 @@
 
 # NOTE [ Getting the bytes ]
 # Object storage: one GET stream is bounded by latency x window, so a worker keeps
-# ``read_concurrency`` requests in flight (``READ_THREADS`` by default): the reads of a
-# window run at once, a long one (a run of large samples, a whole shard) as one GET into
-# one buffer, cut into parts in flight where its connection proves slow (NOTE [ Reads in
-# parts ] in shardstream/storage/parts.py), and the windows after the current one are
-# fetched while it is decoded, as far as NOTE [ Read budget ] (in budget.py) allows. With
-# ``cache_dir`` a shard's first read fills its cache entry the same way (NOTE [ Filling
-# the cache ] in shardstream/storage/cached.py), later ones map it.
-#
+# ``read_concurrency`` requests in flight (``READ_THREADS`` by default): a window's reads
+# run at once, a long one (a run of large samples, a whole shard) as one GET into one
+# buffer, cut into parts where its connection proves slow (NOTE [ Reads in parts ] in
+# storage/parts.py), and the next windows are fetched while this one is decoded, as far as
+# NOTE [ Read budget ] allows. With ``cache_dir`` a shard's first read fills its cache
+# entry the same way (NOTE [ Filling the cache ] in storage/cached.py), later ones map it.
 # Local files are read with ``pread`` into one buffer per range, in the prefetch thread
-# (the GIL is released while the kernel copies). Shards in the local cache are
-# memory-mapped instead and their fields copied once, straight from the page cache,
-# which is faster for small samples. Why not map local files too: a mapping outlives any
-# size check (the next window is mapped while this one is decoded), so a shard truncated
-# in place meanwhile (``cp`` over it, ``truncate``) kills the process with SIGBUS on first
-# touch, which no Python code can catch; a read sees the file's size when it runs, so a
-# truncated shard is a ``StorageError`` naming it. A cache entry is never truncated (the
-# cache only renames a complete file into place or unlinks one), so its mapping is safe;
-# so is a file on a read-only mount. Elsewhere the user may choose the mapping
-# (``local_reads="map"``) for a dataset that nothing rewrites in place while it is read: a
-# pack renames finished files into place and ``rm`` unlinks, both safe; ``cp`` over a
-# shard, ``rsync --inplace`` or ``truncate`` are not. tools/bench_stream.py --only small
-# measures both ways (docs/benchmarks.md, claim local-small).
-#
+# (the GIL is released while the kernel copies). Cache entries are memory-mapped instead,
+# their fields copied once from the page cache, faster for small samples. Local files are
+# not mapped by default: a mapping outlives any size check (the next window is mapped
+# while this one is decoded), so a shard truncated in place meanwhile (``cp`` over it,
+# ``truncate``) kills the process with SIGBUS on first touch, which no Python code can
+# catch; a read sees the file's size when it runs, so a truncated shard is a
+# ``StorageError`` naming it. A cache entry is never truncated (the cache only renames a
+# complete file into place or unlinks one), and neither is a file on a read-only mount.
+# The user may choose the mapping (``local_reads="map"``) for a dataset that nothing
+# rewrites in place while it is read (a pack renames finished files into place and ``rm``
+# unlinks; ``cp`` over a shard, ``rsync --inplace`` or ``truncate`` do not).
+# tools/bench_stream.py --only small measures both (docs/benchmarks.md, claim local-small).
 # Every read also carries what the manifest says of its object (``Expected``: size and
 # sha256 of shards; size and the shard's sha256 for sidecars), so a changed object fails
 # clearly and the cache keys entries by content (NOTE [ Reads check the manifest ] in
-# shardstream/storage/expect.py).
+# storage/expect.py).
 """
 
 from __future__ import annotations
