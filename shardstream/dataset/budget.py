@@ -17,8 +17,8 @@
 # tell the budget of their bytes as they arrive (``counting_arrivals`` in
 # storage/parts.py). Letting the second window go at once would have both share the wire
 # and a caller that keeps up hold both; letting it go only once the first is all in would
-# lose the wire's overlap. Half the budget still to come is a lead of several latencies of
-# a remote wire. tools/bench_memory.py and tools/bench_wan.py measure the RSS and the rate.
+# lose the wire's overlap; half the budget still to come is a lead of several latencies.
+# tools/bench_memory.py and tools/bench_wan.py measure the RSS and the rate.
 #
 # A fetch waiting for room must not outlive its process: a script that exits holding an
 # iterator it never finished (``batch = next(iter(loader))``) would leave a fetch waiting

@@ -30,10 +30,9 @@ __all__ = ["BLOCK_TOKENS", "best_fit"]
 #   retried once with what a try found, the try that left less kept), and the room left
 #   in its emptiest bin is then filled with the tokens that follow, in order: whole
 #   documents and the head of the next one, which is cut there (a cut the sidecar records;
-#   its rest starts the next block).
-#   So a block wastes only what BFD leaves in its full bins, and the shard one more
-#   partly filled sequence at its end. One document per block is cut where it would not
-#   otherwise be.
+#   its rest starts the next block). So a block wastes only what BFD leaves in its full
+#   bins, and the shard one more partly filled sequence at its end; one document per
+#   block is cut where it would not otherwise be.
 # - Counts, not documents. BFD only asks "the smallest room at least x": bins are kept in
 #   stacks by their room (a sorted list of the rooms that have bins), and the pieces of one
 #   length are placed together: a bin with room c takes c // x of them at once (it stays

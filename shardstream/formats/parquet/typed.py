@@ -5,10 +5,9 @@
 # binary columns, DuckDB, pandas and Hugging Face users saw ``b'1\n'`` where a WebDataset
 # user gets 1. So a Parquet shard stores a bytes field by its extension (the part of its
 # name after the last dot, lowercased, as the decoders read it):
-# - text (``txt``, ``text``, ``transcript``, ``caption``, ``md``): a string column, the
-#   bytes decoded as UTF-8;
-# - integers (``cls``, ``cls2``, ``class``): an int64 column, the bytes parsed as ``int``
-#   parses them (what the tar decoder does), so ``b'1\n'`` is 1;
+# - text (``txt``, ``text``, ``transcript``, ``caption``, ``md``): a UTF-8 string column;
+# - integers (``cls``, ``cls2``, ``class``): int64, parsed as ``int`` (and the tar decoder)
+#   parses the bytes, so ``b'1\n'`` is 1;
 # - JSON (``json``, ``jsn``): a string column holding the document's text as it was. Not
 #   a struct: a struct needs the same keys and types in every sample, turns a missing key
 #   into a null, and cannot hold a document that is a list or a number; the text keeps
@@ -25,8 +24,7 @@
 # A value its column cannot hold (a ``.cls`` that is no integer or outside int64, a
 # ``.txt`` that is not UTF-8) is refused, naming the sample: its decoder would fail on it
 # in a tar shard too, and a column that fell back to binary in one shard only would give
-# that shard another schema than the others (Hugging Face and DuckDB refuse to read
-# them together).
+# that shard another schema (Hugging Face and DuckDB refuse to read them together).
 """
 
 from __future__ import annotations
