@@ -57,3 +57,28 @@ def test_a_state_of_too_many_passes_is_refused_before_it_is_read():
         EpochPlan.resume([5, 5], PlanConfig(), state, world_size=1)
     state["passes"] = state["passes"][:2]  # a few passes of the same topology still load
     assert EpochPlan.resume([5, 5], PlanConfig(), state, world_size=1).samples_per_rank() >= 0
+
+
+@pytest.mark.parametrize(
+    ("sizing", "match"),
+    [
+        ({"repeat": 10**400}, "would give a number of about 403 digits samples an epoch"),
+        ({"repeat": 1e308}, "samples an epoch, more than"),
+        ({"choose": 10**30}, "would give 1000000000000000000000000000000 samples"),
+        ({"repeat": float("inf")}, "finite positive number"),
+    ],
+)
+def test_numbers_that_overflow_a_mixture_are_refused_naming_the_stream(sizing, match):
+    with pytest.raises(PlanError, match=match):
+        Mixture([StreamSpec("big", [100], "f", **sizing), StreamSpec("small", [60], "g")])
+
+
+def test_a_weight_or_epoch_size_beyond_64_bits_is_refused_not_overflowed(tmp_path):
+    with pytest.raises(PlanError, match="gets no samples"):
+        Mixture([StreamSpec("a", [100], "f", weight=10**400), StreamSpec("b", [60], "g", weight=1)])
+    with pytest.raises(PlanError, match="more than 9223372036854775807"):
+        Mixture([StreamSpec("a", [100], "f", weight=1)], epoch_size=10**400)
+    url = str(tmp_path / "ds")
+    write_dataset(url, [3])
+    with pytest.raises(UsageError, match="finite positive number"):
+        shardstream.Stream(url, weight=float("nan"))

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from shardstream.counts import check_int
+from shardstream.counts import MAX_COUNT, check_int
 from shardstream.errors import PlanError, StateError, shown
 from shardstream.plan.config import PlanConfig, check_count, shard_sizes_array
 from shardstream.plan.keys import TAG_PASS, permutation
@@ -61,13 +61,36 @@ _DESCRIBED = (Key.NAME, Key.FINGERPRINT, Key.NUM_SHARDS, Key.NUM_SAMPLES, Key.QU
 
 
 def _positive(value: object, name: str) -> Fraction:
-    """A finite positive number as an exact fraction (a float by its shortest repr)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+    """A finite positive number as an exact fraction (a float by its shortest repr; an
+    integer as it is, however large: ``float(10**400)`` would overflow)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise PlanError(f"{name} must be a positive number, not {shown(value)}")
-    exact = Fraction(value) if isinstance(value, numbers.Rational) else Fraction(repr(float(value)))
+    if isinstance(value, numbers.Rational):
+        exact = Fraction(value)
+    else:
+        try:
+            approximate = float(value)
+        except (OverflowError, ValueError):
+            raise PlanError(f"{name} must be a finite positive number, not {shown(value)}") from None
+        if not math.isfinite(approximate):
+            raise PlanError(f"{name} must be a finite positive number, not {shown(value)}")
+        exact = Fraction(repr(approximate))
     if exact <= 0:
         raise PlanError(f"{name} must be a positive number, not {shown(value)}")
     return exact
+
+
+def _checked_quotas(streams: Sequence[StreamSpec], quotas: tuple[int, ...]) -> tuple[int, ...]:
+    """``quotas``, or ``PlanError`` naming the stream whose epoch share no count can hold."""
+    for spec, quota in zip(streams, quotas, strict=True):
+        if quota > MAX_COUNT:
+            raise PlanError(
+                f"stream {spec.name!r} would give {shown(quota)} samples an epoch, more than {MAX_COUNT}: "
+                "give it a smaller repeat, choose or epoch_size"
+            )
+    if sum(quotas) > MAX_COUNT:
+        raise PlanError(f"the mixture's epoch of {shown(sum(quotas))} samples is more than {MAX_COUNT}")
+    return quotas
 
 
 @dataclass(frozen=True, eq=False)
@@ -114,7 +137,7 @@ class Mixture:
         for spec in self.streams:
             if spec.num_samples == 0:
                 raise PlanError(f"stream {spec.name!r} has no samples")
-        self.quotas = _quotas(self.streams, epoch_size)
+        self.quotas = _checked_quotas(self.streams, _quotas(self.streams, epoch_size))
         self.total = sum(self.quotas)
         counts = [spec.sizes.size for spec in self.streams]
         self.shard_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
