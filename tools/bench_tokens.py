@@ -352,6 +352,13 @@ def bench_bestfit(args: argparse.Namespace) -> None:
             f"padding {100 * totals['ref_pad'] / tokens:.4f}%"
         )
         print(f"best_fit against the Python best-fit: {ours / ref:.1f}x the rate")
+        padding = {"best_fit padding %": 100 * totals["ours_pad"] / tokens}
+        record(
+            args,
+            "tokens-bestfit",
+            {"best_fit": ours / 1e6, "Python best-fit": ref / 1e6, **padding},
+            {"best_fit / Python best-fit": ours / ref},
+        )
     print(f"the least padding any packing has (whole sequences): {100 * totals['least_pad'] / tokens:.4f}%")
 
 
@@ -539,6 +546,9 @@ def bench_start(args: argparse.Namespace) -> None:
         f"-> shardstream starts {theirs_s / ours['seconds']:,.0f}x sooner with "
         f"{theirs_b / max(ours['rss'], 1):,.0f}x less memory"
     )
+    figures = {"shardstream s": ours["seconds"], "shardstream MB": ours["rss"] / 2**20}
+    figures.update({"Megatron-like s": theirs_s, "Megatron-like MB": theirs_b / 2**20})
+    record(args, "tokens-start", figures, {"start, Megatron-like / shardstream": theirs_s / ours["seconds"]})
 
 
 @section("deliver")
@@ -589,6 +599,7 @@ def bench_deliver(args: argparse.Namespace) -> None:
                 made = bare() if name == "bare" else ours(name)
                 rates[name].append(made / (time.perf_counter() - start))
     best = {name: max(values) for name, values in rates.items()}
+    paired: dict[str, float] = {}
     print(f"{int(args.deliver_tokens) / 1e6:.0f}M tokens in 4 shards (local disk), S={size}, one process")
     print(f"bare numpy memmap concat-and-chunk {best['bare'] / 1e6:8.1f} M tokens/s")
     for name in ("concat", "best_fit"):
@@ -597,6 +608,8 @@ def bench_deliver(args: argparse.Namespace) -> None:
             f"shardstream {name:<9} with masks   {best[name] / 1e6:8.1f} M tokens/s   "
             f"{sorted(ratios)[1]:.2f}x of bare (median of paired rounds)"
         )
+        paired[f"{name} / bare memmap"] = sorted(ratios)[1]
+    record(args, "tokens-deliver", {name: value / 1e6 for name, value in best.items()}, paired)
 
 
 @section("deliver-wan")
@@ -673,6 +686,7 @@ def bench_deliver_wan(args: argparse.Namespace) -> None:
     finally:
         proxy.stop()
         server.stop()
+    paired: dict[str, float] = {}
     print(
         f"{int(args.deliver_tokens) / 1e6:.0f}M tokens in 4 shards on S3 behind the WAN proxy "
         f"({LATENCY * 1000:.0f} ms, {BANDWIDTH / 1e6:.0f} MB/s per response), S={size}, one process"
@@ -686,9 +700,22 @@ def bench_deliver_wan(args: argparse.Namespace) -> None:
             f"shardstream {name:<9} with masks     {statistics.median(rates[name]) / 1e6:8.1f} M tokens/s   "
             f"{statistics.median(ratios):.2f}x of the wire (median of paired rounds)"
         )
+        paired[f"{name} / the wire"] = statistics.median(ratios)
+    medians = {name: statistics.median(values) / 1e6 for name, values in rates.items()}
+    record(args, "tokens-deliver-wan", medians, paired)
 
 
 # -- sections start, deliver (end) --
+
+
+def record(args: argparse.Namespace, claim: str, figures: dict[str, float], ratios: dict[str, float]) -> None:
+    """With ``--record``: append the section's figures to docs/benchmarks.json (tools/results.py)."""
+    if args.record:
+        sys.path.insert(0, str(ROOT / "tools"))
+        from results import command_line
+        from results import record as append
+
+        append(claim, command_line(), figures, ratios=ratios)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -696,6 +723,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--only", choices=sorted(SECTIONS), action="append", help="run only these sections")
+    parser.add_argument("--record", action="store_true", help="append the figures to docs/benchmarks.json")
     for add in OPTIONS:
         add(parser)
     return parser.parse_args(argv)
