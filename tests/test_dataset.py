@@ -344,11 +344,11 @@ def test_pickles_as_configuration(local):
     dataset = shardstream.StreamingDataset(url, seed=4)
     dataset.set_epoch(2)
     expected = keys_of(dataset)
-    assert dataset._storage is not None
+    storage = dataset.storage
     again = pickle.loads(pickle.dumps(dataset))
-    assert again._storage is None
     assert again.epoch == 2
-    assert again._manifest == dataset._manifest  # the manifest travels, not re-read
+    assert again.sources[0].__getstate__()["manifest"] == dataset.manifest  # the manifest travels, not re-read
+    assert again.storage is not storage  # a storage of its own, made where it is used
     assert keys_of(again) == expected
 
 

@@ -43,14 +43,14 @@ def test_iterations_share_the_expectations_of_their_manifest(dataset, monkeypatc
 
 def test_the_readers_of_a_dataset_get_one_read_only_mapping(dataset):
     list(dataset)
-    one = dataset._expectations()
+    one = dataset.sources[0].expectations()
     dataset.set_epoch(1)
     list(dataset)
-    assert dataset._expectations() is one
+    assert dataset.sources[0].expectations() is one
     assert one[dataset.manifest.shards[0].path].sha256 == dataset.manifest.shards[0].sha256
     with pytest.raises(TypeError):
         one["x"] = None  # type: ignore[index]
     other = shardstream.StreamingDataset(dataset.url, decode=False)
     list(other)
-    assert other._expectations() is not one  # another dataset: its own
+    assert other.sources[0].expectations() is not one  # another dataset: its own
     assert fetch.ByteFetcher(dataset.storage, expected=one)._expected is one

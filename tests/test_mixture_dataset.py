@@ -189,11 +189,9 @@ def test_persistent_workers_follow_set_epoch(streamed):
     assert epochs[0] != epochs[1]
     made._iterator._shutdown_workers()
     assert len(list(dataset)) == sum(QUOTAS)
-    shared = dataset.datasets[0]._indexes
-    assert shared is not None
-    assert all(part._indexes is shared for part in dataset.datasets)  # one LRU, as one dataset has
+    storage = dataset.datasets[0].storage
     again = pickle.loads(pickle.dumps(dataset))
-    assert again.datasets[0]._storage is None
+    assert again.datasets[0].storage is not storage  # made anew where it is used
     assert again.quotas == QUOTAS
     assert again.epoch == 1
     assert collections.Counter(ids(again)) == collections.Counter(epochs[1])
@@ -234,11 +232,11 @@ def test_options_are_split_between_streams_and_the_mixture(streamed):
     dataset = shardstream.StreamingDataset(
         [str(root / "a"), own], storage_options={"auto_mkdir": True}, on_error="skip", decode=False
     )
-    first, second = (part.config for part in dataset.datasets)
+    first, second = (part.options for part in dataset.datasets)
     assert (first.storage_options, first.local_reads) == ({"auto_mkdir": True}, "auto")
     assert (second.storage_options, second.local_reads) == ({"auto_mkdir": False}, "map")
     assert first.on_error == second.on_error == "skip"
-    assert first.decoder is None
+    assert dataset.config.decoder is None
     assert dataset.quotas == (48, 11)  # a plain URL in the list: all of it once
     assert collections.Counter(s["__stream__"] for s in dataset) == {0: 48, 1: 11}
     by_name = shardstream.StreamingDataset(url=[str(root / "a")], decode=False)

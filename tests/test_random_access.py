@@ -328,8 +328,10 @@ def test_pickles_as_configuration(local):
     url, epoch = local
     dataset = shardstream.MapDataset(url)
     assert dataset[3] == epoch[3]
+    storage = dataset.storage
     again = pickle.loads(pickle.dumps(dataset))
-    assert again._open is None
+    assert again.source.made_here("map") is None
+    assert again.storage is not storage
     assert again[4] == epoch[4]
     assert again.manifest == dataset.manifest
 

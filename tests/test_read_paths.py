@@ -466,7 +466,7 @@ def test_sidecar_cache_is_a_bounded_lru(tmp_path, monkeypatch):
     for epoch in range(2):
         dataset.set_epoch(epoch)
         assert len(list(dataset)) == shards
-    cache = dataset._indexes
+    cache = dataset.sources[0].indexes
     assert cache.size == INDEX_CACHE_SIZE
     assert sum(cache.get(info) is not None for info in dataset.manifest.shards) == INDEX_CACHE_SIZE
     assert shards + 4 <= len(reads.paths) < 2 * shards  # evicted ones read again, the rest not
@@ -488,7 +488,7 @@ def test_sidecar_cache_is_made_anew_in_a_forked_child(tmp_path):
     dataset = shardstream.StreamingDataset(url, decode=False)
     assert len(list(dataset)) == 11
     info = dataset.manifest.shards[0]
-    parent_cache = dataset._indexes
+    parent_cache = dataset.sources[0].indexes
     assert parent_cache is not None
     assert parent_cache.get(info) is not None
     read, write = os.pipe()
@@ -506,7 +506,7 @@ def test_sidecar_cache_is_made_anew_in_a_forked_child(tmp_path):
             os.close(read)
             signal.alarm(20)  # a deadlock on an inherited lock ends the child
             count = len(list(dataset))  # a new Storage, and with it a new cache
-            cache = dataset._indexes
+            cache = dataset.sources[0].indexes
             fresh = cache is not parent_cache and count == 11 and cache.get(info) is not None
             answer = f"fresh={fresh}".encode()
         finally:
@@ -518,5 +518,5 @@ def test_sidecar_cache_is_made_anew_in_a_forked_child(tmp_path):
         answer = pipe.read()
     os.waitpid(pid, 0)
     assert answer == b"fresh=True"
-    assert dataset._indexes is parent_cache
+    assert dataset.sources[0].indexes is parent_cache
     assert parent_cache.get(info) is not None

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shardstream
-from shardstream.dataset.bulk import decode_columns, decode_samples, decoded_columns
+from shardstream.dataset.bulk import WindowDecoding, decode_columns, decode_samples, decoded_columns
 from shardstream.dataset.decode import SampleDecoder
 from shardstream.dataset.reader import Read, WindowReader, plan_reads
 from shardstream.errors import FormatError
@@ -112,7 +112,7 @@ def global_dataset(url, worker=0, **kw):
     dataset = shardstream.StreamingDataset(
         url, order="global", global_batch_size=32, read_lanes=8, topology=worker_of(worker, WORKERS), **kw
     )
-    dataset._loader_shape = (32, WORKERS)
+    dataset.loader_slot.shape = (32, WORKERS)
     return dataset
 
 
@@ -263,7 +263,7 @@ def test_columns_with_a_repeated_field_decode_as_their_samples():
     """A Parquet file may repeat a column name; its sample keeps the last value, and only
     that value is decoded (the first one here is not text)."""
     columns = SampleColumns(("txt", "txt"), ["a", "b"], [[b"\xff", b"\xfe"], [b"one", b"two"]])
-    config = types.SimpleNamespace(decoder=SampleDecoder.build(), transform=None, on_error="raise")
-    dataset = types.SimpleNamespace(config=config, url="u")
-    got = list(decoded_columns(dataset, columns, iter(range(2)), None, None))
+    decoder = SampleDecoder.build()
+    decoding = WindowDecoding(decoder, decoder, transform=None, skip=False, url="u")
+    got = list(decoded_columns(decoding, columns, iter(range(2)), None, None))
     assert got == [{"__key__": "a", "txt": "one"}, {"__key__": "b", "txt": "two"}]

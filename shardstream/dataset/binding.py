@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.context
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from shardstream.dataset.streaming import StreamingDataset
-    from shardstream.plan import Plan
+from shardstream.plan import Plan
+from shardstream.plan.state import ResumeState
 
-__all__ = ["Epoch", "LoaderBinding"]
+__all__ = ["BoundDataset", "Epoch", "LoaderBinding", "LoaderSlot"]
 
 
 class Epoch:
@@ -49,12 +49,39 @@ class Epoch:
         self._value, self._cell = state
 
 
+class LoaderSlot:
+    """The part of a dataset that the DataLoader bound to it sets: the epoch (its one
+    owner), the loader's ``(batch size, workers)`` the dataset plans with, and a loaded
+    state that the next iteration resumes from (forgotten once workers carry it)."""
+
+    __slots__ = ("epoch", "resume", "shape")
+
+    def __init__(self) -> None:
+        self.epoch = Epoch()
+        self.shape: tuple[int, int] | None = None
+        self.resume: ResumeState | None = None
+
+
+class BoundDataset(Protocol):
+    """What a loader uses of the dataset it is bound to (a ``StreamingDataset``)."""
+
+    @property
+    def loader_slot(self) -> LoaderSlot: ...
+    @property
+    def epoch(self) -> int: ...
+    def rank_and_world(self) -> tuple[int, int]: ...
+    def make_plan(self, *, num_workers: int | None = None, consume: bool) -> Plan: ...
+    def make_state(self, plan_state: dict[str, Any]) -> dict[str, Any]: ...
+    def start_state(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
 class LoaderBinding:
     """A DataLoader's hold on its dataset: the only way a loader acts on it. The dataset
     plans with the bound batch size and workers, so that ``len()`` and the plan in the
     main process agree with the workers' plans (the dataset carries them to workers)."""
 
-    def __init__(self, dataset: StreamingDataset, *, batch_size: int | None, num_workers: int) -> None:
+    def __init__(self, dataset: BoundDataset, *, batch_size: int | None, num_workers: int) -> None:
         self.dataset = dataset
         self.bind(batch_size=batch_size, num_workers=num_workers)
 
@@ -62,11 +89,11 @@ class LoaderBinding:
         """Make the loader's batch size and workers the dataset's (again before each
         iteration and load: another loader over the same dataset may have bound it since,
         and a loader's ``num_workers`` may have been changed)."""
-        self.dataset._loader_shape = (batch_size or 1, max(1, num_workers))
+        self.dataset.loader_slot.shape = (batch_size or 1, max(1, num_workers))
 
     def share_epoch(self, context: Any = None) -> None:
         """Let persistent workers follow ``set_epoch``: the epoch moves to shared memory."""
-        self.dataset._epoch.share((context or multiprocessing).RawValue("q", self.dataset.epoch))
+        self.dataset.loader_slot.epoch.share((context or multiprocessing).RawValue("q", self.dataset.epoch))
 
     def begin(self) -> Plan:
         """Before an iterator starts its workers: the plan they will follow (the main
@@ -77,7 +104,7 @@ class LoaderBinding:
     def started(self) -> None:
         """The iterator has started: its workers (or the in-process iterator) carry a
         loaded state now, so the dataset forgets it."""
-        self.dataset._resume = None
+        self.dataset.loader_slot.resume = None
 
     def plan(self, num_workers: int) -> Plan:
         """The plan of the epoch the next iteration plays with ``num_workers`` (for ``len()``)."""

@@ -47,10 +47,19 @@ from shardstream.dataset.decode import (
     refused,
 )
 from shardstream.dataset.mixture_reader import STREAM_KEY
+from shardstream.dataset.reader import report_skip
 from shardstream.errors import FormatError, ShardstreamError
 from shardstream.formats.base import SampleColumns, sample_builder
 
-__all__ = ["CHUNK", "decode_columns", "decode_samples", "decoded_columns", "decoded_window"]
+__all__ = [
+    "CHUNK",
+    "StreamDecoders",
+    "WindowDecoding",
+    "decode_columns",
+    "decode_samples",
+    "decoded_columns",
+    "decoded_window",
+]
 
 # Samples of a window decoded at a time: enough for the columns' C-level passes, few
 # enough that a chunk's decoded objects are mostly gone before the cyclic GC's next young
@@ -250,56 +259,91 @@ def _column(
     return out
 
 
-def decoded_window(dataset: Any, ordered: Iterator[Any], window: Any, reader: Any) -> Iterator[Any]:
-    """What ``StreamingDataset._decoded`` yields for one window given as a list of samples
-    (some ``None``: skipped by the format), decoded in bulk.
+@dataclass(slots=True)
+class WindowDecoding:
+    """What a dataset's windows are decoded with in bulk (``decoded_window``,
+    ``decoded_columns``): ``decoder`` for samples given as a list (a mixture whose streams
+    decode apart gives its ``StreamDecoders``), ``columns`` for samples given as columns,
+    the ``transform``, and ``skip`` (``on_error="skip"``): a sample that cannot be read
+    or decoded is then left out and counted in ``skipped``, in this process."""
+
+    decoder: SampleDecoder | StreamDecoders | None
+    columns: SampleDecoder | None
+    transform: Callable[[dict[str, Any]], Any] | None
+    skip: bool
+    url: str
+    skipped: int = 0
+
+    def skipping(self, error: FormatError) -> None:
+        """Count ``error``'s sample as skipped (and log the first of its shard)."""
+        self.skipped += 1
+        report_skip(error)
+
+
+def decoded_window(
+    decoding: WindowDecoding, ordered: Iterator[Any], window: Any, reader: Any
+) -> Iterator[Any]:
+    """What a dataset yields for one window given as a list of samples (some ``None``:
+    skipped by the format), decoded in bulk.
 
     ``ordered`` is the window's iterator over its samples in yield order; it is advanced
     in step with what is yielded (the dataset's iteration count reads it), so the samples are
     taken from a copy of it.
     """
-    decoder = dataset.window_decoder()
-    if decoder is None:
-        return dataset._decoded(ordered)
+    if decoding.decoder is None:
+        return _undecoded(decoding, ordered)
     samples = list(copy.copy(ordered))  # a list iterator (_Iteration.start_window's)
-    return _chunks(dataset, decoder, samples, ordered, window, reader)
+    return _chunks(decoding, decoding.decoder, samples, ordered, window, reader)
+
+
+def _undecoded(decoding: WindowDecoding, ordered: Iterator[Any]) -> Iterator[Any]:
+    """The samples of one undecoded window (``decode=False``), those the format could not
+    read with ``on_error="skip"`` left out and counted."""
+    transform = decoding.transform
+    for sample in ordered:
+        if sample is None:  # the shard format could not decode it (on_error="skip")
+            decoding.skipped += 1
+            continue
+        yield sample if transform is None else transform(sample)
 
 
 def decoded_columns(
-    dataset: Any, columns: SampleColumns, ordered: Iterator[Any], window: Any, reader: Any
+    decoding: WindowDecoding, columns: SampleColumns, ordered: Iterator[Any], window: Any, reader: Any
 ) -> Iterator[Any]:
-    """What ``StreamingDataset._decoded`` yields for one window given as columns (in yield
-    order), decoded a ``CHUNK`` at a time; ``ordered`` is advanced in step with what is
-    yielded, as in :func:`decoded_window`."""
-    decoder = dataset.config.decoder
+    """What a dataset yields for one window given as columns (in yield order), decoded a
+    ``CHUNK`` at a time; ``ordered`` is advanced in step with what is yielded, as in
+    :func:`decoded_window`."""
+    decoder = decoding.columns
+    if decoder is None:
+        raise ShardstreamError("a window came as columns to a dataset that does not decode", url=decoding.url)
     if len(set(columns.fields)) != len(columns.fields):  # a repeated name: as the samples have it
-        return _chunks(dataset, decoder, columns.samples(), ordered, window, reader)
-    return _column_chunks(dataset, decoder, columns, ordered, window, reader)
+        return _chunks(decoding, decoder, columns.samples(), ordered, window, reader)
+    return _column_chunks(decoding, decoder, columns, ordered, window, reader)
 
 
 def _column_chunks(
-    dataset: Any,
+    decoding: WindowDecoding,
     decoder: SampleDecoder,
     columns: SampleColumns,
     ordered: Iterator[Any],
     window: Any,
     reader: Any,
 ) -> Iterator[Any]:
-    transform = dataset.config.transform
+    transform = decoding.transform
     fields, keys, values = columns.fields, columns.keys, columns.values
     for lo in range(0, len(keys), CHUNK):
         part = SampleColumns(fields, keys[lo : lo + CHUNK], [column[lo : lo + CHUNK] for column in values])
-        decoded, errors = decode_columns(decoder, part, url=dataset.url)
+        decoded, errors = decode_columns(decoder, part, url=decoding.url)
         taken = itertools.islice(ordered, len(decoded))
         if not errors:  # the hot path: C code only, but the transform
             out = map(_first, zip(decoded, taken, strict=True))
             yield from out if transform is None else map(transform, out)
         else:
-            yield from _with_errors(dataset, decoded, errors, taken, window, reader, lo)
+            yield from _with_errors(decoding, decoded, errors, taken, window, reader, lo)
 
 
 def _chunks(
-    dataset: Any,
+    decoding: WindowDecoding,
     decoder: SampleDecoder | StreamDecoders,
     samples: list[Any],
     ordered: Iterator[Any],
@@ -307,20 +351,20 @@ def _chunks(
     reader: Any,
 ) -> Iterator[Any]:
     """The window's samples decoded ``CHUNK`` at a time (NOTE [ Bulk decode ])."""
-    transform = dataset.config.transform
+    transform = decoding.transform
     for lo in range(0, len(samples), CHUNK):
         part = samples[lo : lo + CHUNK]
-        decoded, errors = decode_samples(decoder, part, url=dataset.url)
+        decoded, errors = decode_samples(decoder, part, url=decoding.url)
         taken = itertools.islice(ordered, len(part))
         if not errors and None not in part:  # the hot path: C code only, but the transform
             out = map(_first, zip(decoded, taken, strict=True))
             yield from out if transform is None else map(transform, out)
         else:
-            yield from _with_errors(dataset, decoded, errors, taken, window, reader, lo)
+            yield from _with_errors(decoding, decoded, errors, taken, window, reader, lo)
 
 
 def _with_errors(
-    dataset: Any,
+    decoding: WindowDecoding,
     decoded: list[Any],
     errors: Errors,
     ordered: Iterator[Any],
@@ -329,19 +373,19 @@ def _with_errors(
     base: int,
 ) -> Iterator[Any]:
     """One chunk with a failed or unreadable sample: the others yielded, that one raised or
-    skipped as ``StreamingDataset._decoded`` does; ``base``: the chunk's first position."""
-    transform, skip = dataset.config.transform, dataset.config.on_error == "skip"
+    skipped as ``on_error`` says; ``base``: the chunk's first position."""
+    transform = decoding.transform
     for position, (sample, _) in enumerate(zip(decoded, ordered, strict=True)):
         error = errors.get(position)
         if error is not None:
             if not isinstance(error, FormatError):
                 raise error
             located = reader.locate(error, window, int(window.order[base + position]))
-            if not skip:
+            if not decoding.skip:
                 raise located from error
-            dataset._skip(located)
+            decoding.skipping(located)
             continue
         if sample is None:  # the shard format could not decode it (on_error="skip")
-            dataset.num_skipped += 1
+            decoding.skipped += 1
             continue
         yield sample if transform is None else transform(sample)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from shardstream.dataset.mixture import Stream
+from shardstream.dataset.mixture import Stream, StreamMixture
 from shardstream.dataset.sequences import SequenceReader
 from shardstream.dataset.streaming import StreamingDataset
 from shardstream.errors import UsageError
@@ -87,8 +87,8 @@ class _Namer:
 
     def __init__(self, reader: Any, dataset: StreamingDataset) -> None:
         self.reader = reader
-        self.streams = getattr(dataset, "datasets", None)
-        self.manifests = [d.manifest for d in self.streams] if self.streams else [dataset.manifest]
+        self.streams = dataset.sources if isinstance(dataset.kind, StreamMixture) else None
+        self.manifests = [source.manifest for source in dataset.sources]
         self.paths = [(number, info.path) for number, m in enumerate(self.manifests) for info in m.shards]
         self._keys: dict[int, list[str]] = {}
 

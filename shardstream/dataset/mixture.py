@@ -1,5 +1,5 @@
 """Mixtures in PyTorch: :class:`Stream` names one dataset of a mixture, a ``StreamingDataset`` over a
-list of them (a :class:`MixedDataset`) streams their mixture.
+list of them streams their mixture (its kind: :class:`StreamMixture`).
 
 # NOTE [ Mixture options ]
 # A ``Stream`` says where its samples are and how much of them an epoch takes: its URL,
@@ -7,7 +7,7 @@ list of them (a :class:`MixedDataset`) streams their mixture.
 # particular to its storage: ``storage_options`` (another bucket, endpoint or
 # credentials), ``cache_dir``/``cache_limit`` and ``local_reads``, each by default the
 # mixture's. Each stream keeps its own Storage, manifest and reader (one
-# ``StreamingDataset`` per stream, in ``MixedDataset.datasets``; the sidecar LRU is the
+# ``DatasetSource`` per stream, in ``StreamingDataset.sources``; the sidecar LRU is the
 # mixture's, one for all), and may be tar or Parquet.
 # How its samples become values may be its own too: ``decode``, ``decoders`` and
 # ``allow_pickle`` (a stream of raw bytes beside decoded ones, or with its own decoder
@@ -23,7 +23,6 @@ list of them (a :class:`MixedDataset`) streams their mixture.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import os
 from collections.abc import Mapping, Sequence
@@ -35,17 +34,16 @@ import numpy as np
 from shardstream.dataset.bulk import StreamDecoders
 from shardstream.dataset.config import DatasetConfig
 from shardstream.dataset.decode import Decoder, SampleDecoder
-from shardstream.dataset.indexes import IndexCache
+from shardstream.dataset.kinds import OneDataset, Reader
 from shardstream.dataset.mixture_reader import STREAM_KEY, MixtureReader
+from shardstream.dataset.options import DecodeOptions, ReadOptions
 from shardstream.dataset.sequences import SequenceReader, TokenShards
-from shardstream.dataset.streaming import StreamingDataset
+from shardstream.dataset.source import DatasetSource
 from shardstream.errors import PlanError, UsageError
-from shardstream.manifest import Manifest
 from shardstream.plan import PlanConfig, Shape, make_plan
 from shardstream.plan.mixture import MIXES, Mixture, StreamSpec
-from shardstream.storage import Storage
 
-__all__ = ["STREAM_KEY", "MixedDataset", "Stream"]
+__all__ = ["STREAM_KEY", "Stream", "StreamMixture"]
 
 
 @dataclass(frozen=True)
@@ -93,91 +91,78 @@ class Stream:
             choose=self.choose,
         )
 
-    def config(self, mixture: DatasetConfig) -> DatasetConfig:
-        """The config this stream is read with: the mixture's, with this stream's options."""
-        options = self.storage_options
-        return dataclasses.replace(
-            mixture,
-            url=self.url,
-            storage_options=dict(mixture.storage_options if options is None else options),
-            cache_dir=mixture.cache_dir if self.cache_dir is None else self.cache_dir,
-            cache_limit=mixture.cache_limit if self.cache_limit is None else self.cache_limit,
-            local_reads=mixture.local_reads if self.local_reads is None else self.local_reads,
-            decoder=self._decoder(mixture),
+    def read_options(self, mixture: ReadOptions) -> ReadOptions:
+        """How this stream is read: the mixture's options, with this stream's own."""
+        return mixture.override(
+            self.url,
+            storage_options=self.storage_options,
+            cache_dir=self.cache_dir,
+            cache_limit=self.cache_limit,
+            local_reads=self.local_reads,
         )
 
-    def _decoder(self, mixture: DatasetConfig) -> SampleDecoder | None:
+    def decoder(self, mixture: SampleDecoder | None) -> SampleDecoder | None:
         """The mixture's decoder, unless this stream gives its own ``decode``, ``decoders``
         or ``allow_pickle``: then one built from them (the mixture's for what it leaves out;
         ``decoders`` alone decode the stream even when the mixture does not)."""
         if self.decode is None and self.decoders is None and self.allow_pickle is None:
-            return mixture.decoder
-        decode = (
-            mixture.decoder is not None or self.decoders is not None if self.decode is None else self.decode
-        )
-        if not decode:  # its own decoders decode it, unless it says decode=False
-            return None
-        allow = mixture.decoder.allow_pickle if mixture.decoder is not None else False
-        return SampleDecoder.build(
-            self.decoders, allow_pickle=allow if self.allow_pickle is None else self.allow_pickle
+            return mixture
+        decode = mixture is not None or self.decoders is not None if self.decode is None else self.decode
+        allow = mixture.allow_pickle if mixture is not None else False
+        allow = allow if self.allow_pickle is None else self.allow_pickle
+        return DecodeOptions(decode=bool(decode), decoders=self.decoders, allow_pickle=allow).decoder(
+            self.url
         )
 
 
-class MixedDataset(StreamingDataset):
-    """``StreamingDataset([Stream(...), ...], mix=..., epoch_size=..., ...)``: one epoch
-    drawn from several datasets, each stream its quota (NOTE [ Mixtures ]); every sample
-    carries ``__stream__``, the index of its stream in the list. Options are split as
-    NOTE [ Mixture options ] says; ``len()``, states, ``set_epoch`` and the DataLoader work
-    as for one dataset, and a state names the streams, so it loads only into the same
-    mixture."""
+def streams_of(given: Sequence[Stream | str | os.PathLike[str]]) -> tuple[Stream, ...]:
+    """The streams of a mixture given as Streams or URLs (a URL taken whole)."""
+    listed = tuple(s if isinstance(s, Stream) else Stream(os.fspath(s)) for s in given)
+    if not listed:
+        raise UsageError("a mixture needs at least one Stream")
+    return listed
+
+
+def mixture_label(streams: Sequence[Stream]) -> str:
+    """What a mixture's errors name it by."""
+    return "mixture of " + ", ".join(stream.url for stream in streams)
+
+
+class StreamMixture:
+    """A mixture's kind of ``StreamingDataset``: one epoch drawn from several datasets,
+    each stream its quota (NOTE [ Mixtures ]); every sample carries ``__stream__``, the
+    index of its stream in the list. Options are split as NOTE [ Mixture options ] says;
+    a state names the streams, so it loads only into the same mixture."""
 
     def __init__(
-        self,
-        url: Sequence[Stream | str | os.PathLike[str]],
-        *,
-        mix: str | None = None,
-        epoch_size: int | None = None,
-        **options: Any,
+        self, streams: tuple[Stream, ...], config: DatasetConfig, *, mix: str | None, epoch_size: int | None
     ) -> None:
-        """``url``: the streams (``StreamingDataset``'s first argument), a URL taken whole."""
-        listed = [s if isinstance(s, Stream) else Stream(os.fspath(s)) for s in url]
-        if not listed:
-            raise UsageError("a mixture needs at least one Stream")
-        label = "mixture of " + ", ".join(stream.url for stream in listed)
-        super().__init__(label, **options)
+        self.url = config.url
         self.mix = "random" if mix is None else mix
         if self.mix not in MIXES:
-            raise UsageError(f"mix must be one of {MIXES}, not {self.mix!r}", url=label)
-        if self.mix != "random" and not self.config.plan.is_global:
+            raise UsageError(f"mix must be one of {MIXES}, not {self.mix!r}", url=self.url)
+        if self.mix != "random" and not config.plan.is_global:
             raise UsageError(
                 f"mix={self.mix!r} composes global batches: it needs order='global' and a global_batch_size",
-                url=label,
+                url=self.url,
             )
         self.epoch_size = epoch_size
-        self.streams = tuple(listed)
-        self.datasets = tuple(_stream_dataset(stream.config(self.config)) for stream in self.streams)
-        decoders = tuple(dataset.config.decoder for dataset in self.datasets)
-        self._decoders = None if all(d is self.config.decoder for d in decoders) else StreamDecoders(decoders)
-        if self._decoders is not None and all(d is None for d in decoders):
-            self._decoders = None
-            self.config = dataclasses.replace(self.config, decoder=None)
-        elif self._decoders is not None and self.config.decoder is None:  # decoded streams: the bulk path
-            self.config = dataclasses.replace(self.config, decoder=next(d for d in decoders if d is not None))
+        self.streams = streams
+        self.datasets = tuple(
+            OneDataset(
+                DatasetSource(stream.url, stream.read_options(config.read)),
+                config.sequences,
+                stream.decoder(config.decoder),
+            )
+            for stream in streams
+        )
+        self.decoder, self.window_decoder = _decoders(config.decoder, [d.decoder for d in self.datasets])
         self._mixture: Mixture | None = None
-
-    def window_decoder(self) -> Any:
-        """Each stream's own decoder where streams decode apart (``Stream(decode=...)``)."""
-        return self.config.decoder if self._decoders is None else self._decoders
-
-    # -- what the dataset is -------------------------------------------------------------
+        self._fingerprint: str | None = None
 
     @property
-    def manifest(self) -> Manifest:
-        raise UsageError("a mixture has one manifest per stream: dataset.datasets[i].manifest", url=self.url)
-
-    @property
-    def storage(self) -> Storage:
-        raise UsageError("a mixture has one storage per stream: dataset.datasets[i].storage", url=self.url)
+    def sources(self) -> tuple[DatasetSource, ...]:
+        return tuple(dataset.source for dataset in self.datasets)
 
     @property
     def fingerprint(self) -> str:
@@ -201,44 +186,51 @@ class MixedDataset(StreamingDataset):
                 raise UsageError(str(error), url=self.url) from error
         return self._mixture
 
-    @property
-    def quotas(self) -> tuple[int, ...]:
-        """Samples of each stream per epoch (over all ranks, padding aside); mix="stratified"
-        and "per_stream" round them to whole global batches (NOTE [ Composed batches ])."""
-        plan = self.config.plan
-        batch = int(plan.global_batch_size or 1) if plan.is_global else 1
-        return make_plan(self.mixture, plan, epoch=self.epoch, shape=Shape(1, 1, batch)).quotas
+    def check(self) -> None:
+        """Read the manifests and size the streams now: a mixture that cannot make an
+        epoch fails where it was given."""
+        _ = self.mixture
 
-    # -- plans and reads -----------------------------------------------------------------
+    def quotas(self, config: PlanConfig, epoch: int) -> tuple[int, ...]:
+        """Samples of each stream per epoch (over all ranks, padding aside)."""
+        batch = int(config.global_batch_size or 1) if config.is_global else 1
+        return make_plan(self.mixture, config, epoch=epoch, shape=Shape(1, 1, batch)).quotas
 
-    def _plan_source(self) -> tuple[object, PlanConfig]:
-        return self.mixture, self.config.plan
+    def plan_source(self, config: PlanConfig) -> tuple[object, PlanConfig]:
+        return self.mixture, config
 
-    def open_reader(self) -> MixtureReader | SequenceReader:
+    def open_reader(self, config: DatasetConfig) -> Reader:
+        """A reader of the mixture's windows for one iteration (in this process)."""
         # One sidecar LRU for all streams, as one dataset has (NOTE [ Sidecars across
-        # epochs ]): entries are keyed by the whole ShardInfo, sha256 included, so streams
-        # never see each other's. Made anew in each process, as a stream's Storage is.
-        if self._indexes is None or self._storage_pid != os.getpid():
-            self._indexes, self._storage_pid = IndexCache(), os.getpid()
-        for dataset in self.datasets:
-            _ = dataset.storage  # made first: a new Storage comes with a new LRU
-            dataset._indexes = self._indexes
-        readers = [dataset._window_reader() for dataset in self.datasets]
+        # epochs ]): the first stream's, made anew in each process as its Storage is.
+        # Entries are keyed by the whole ShardInfo, sha256 included, so streams never see
+        # each other's.
+        shared = self.datasets[0].source.indexes
+        readers = [dataset.window_reader(indexes=shared) for dataset in self.datasets]
         reader = MixtureReader(
             readers,
             self.mixture.shard_offsets,
-            prefetch=self.config.prefetch_windows,
-            read_budget=self.config.read_budget,
+            prefetch=config.read.prefetch_windows,
+            read_budget=config.read.read_budget,
         )
-        if self.config.sequences is None:
+        if config.sequences is None:
             return reader
-        manifests = [dataset.manifest for dataset in self.datasets]
-        shards = TokenShards.of(manifests, self.config.sequences, mixture=True)
-        return SequenceReader(reader, self.config.sequences, shards)
+        manifests = [dataset.source.manifest for dataset in self.datasets]
+        return SequenceReader(
+            reader, config.sequences, TokenShards.of(manifests, config.sequences, mixture=True)
+        )
 
 
-def _stream_dataset(config: DatasetConfig) -> StreamingDataset:
-    """One stream's own dataset: its storage, manifest, sidecars and reader."""
-    dataset = StreamingDataset.__new__(StreamingDataset)
-    dataset._start(config, None)
-    return dataset
+def _decoders(
+    mixture: SampleDecoder | None, decoders: list[SampleDecoder | None]
+) -> tuple[SampleDecoder | None, SampleDecoder | StreamDecoders | None]:
+    """The mixture's decoder, as its config keeps it (``None``: no stream decodes), and
+    what decodes its windows: that decoder, or ``StreamDecoders`` where streams decode
+    apart (``Stream(decode=...)``)."""
+    if all(decoder is mixture for decoder in decoders):
+        return mixture, mixture
+    if all(decoder is None for decoder in decoders):
+        return None, None
+    if mixture is None:  # decoded streams: the bulk path
+        mixture = next(decoder for decoder in decoders if decoder is not None)
+    return mixture, StreamDecoders(tuple(decoders))

@@ -13,11 +13,12 @@ for many indices at once.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import operator
 import os
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -25,14 +26,16 @@ from torch.utils.data import Dataset
 
 from shardstream.counts import check_int
 from shardstream.dataset.bulk import decode_samples
-from shardstream.dataset.config import DatasetConfig, read_streamable_manifest
-from shardstream.dataset.decode import Decoder
+from shardstream.dataset.config import DatasetConfig
 from shardstream.dataset.keys import KeyFinder
+from shardstream.dataset.options import PlanOptions, TokenOptions
 from shardstream.dataset.reader import COALESCE_GAP, WindowReader
 from shardstream.dataset.sample_reads import SampleReads
+from shardstream.dataset.source import DatasetSource
 from shardstream.errors import FormatError, ShardstreamError
 from shardstream.manifest import Manifest
 from shardstream.plan import Run
+from shardstream.sampler import ShardSampler
 from shardstream.storage import Storage
 
 __all__ = ["BATCH_GAP", "BATCH_READ_THREADS", "MapDataset"]
@@ -56,25 +59,25 @@ __all__ = ["BATCH_GAP", "BATCH_READ_THREADS", "MapDataset"]
 # tools/bench_access.py measures it (docs/benchmarks.md, claim random-access).
 BATCH_READ_THREADS = 32
 BATCH_GAP = 4 * 1024 * 1024
-# Held while a process makes a dataset's _Opened (module-level: a dataset pickles to
-# workers); a child made by fork while another thread held it gets a free one.
-_OPENING = threading.Lock()
-
-
-def _free_opening() -> None:
-    global _OPENING
-    _OPENING = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_free_opening)
+# What a MapDataset does not take of StreamingDataset's options: an index gives its sample
+# (no on_error), in the manifest's order (no plan), with its own read threads.
+_NOT_MAPPED = frozenset(
+    {
+        *(f.name for f in dataclasses.fields(PlanOptions)),
+        *(f.name for f in dataclasses.fields(TokenOptions)),
+        "on_error",
+        "local_reads",
+        "read_budget",
+        "read_concurrency",
+        "prefetch_windows",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
 class _Opened:
-    """What a process reads a dataset with: made lazily, anew after a fork."""
+    """What a process reads a dataset with, besides its source's storage."""
 
-    pid: int
-    storage: Storage
     reader: WindowReader
     finder: KeyFinder
     singles: SampleReads
@@ -104,36 +107,16 @@ class MapDataset(Dataset):
     """
 
     def __init__(
-        self,
-        url: str,
-        *,
-        decode: bool = True,
-        transform: Callable[[dict[str, Any]], Any] | None = None,
-        storage_options: Mapping[str, Any] | None = None,
-        cache_dir: str | None = None,
-        cache_limit: int | None = None,
-        decoders: Mapping[str, Decoder] | None = None,
-        allow_pickle: bool = False,
-        verify_checksums: bool = True,
-        read_threads: int = BATCH_READ_THREADS,
+        self, url: str | os.PathLike[str], *, read_threads: int = BATCH_READ_THREADS, **options: Any
     ) -> None:
-        self.config = DatasetConfig.build(
-            os.fspath(url),
-            decode=decode,
-            decoders=decoders,
-            allow_pickle=allow_pickle,
-            transform=transform,
-            storage_options=storage_options,
-            cache_dir=cache_dir,
-            cache_limit=cache_limit,
-            verify_checksums=verify_checksums,
-        )
+        """``options``: ``ReadOptions``' storage and checks, ``DecodeOptions``."""
+        self.config = DatasetConfig.build(os.fspath(url), options, owner="MapDataset", refused=_NOT_MAPPED)
         self.read_threads = check_int(read_threads, "read_threads", minimum=1, url=self.url)
-        self._manifest: Manifest | None = None
+        self.source = DatasetSource(self.config.url, self.config.read)
         self._ends: list[int] | None = None  # prefix sums of the shards' sample counts
         self._starts: list[int] | None = None  # the index of each shard's first sample
         self._length: int | None = None
-        self._open: _Opened | None = None  # this process's
+        _ = self.source.manifest  # read now: a URL that is not a dataset fails here
 
     # -- what the dataset is -------------------------------------------------------------
 
@@ -144,9 +127,7 @@ class MapDataset(Dataset):
     @property
     def manifest(self) -> Manifest:
         """The dataset's manifest, read once (and carried to workers with the dataset)."""
-        if self._manifest is None:
-            self._manifest = read_streamable_manifest(self.storage)
-        return self._manifest
+        return self.source.manifest
 
     @property
     def shard_sizes(self) -> list[int]:
@@ -154,42 +135,28 @@ class MapDataset(Dataset):
         return self.manifest.shard_sizes
 
     def _opened(self) -> _Opened:
-        """This process's storage, reader, key finder and single-sample reads."""
-        opened = self._open
-        if opened is not None and opened.pid == os.getpid():
-            return opened
-        with _OPENING:  # threads that come first at once share one: its LRU of open files bounds them
-            opened = self._open
-            if opened is not None and opened.pid == os.getpid():
-                return opened
-            cfg = self.config
-            storage = cfg.open_storage()
-            manifest = self._manifest if self._manifest is not None else read_streamable_manifest(storage)
-            self._manifest = manifest
-            reader = WindowReader(
-                storage,
-                manifest,
-                prefetch=0,
-                verify_checksums=cfg.verify_checksums,
-                read_concurrency=self.read_threads,
-                coalesce_gap=BATCH_GAP if not storage.local_files else COALESCE_GAP,
-            )
-            finder = KeyFinder(reader, self._offsets())
-            opened = _Opened(
-                os.getpid(), storage, reader, finder, SampleReads(reader, cfg.decoder), threading.Lock()
-            )
-            self._open = opened
-            return opened
+        """This process's reader, key finder and single-sample reads (made once per process)."""
+        return self.source.in_process("map", self._open)
+
+    def _open(self) -> _Opened:
+        storage = self.source.storage
+        reader = self.source.window_reader(
+            prefetch=0,
+            read_concurrency=self.read_threads,
+            coalesce_gap=BATCH_GAP if not storage.local_files else COALESCE_GAP,
+        )
+        finder = KeyFinder(reader, self._offsets())
+        return _Opened(reader, finder, SampleReads(reader, self.config.decoder), threading.Lock())
 
     def _parts(self) -> tuple[Storage, WindowReader, KeyFinder]:
         """This process's storage, reader and key finder."""
         opened = self._opened()
-        return opened.storage, opened.reader, opened.finder
+        return self.source.storage, opened.reader, opened.finder
 
     @property
     def storage(self) -> Storage:
         """This process's storage client."""
-        return self._parts()[0]
+        return self.source.storage
 
     def _offsets(self) -> list[int]:
         if self._starts is None:
@@ -207,14 +174,12 @@ class MapDataset(Dataset):
             self._length = self.manifest.num_samples
         return self._length
 
-    def sampler(self, **options: Any) -> Any:
+    def sampler(self, **options: Any) -> ShardSampler:
         """A ``ShardSampler`` over this dataset (``shuffle``, ``seed``, ``num_replicas``,
         ``rank``, ``drop_last``, ``shuffle_window`` and ``order``'s options as its own):
         indices in shard-local runs, so a DataLoader's batches coalesce into few reads. It
         is told the manifest's bytes, so order="global" has ``StreamingDataset``'s default
         window and batches (NOTE [ Global window ])."""
-        from shardstream.sampler import ShardSampler
-
         options.setdefault("dataset_bytes", self.manifest.num_bytes)
         return ShardSampler(self.shard_sizes, **options)
 
@@ -247,12 +212,8 @@ class MapDataset(Dataset):
         i = self._normalise(index)
         ends = self._ends if self._ends is not None else self._shard_ends()
         shard = bisect.bisect_right(ends, i)
-        opened = self._open
-        singles = (
-            opened.singles if opened is not None and opened.pid == os.getpid() else self._opened().singles
-        )
         try:
-            sample = singles.sample(shard, i - ends[shard - 1] if shard else i)
+            sample = self._opened().singles.sample(shard, i - ends[shard - 1] if shard else i)
         except ShardstreamError as error:
             raise _with_index(error, i) from error
         transform = self.config.transform
@@ -336,20 +297,13 @@ class MapDataset(Dataset):
         """The sample whose ``__key__`` is ``key``: ``self[self.index_of(key)]``."""
         return self[self.index_of(key)]
 
-    # -- pickling: configuration, never a live client ---------------------------------------
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_open"] = None
-        return state
-
     def close(self) -> None:
         """Release this process's connections (the dataset can still be used)."""
-        opened, self._open = self._open, None
-        if opened is not None and opened.pid == os.getpid():
+        opened = self.source.made_here("map")
+        if isinstance(opened, _Opened):
             opened.singles.close()
             opened.reader.close()
-            opened.storage.close()
+        self.source.close()
 
     def __enter__(self) -> MapDataset:
         return self

@@ -1,0 +1,183 @@
+"""The options a dataset is made with, each group defined once as a small frozen value.
+
+    read, decode, plan, tokens = split_options("StreamingDataset", given, READ, DECODE, PLAN, TOKENS)
+
+``StreamingDataset``, ``Stream`` and ``MapDataset`` take their keywords through these
+groups instead of relaying them one by one: ``ReadOptions`` (how shards are fetched and
+checked), ``DecodeOptions`` (how samples become values), ``PlanOptions`` (the epoch's
+order, made into the plan's ``PlanConfig``) and ``TokenOptions`` (a token dataset read as
+packed sequences). A group checks its values when it is made into what the dataset uses,
+and names the dataset in its errors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from shardstream.counts import check_int
+from shardstream.dataset.budget import DEFAULT_READ_BUDGET
+from shardstream.dataset.decode import Decoder, SampleDecoder
+from shardstream.dataset.fetch import READ_THREADS
+from shardstream.errors import PlanError, UsageError
+from shardstream.plan import PlanConfig
+from shardstream.plan.config import check_seed
+from shardstream.storage import Storage
+from shardstream.tokens import Packing
+
+__all__ = [
+    "LOCAL_READS",
+    "ON_ERROR",
+    "DecodeOptions",
+    "PlanOptions",
+    "ReadOptions",
+    "TokenOptions",
+    "split_options",
+]
+
+ON_ERROR = ("raise", "skip")
+# How shards in a local folder are read: NOTE [ Getting the bytes ] in dataset/fetch.py.
+LOCAL_READS = ("auto", "copy", "map")
+
+Group = TypeVar("Group")
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOptions:
+    """How a dataset's shards are fetched and checked: its storage (``storage_options``,
+    ``cache_dir``, ``cache_limit``, ``local_reads``: NOTE [ Getting the bytes ]), the
+    per-read CRC check (``verify_checksums``, NOTE [ Checksummed reads ]), what a sample
+    the format cannot read does (``on_error``), and on object storage the bytes fetched
+    ahead and the requests in flight per worker (NOTE [ Read budget ])."""
+
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    cache_dir: str | None = None
+    cache_limit: int | None = None
+    local_reads: str = "auto"
+    verify_checksums: bool = True
+    on_error: str = "raise"
+    read_budget: int = DEFAULT_READ_BUDGET
+    read_concurrency: int = READ_THREADS
+    prefetch_windows: int = 1
+
+    def checked(self, url: str) -> ReadOptions:
+        """These options (``storage_options`` as a plain dict), or ``UsageError`` naming ``url``."""
+        if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
+            raise UsageError("storage_options must be a mapping", url=url)
+        if self.on_error not in ON_ERROR:
+            raise UsageError(f"on_error must be one of {ON_ERROR}, got {self.on_error!r}", url=url)
+        if self.cache_limit is not None:
+            check_int(self.cache_limit, "cache_limit", minimum=0, url=url)
+        check_int(self.prefetch_windows, "prefetch_windows", url=url)
+        check_int(self.read_budget, "read_budget", minimum=1, url=url)
+        check_int(self.read_concurrency, "read_concurrency", minimum=1, maximum=256, url=url)
+        if not isinstance(self.verify_checksums, bool):
+            raise UsageError(
+                f"verify_checksums must be True or False, got {self.verify_checksums!r}", url=url
+            )
+        if self.local_reads not in LOCAL_READS:
+            raise UsageError(f"local_reads must be one of {LOCAL_READS}, got {self.local_reads!r}", url=url)
+        return dataclasses.replace(self, storage_options=dict(self.storage_options or {}))
+
+    def override(self, url: str, **given: Any) -> ReadOptions:
+        """These options with those of ``given`` that are not ``None`` (a stream's own)."""
+        return dataclasses.replace(self, **{k: v for k, v in given.items() if v is not None}).checked(url)
+
+    def open_storage(self, url: str) -> Storage:
+        """A new Storage of the dataset at ``url``, with these options and cache (one per process)."""
+        return Storage(url, self.storage_options, cache_dir=self.cache_dir, cache_limit=self.cache_limit)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeOptions:
+    """How samples become values: decoded by extension (``decoders`` override the
+    registry, ``allow_pickle`` lets pickled fields load) unless ``decode=False``, then
+    ``transform`` called on each."""
+
+    decode: bool = True
+    decoders: Mapping[str, Decoder] | None = None
+    allow_pickle: bool = False
+    transform: Callable[[dict[str, Any]], Any] | None = None
+
+    def decoder(self, url: str) -> SampleDecoder | None:
+        """The decoder these options make (the registry snapshotted now), ``None`` with
+        ``decode=False``; ``UsageError`` for a transform that cannot be called."""
+        if self.transform is not None and not callable(self.transform):
+            raise UsageError("transform must be callable", url=url)
+        if not self.decode:
+            return None
+        return SampleDecoder.build(self.decoders, allow_pickle=self.allow_pickle)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanOptions:
+    """The epoch's order as a user gives it (NOTE [ Global order ] for ``order``,
+    ``global_batch_size`` and ``read_lanes``); ``config`` makes the plan's ``PlanConfig``."""
+
+    shuffle: bool = True
+    seed: int = 0
+    drop_last: bool = False
+    shuffle_window: int | None = None
+    order: str = "local"
+    global_batch_size: int | None = None
+    read_lanes: int | None = None
+
+    def config(self, url: str) -> PlanConfig:
+        """The plan's config, or ``UsageError`` naming ``url`` for a bad value (the plan
+        refuses it too, as a ``PlanError``)."""
+        check_seed(self.seed, UsageError, url=url)
+        if self.shuffle_window is not None:
+            check_int(self.shuffle_window, "shuffle_window", minimum=1, url=url)
+        try:
+            return PlanConfig(
+                shuffle=bool(self.shuffle),
+                seed=self.seed,
+                drop_last=bool(self.drop_last),
+                shuffle_window=self.shuffle_window,
+                order=self.order,
+                global_batch_size=self.global_batch_size,
+                read_lanes=self.read_lanes,
+            )
+        except PlanError as error:  # the order's options: a user's value, named with the dataset
+            raise UsageError(str(error), url=url) from error
+
+
+@dataclass(frozen=True, slots=True)
+class TokenOptions:
+    """A token dataset read as packed sequences of ``seq_len`` tokens (NOTE [ Reading
+    sequences ]); without ``seq_len``, as its documents."""
+
+    seq_len: int | None = None
+    packing: str | None = None
+    long_docs: str | None = None
+
+    def packing_of(self, url: str) -> Packing | None:
+        """How the documents become sequences, or ``None`` to read documents."""
+        if self.seq_len is None:
+            if self.packing is not None or self.long_docs is not None:
+                raise UsageError(
+                    "packing and long_docs are options of packed sequences: give a seq_len too", url=url
+                )
+            return None
+        try:
+            return Packing(self.seq_len, self.packing or "concat", self.long_docs or "split")
+        except UsageError as error:
+            raise UsageError(error.message, url=url) from None
+
+
+def split_options(
+    owner: str, given: Mapping[str, Any], *groups: type[Any], refused: frozenset[str] = frozenset()
+) -> tuple[Any, ...]:
+    """One value of each of ``groups`` made from the keywords in ``given`` that are its
+    fields (the others at their defaults); a keyword of none of them, or in ``refused``,
+    is the ``TypeError`` Python gives for an unexpected keyword of ``owner``."""
+    names = [{f.name for f in dataclasses.fields(group)} for group in groups]
+    for name in given:
+        if name in refused or not any(name in fields for fields in names):
+            raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}")
+    return tuple(
+        group(**{k: v for k, v in given.items() if k in fields})
+        for group, fields in zip(groups, names, strict=True)
+    )

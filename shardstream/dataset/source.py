@@ -1,0 +1,166 @@
+"""``DatasetSource``: one dataset folder as a process reads it.
+
+A source holds what a dataset is (its URL, read options, manifest and fingerprint: read
+once, and carried to DataLoader workers when it is pickled) and what a process reads it
+with (a ``Storage``, the sidecar LRU, what the manifest says of each object): made
+lazily, in this module only, and made anew in a process forked from the one that made
+them. ``StreamingDataset`` holds one source (or one per stream of a mixture),
+``MapDataset`` one.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from shardstream.dataset.config import read_streamable_manifest
+from shardstream.dataset.fetch import expectations
+from shardstream.dataset.indexes import IndexCache
+from shardstream.dataset.options import ReadOptions
+from shardstream.dataset.reader import WindowReader
+from shardstream.manifest import Manifest, dataset_fingerprint
+from shardstream.storage import Expected, Storage
+
+__all__ = ["DatasetSource"]
+
+Made = TypeVar("Made")
+
+# Held while a process makes what it reads a source with, so that threads that come at
+# once share one (module-level: a source pickles to workers); a child made by fork while
+# another thread held it gets a free one.
+_MAKING = threading.Lock()
+
+
+def _free_making() -> None:
+    global _MAKING
+    _MAKING = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_free_making)
+
+
+@dataclass(slots=True)
+class _InProcess:
+    """What one process reads a source with."""
+
+    pid: int
+    storage: Storage
+    # the sidecar LRU kept across this process's iterations (NOTE [ Sidecars across epochs ])
+    indexes: IndexCache = field(default_factory=IndexCache)
+    expected: Mapping[str, Expected] | None = None  # O(shards) to make: once
+    made: dict[str, Any] = field(default_factory=dict)  # per-process things of the source's users
+
+
+class DatasetSource:
+    """The dataset at ``url``, read with ``options``."""
+
+    def __init__(self, url: str, options: ReadOptions) -> None:
+        self.url = url
+        self.options = options
+        self._manifest: Manifest | None = None
+        self._fingerprint: str | None = None
+        self._here: _InProcess | None = None
+
+    def __repr__(self) -> str:
+        return f"DatasetSource({self.url!r})"
+
+    def _in_process(self) -> _InProcess:
+        here = self._here
+        if here is not None and here.pid == os.getpid():
+            return here
+        with _MAKING:
+            here = self._here
+            if here is None or here.pid != os.getpid():
+                here = self._here = _InProcess(os.getpid(), self.options.open_storage(self.url))
+            return here
+
+    @property
+    def storage(self) -> Storage:
+        """This process's storage client: made lazily, and made anew after a fork."""
+        return self._in_process().storage
+
+    @property
+    def indexes(self) -> IndexCache:
+        """This process's sidecar LRU, kept across its iterations."""
+        return self._in_process().indexes
+
+    @property
+    def manifest(self) -> Manifest:
+        """The dataset's manifest, read once (and carried to workers with the source)."""
+        if self._manifest is None:
+            self._manifest = read_streamable_manifest(self.storage)
+        return self._manifest
+
+    @property
+    def fingerprint(self) -> str:
+        """The dataset's fingerprint (``manifest.dataset_fingerprint``), kept in states."""
+        if self._fingerprint is None:
+            self._fingerprint = dataset_fingerprint(self.manifest)
+        return self._fingerprint
+
+    def expectations(self) -> Mapping[str, Expected]:
+        """What the manifest says of each object, checked on every read: made once per process."""
+        here = self._in_process()
+        if here.expected is None:
+            here.expected = expectations(self.manifest)
+        return here.expected
+
+    def in_process(self, name: str, make: Callable[[], Made]) -> Made:
+        """``make()``, made once in this process under ``name`` (and anew after a fork)."""
+        here = self._in_process()
+        if name not in here.made:
+            with _MAKING:
+                if name not in here.made:
+                    here.made[name] = make()
+        return here.made[name]  # type: ignore[no-any-return]
+
+    def made_here(self, name: str) -> Any:
+        """What ``in_process(name, ...)`` made in this process, or ``None`` (nothing made)."""
+        here = self._here
+        return here.made.get(name) if here is not None and here.pid == os.getpid() else None
+
+    def window_reader(
+        self,
+        *,
+        columns: bool = False,
+        indexes: IndexCache | None = None,
+        prefetch: int | None = None,
+        read_concurrency: int | None = None,
+        coalesce_gap: int | None = None,
+    ) -> WindowReader:
+        """A reader of this dataset's windows for one iteration in this process:
+        ``columns`` for a decoder (NOTE [ Bulk decode ]), ``indexes`` a sidecar LRU shared
+        with other sources (default: this one's)."""
+        options = self.options
+        return WindowReader(
+            self.storage,
+            self.manifest,
+            on_error=options.on_error,
+            prefetch=options.prefetch_windows if prefetch is None else prefetch,
+            verify_checksums=options.verify_checksums,
+            local_reads=options.local_reads,
+            read_budget=options.read_budget,
+            read_concurrency=options.read_concurrency if read_concurrency is None else read_concurrency,
+            indexes=self.indexes if indexes is None else indexes,
+            expected=self.expectations(),
+            columns=columns,
+            coalesce_gap=coalesce_gap,
+        )
+
+    def close(self) -> None:
+        """Release this process's storage (the source can still be used)."""
+        here, self._here = self._here, None
+        if here is not None and here.pid == os.getpid():
+            here.storage.close()
+
+    # -- pickling: configuration and the manifest, never a live client ----------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "options": self.options, "manifest": self._manifest, "fp": self._fingerprint}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.url, self.options = state["url"], state["options"]
+        self._manifest, self._fingerprint, self._here = state["manifest"], state["fp"], None
