@@ -14,8 +14,7 @@
 # A window larger than the budget still goes beside one other window (one taken while the
 # next is read), so the bound is max(budget, two windows) and the stream never stalls;
 # but only once at most half the budget of that window's bytes is still to come. Its reads
-# tell the budget of their bytes as they arrive (``counting_arrivals`` in
-# storage/parts.py). Letting the second window go at once would have both share the wire
+# tell the budget of their bytes as they arrive (the ``tell`` a fetch passes to its reads). Letting the second window go at once would have both share the wire
 # and a caller that keeps up hold both; letting it go only once the first is all in would
 # lose the wire's overlap; half the budget still to come is a lead of several latencies.
 # tools/bench_memory.py and tools/bench_wan.py measure the RSS and the rate.
@@ -44,7 +43,6 @@ from shardstream.errors import UsageError
 from shardstream.manifest import ShardInfo
 from shardstream.plan import Run, Window
 from shardstream.storage import Prefetcher
-from shardstream.storage.parts import counting_arrivals
 
 __all__ = [
     "DEFAULT_READ_BUDGET",
@@ -150,19 +148,20 @@ class ReadBudget:
 
 
 def fetch_in_turn(
-    fetch: Callable[[Any, Callable[[int], None] | None], F],
+    fetch: Callable[[Any, Callable[[int], None] | None, Callable[[int], None] | None], F],
     budget: ReadBudget | None,
     ticket: int,
     window: Any,
 ) -> tuple[F, int]:
-    """``fetch(window, take)`` taking its bytes from ``budget`` in ``ticket`` order, its
-    reads telling the budget of their bytes as they arrive; the result and the ticket
+    """``fetch(window, take, tell)`` taking its bytes from ``budget`` in ``ticket`` order,
+    its reads telling the budget of their bytes as they arrive; the result and the ticket
     (a fetch that fails gives back its bytes, or its turn)."""
     if budget is None:
-        return fetch(window, None), ticket
+        return fetch(window, None, None), ticket
     try:
-        with counting_arrivals(functools.partial(budget.arrived, ticket)):
-            fetched = fetch(window, functools.partial(budget.take, ticket))
+        fetched = fetch(
+            window, functools.partial(budget.take, ticket), functools.partial(budget.arrived, ticket)
+        )
     except BaseException:
         budget.give_back(ticket)
         raise

@@ -29,6 +29,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 from collections.abc import Callable, Mapping, Sequence
@@ -39,7 +40,8 @@ from typing import Any
 from shardstream.errors import StorageError
 from shardstream.manifest import Manifest
 from shardstream.storage import Expected, ReadPool, Storage
-from shardstream.storage.parts import arrived, split
+from shardstream.storage.parts import Tell
+from shardstream.storage.ranged import RangedReads, SingleReads
 from shardstream.types import ByteRange
 
 __all__ = ["READ_THREADS", "ByteFetcher", "Reads", "expectations"]
@@ -104,57 +106,63 @@ class ByteFetcher:
     ) -> None:
         self.storage = storage
         self.threads = threads
-        self.local = storage.local_files
-        # Ranges are mapped, not copied, from the cache, and from a local folder where
-        # the user says so or its mount is read-only; see the NOTE above.
-        folder = storage.local_files and not storage.cached
-        self.mapped = storage.cached or (
-            folder and (local_reads == "map" or (local_reads == "auto" and storage.read_only_mount))
-        )
+        # how bytes are read (mapped, in parts, through the cache or plainly): the storage's choice
+        self.reads = RangedReads(storage, threads=threads, local_reads=local_reads)
         if expected is None:  # what ``expectations(manifest)`` gives; a dataset passes its own
             expected = expectations(manifest) if manifest is not None else {}
         self._expected: Mapping[str, Expected] = expected
         # a shard's CRC-32 (its sidecar's, once loaded: ``know_checks``), what its cache
         # fill is checked against where it is known in time (NOTE [ Filling the cache ])
         self._crcs: dict[str, Callable[[], int]] = {}
-        # The reads of a window run at once in one pool, long ones too (a cached dataset's
-        # fill their entries on first use), and the parts a long read is cut into in
-        # another (NOTE [ Reads in parts ], [ Filling the cache ]): a pool's thread never
-        # waits for its own pool.
-        remote = storage.cached or not storage.local_files
-        self._pool = ReadPool(threads) if threads > 1 and remote else None
-        self._part_pool = ReadPool(threads) if threads > 1 and remote else None
+        self._tell: Tell = None  # whom reads tell of their bytes: ``telling``
+
+    @property
+    def local(self) -> bool:
+        """Whether reads come from local files (a read costs no request)."""
+        return self.reads.local
+
+    @property
+    def mapped(self) -> bool:
+        """Whether ranges are mapped, not copied (cache entries; local files where chosen)."""
+        return self.reads.mapped
+
+    @property
+    def ahead(self) -> bool:
+        """Whether reads go over a wire in parallel, so windows are fetched ahead (NOTE [ Read budget ])."""
+        return self.reads.pool is not None
+
+    @property
+    def _pool(self) -> ReadPool | None:  # the name tests look the pool up by
+        return self.reads.pool
 
     def read_all(
-        self, items: Sequence[Item], on_error: Callable[[StorageError, Item], Exception]
+        self, items: Sequence[Item], on_error: Callable[[StorageError, Item], Exception], tell: Tell = None
     ) -> list[bytes | memoryview]:
         """The bytes of every item, in order; a ``StorageError`` is passed through
         ``on_error`` (which names the shard and samples) and raised. The reads run in
-        the pool's threads at once; a long one may be cut into parts that do too."""
-        return self.start(items, on_error).result()
+        the pool's threads at once; a long one may be cut into parts that do too.
+        ``tell(bytes)`` as they arrive (NOTE [ Read budget ])."""
+        return self.start(items, on_error, tell).result()
 
-    def start(self, items: Sequence[Item], on_error: Callable[[StorageError, Item], Exception]) -> Reads:
+    def start(
+        self, items: Sequence[Item], on_error: Callable[[StorageError, Item], Exception], tell: Tell = None
+    ) -> Reads:
         """``read_all`` begun: the reads are in the pool's threads (where there is a pool)
         when this returns, and ``result()`` waits for their bytes."""
 
+        fetcher = self.telling(tell)
+
         def one(item: Item) -> bytes | memoryview:
             try:
-                return self.read(*item)
+                return fetcher.read(*item)
             except StorageError as error:
                 raise on_error(error, item) from error
 
-        pool = self._pool
+        pool = self.reads.pool
         if pool is None or not items:
             return Reads(lambda: [one(item) for item in items], [])
         futures = [pool.submit(one, item) for item in items]
         return Reads(lambda: [future.result() for future in futures], futures)
-
-    def _is_long(self, path: str, rng: ByteRange | None) -> bool:
-        """Whether a read may be cut into parts (NOTE [ Reads in parts ])."""
-        if rng is None:
-            expect = self._expected.get(path)
-            rng = ByteRange(0, expect.size) if expect is not None and expect.size is not None else None
-        return rng is not None and not self.storage.cached and len(split(rng)) > 1
 
     def know_checks(self, path: str, whole_crc: Callable[[], int]) -> None:
         """``path``'s CRC-32 (computed when a fill asks), from its sidecar's checks."""
@@ -169,26 +177,33 @@ class ByteFetcher:
         """Delete ``path``'s cache entry, whose bytes failed a check; its file, or None."""
         return self.storage.drop_cached(path, self._expected.get(path))
 
+    def telling(self, tell: Tell) -> ByteFetcher:
+        """This fetcher for the reads of one window: they tell ``tell(bytes)`` as their
+        bytes arrive (NOTE [ Read budget ]); pools, checks and files are this one's."""
+        if tell is None:
+            return self
+        told = copy.copy(self)
+        told._tell = tell
+        return told
+
     def read(self, path: str, rng: ByteRange | None) -> bytes | memoryview:
+        """The bytes of ``rng`` of ``path`` (None: all of it), checked against the manifest."""
+        return self.reads.read(path, rng, self._expect(path), self._tell)
+
+    def _expect(self, path: str) -> Expected | None:
         expect = self._expected.get(path)
         if self.storage.cached and expect is not None and expect.sha256:
             expect = dataclasses.replace(expect, crc32=functools.partial(self._crc_of, path))
-        if rng is None and self.storage.cached and expect is not None and expect.size:
-            # a whole object (NOTE [ Whole shards at once ]): its cache entry, filled in
-            # parts where the connection is slow (NOTE [ Filling the cache ]), as a range's
-            rng = ByteRange(0, expect.size)
-        if rng is not None and rng.length and self.storage.cached:
-            # the cache entry, checked against expect
-            return self.storage.map(path, rng, expect=expect, pool=self._part_pool)
-        if rng is not None and rng.length and self.mapped:  # a local folder's, checked against expect
-            return self.storage.map(path, rng, expect=expect)
-        if self._part_pool is not None and self._is_long(path, rng):
-            return self.storage.read_parts(path, rng, expect=expect, pool=self._part_pool)  # tells as it goes
-        data = self.storage.read(path, rng, expect=expect)
-        arrived(len(data))  # NOTE [ Read budget ]
-        return data
+        return expect
+
+    def single_reads(self, open_files: int) -> SingleReads:
+        """Reads of single samples, from up to ``open_files`` local files kept open where
+        local files are read by copy (``RangedReads.single_reads``)."""
+        return self.reads.single_reads(self.read, open_files)
+
+    def expected(self, path: str) -> Expected | None:
+        """What the manifest says of ``path``."""
+        return self._expected.get(path)
 
     def close(self) -> None:
-        for pool in (self._pool, self._part_pool):
-            if pool is not None:
-                pool.close()
+        self.reads.close()

@@ -87,7 +87,12 @@ class MixtureReader:
 
     # -- one window ----------------------------------------------------------------------
 
-    def fetch(self, window: Any, take: Callable[[int], None] | None = None) -> list[list[Fetched]]:
+    def fetch(
+        self,
+        window: Any,
+        take: Callable[[int], None] | None = None,
+        tell: Callable[[int], None] | None = None,
+    ) -> list[list[Fetched]]:
         """Every stream's bytes of ``window`` (see NOTE [ Mixture reads ]), by stream."""
         shards: dict[int, list[int]] = {}
         for shard in window.shards:
@@ -102,7 +107,7 @@ class MixtureReader:
             take(sum(one.bytes for one in planned.values()))
         fetched: list[list[Fetched]] = [[] for _ in self.readers]
         for stream, one in planned.items():
-            fetched[stream] = self.readers[stream].fetch_planned(one)
+            fetched[stream] = self.readers[stream].fetch_planned(one, tell)
         return fetched
 
     def decode(self, window: Any, fetched: list[list[Fetched]]) -> tuple[list[Sample | None], bool]:

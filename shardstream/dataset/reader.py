@@ -50,7 +50,8 @@ from shardstream.formats.base import Sample, SampleColumns, SampleIndex
 from shardstream.formats.checks import BLOCK, ShardChecks
 from shardstream.manifest import Manifest, ShardInfo
 from shardstream.storage import Expected, Prefetcher, Storage
-from shardstream.storage.parts import arrived
+from shardstream.storage.parts import Tell
+from shardstream.storage.ranged import SingleReads
 from shardstream.types import ByteRange
 
 __all__ = [
@@ -195,8 +196,7 @@ class WindowReader:
             storage, manifest, threads=read_concurrency, local_reads=local_reads, expected=expected
         )
         # Object storage, cached too: how far ahead windows are fetched (NOTE [ Read budget ]).
-        ahead = read_concurrency > 1 and (storage.cached or not self.bytes.local)  # else one window at a time
-        self.budget = ReadBudget(read_budget) if ahead else None
+        self.budget = ReadBudget(read_budget) if self.bytes.ahead else None  # else one window at a time
 
     # -- indexes -------------------------------------------------------------------------
 
@@ -251,7 +251,7 @@ class WindowReader:
             raise FormatError(other, url=self.storage.full_url(info.index), shard=info.path)
         return index
 
-    def load_indexes(self, shards: Sequence[int]) -> dict[int, SampleIndex]:
+    def load_indexes(self, shards: Sequence[int], tell: Tell = None) -> dict[int, SampleIndex]:
         """The sample indexes of ``shards``: from the LRU, the missing ones read all at once.
 
         The window keeps them: a window of more shards than the LRU holds would otherwise
@@ -277,7 +277,7 @@ class WindowReader:
             (self.manifest.shards[shard].index, None) for shard in mine
         ]
         try:
-            for shard, data in zip(mine, self.bytes.read_all(items, self._storage_error), strict=True):
+            for shard, data in zip(mine, self.bytes.read_all(items, self._storage_error, tell), strict=True):
                 loading[shard].set_result(self._keep_index(shard, data))
         except BaseException as error:
             for future in loading.values():
@@ -295,7 +295,9 @@ class WindowReader:
 
     # -- one window ----------------------------------------------------------------------
 
-    def fetch(self, window: Any, take: Callable[[int], None] | None = None) -> list[Fetched]:
+    def fetch(
+        self, window: Any, take: Callable[[int], None] | None = None, tell: Tell = None
+    ) -> list[Fetched]:
         """The bytes of ``window``, one ranged read per group of close runs of a shard,
         their check blocks checked.
 
@@ -303,17 +305,18 @@ class WindowReader:
         CRC release the GIL, while the caller decodes the previous window
         (:meth:`decode`). The window's sidecars are loaded (and their counts checked)
         before its runs are laid out (``Window.shards``). ``take(bytes)`` is called with
-        the bytes its reads will hold before any is asked for (NOTE [ Read budget ]).
+        the bytes its reads will hold before any is asked for, ``tell(bytes)`` as they
+        arrive (NOTE [ Read budget ]).
         A mixture's reader takes these steps itself, for all its streams at once.
         """
         whole = self._whole_shards(window)
         if whole:
-            return self._fetch_whole(window, whole, take)
+            return self._fetch_whole(window, whole, take, tell)
         indexes = self.load_indexes(list(window.shards))  # before window.runs lays anything out
         planned = self.plan_fetch(window.runs, indexes)
         if take is not None:
             take(planned.bytes)
-        return self.fetch_planned(planned)
+        return self.fetch_planned(planned, tell)
 
     def _whole_shards(self, window: Any) -> list[int]:
         """The shards of ``window`` to GET whole while their sidecars are read (NOTE [ Whole
@@ -331,7 +334,7 @@ class WindowReader:
         return whole
 
     def _fetch_whole(
-        self, window: Any, shards: list[int], take: Callable[[int], None] | None
+        self, window: Any, shards: list[int], take: Callable[[int], None] | None, tell: Tell
     ) -> list[Fetched]:
         """:meth:`fetch` of a window that reads all of each of ``shards``: their GETs and
         their sidecars' at once; each read in them then takes its bytes from its shard's,
@@ -340,17 +343,18 @@ class WindowReader:
         if take is not None:  # what the reads hold at most: the parts of shards as if whole
             take(claimed)
         paths = [self.manifest.shards[shard].path for shard in shards]
-        reads = self.bytes.start([(path, None) for path in paths], self._storage_error)
+        reads = self.bytes.start([(path, None) for path in paths], self._storage_error, tell)
         others = None
         try:
-            indexes = self.load_indexes(list(window.shards))
+            indexes = self.load_indexes(list(window.shards), tell)
             planned = self.plan_fetch(window.runs, indexes)
             partial = [read for read in planned.reads if read.shard not in shards]
             # the parts of shards taken as if whole: bytes no read brings (NOTE [ Read budget ])
             unread = sum(self.manifest.shards[shard].bytes for shard in {read.shard for read in partial})
-            arrived(max(0, unread - sum(read.rng.length for read in partial)))
+            if tell is not None:
+                tell(max(0, unread - sum(read.rng.length for read in partial)))
             rest = [i for i, read in enumerate(planned.reads) if read.shard not in shards]
-            others = self.bytes.start([planned.items[i] for i in rest], self._storage_error)
+            others = self.bytes.start([planned.items[i] for i in rest], self._storage_error, tell)
             objects = dict(zip(shards, reads.result(), strict=True))
             own = dict(zip(rest, others.result(), strict=True))  # reads of part of a shard
         except BaseException:
@@ -376,9 +380,9 @@ class WindowReader:
         reads = plan_reads(runs, lambda shard, a, b: self._read_ranges(indexes[shard], a, b), gap=gap)
         return WindowReads(reads, [self._item(read) for read in reads], indexes)
 
-    def fetch_planned(self, planned: WindowReads) -> list[Fetched]:
-        """The bytes of :meth:`plan_fetch`'s reads, checked."""
-        fetched = self.bytes.read_all(planned.items, self._storage_error)
+    def fetch_planned(self, planned: WindowReads, tell: Tell = None) -> list[Fetched]:
+        """The bytes of :meth:`plan_fetch`'s reads, checked; ``tell(bytes)`` as they arrive."""
+        fetched = self.bytes.read_all(planned.items, self._storage_error, tell)
         for read, item, data in zip(planned.reads, planned.items, fetched, strict=True):
             if item[1] is None and len(data) < read.rng.end:
                 self._too_short(read, len(data))
@@ -453,6 +457,32 @@ class WindowReader:
             return info.path, None
         return info.path, read.rng
 
+    def single_reads(self, open_files: int) -> SingleReads:
+        """Reads of single samples for :meth:`read_bytes`, from up to ``open_files`` local
+        files kept open where local files are read by copy; ``close`` them when done."""
+        return self.bytes.single_reads(open_files)
+
+    def read_bytes(self, shard: int, rng: ByteRange, reads: SingleReads) -> bytes | memoryview:
+        """Bytes ``rng`` of ``shard`` by ``reads`` (:meth:`single_reads`), as a window's read
+        would ask for them (all of the shard, cut, where NOTE [ Whole shards ] says so);
+        a ``StorageError`` names the shard and the bytes, as a window's reads do."""
+        read = Read(shard, rng, (0,))
+        path, asked = self._item(read)
+        info = self.manifest.shards[shard]
+        data = reads.read(
+            path, rng, self.bytes.expected(info.path), self._storage_error, whole_object=asked is None
+        )
+        if len(data) != rng.length:
+            self._too_short(read, rng.start + len(data))
+        return data
+
+    def read_again(self, path: str, rng: ByteRange | None, offset: int) -> bytes | memoryview | None:
+        """``path``'s bytes ``rng`` read again where the storage is a cache whose entry
+        failed a check at ``offset`` (NOTE [ Healing the cache ] in heal.py), else None."""
+        if not self.storage.cached:
+            return None
+        return self.healer.read_again(self.bytes, path, rng, offset)
+
     def _too_short(self, read: Read, got: int) -> None:
         path = self.manifest.shards[read.shard].path
         raise StorageError(
@@ -525,7 +555,7 @@ class WindowReader:
                 block = cast(ShardChecks, index.checks).block
                 out += self._read_one_by_one(data, read.rng, index, start, stop, name, (bad, block))
             else:
-                out += self._decode(data, read.rng, index, start, stop, name)
+                out += self.decode_span(data, read.rng, index, start, stop, name)
         return out
 
     def _storage_error(self, error: StorageError, item: tuple[str, ByteRange | None]) -> StorageError:
@@ -539,9 +569,11 @@ class WindowReader:
             offset=rng.start if rng is not None else error.offset,
         )
 
-    def _decode(
+    def decode_span(
         self, data: bytes | memoryview, rng: ByteRange, index: SampleIndex, start: int, stop: int, name: str
     ) -> list[Sample | None]:
+        """Samples ``[start, stop)`` of shard ``name`` from ``data`` (the bytes of ``rng``);
+        with ``on_error="skip"`` one by one, ``None`` for each that fails."""
         try:
             samples: list[Sample | None] = list(self.format.decode(data, rng, index, start, stop, name=name))
         except FormatError as error:

@@ -32,11 +32,10 @@ read, a ``StorageError`` naming it; one rewritten in place fails its checksum.
 from __future__ import annotations
 
 import collections
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 
@@ -44,11 +43,10 @@ from shardstream.dataset.decode import SampleDecoder
 from shardstream.dataset.fields import with_all_fields_one
 from shardstream.dataset.indexes import INDEX_CACHE_SIZE
 from shardstream.dataset.reader import Read, WindowReader
-from shardstream.errors import FormatError, StorageError
+from shardstream.errors import FormatError
 from shardstream.formats.base import Sample, SampleIndex, sample_builder
 from shardstream.formats.checks import ShardChecks, crc32
 from shardstream.plan import Run
-from shardstream.storage import Expected
 from shardstream.types import ByteRange
 
 __all__ = ["OPEN_FILES", "SHARDS_KEPT", "SampleReads"]
@@ -96,10 +94,9 @@ class SampleReads:
     def __init__(self, reader: WindowReader, decoder: SampleDecoder | None = None) -> None:
         self.reader = reader
         self.decoder = decoder
-        self._keep_open = reader.bytes.local and not reader.bytes.mapped
-        self._files: collections.OrderedDict[int, list[Any]] = collections.OrderedDict()
+        self._bytes = reader.single_reads(OPEN_FILES)  # local files kept open, where read by copy
         self._shards: collections.OrderedDict[int, _Shard] = collections.OrderedDict()
-        self._lock = threading.Lock()  # for the two LRUs
+        self._lock = threading.Lock()  # for the LRU of shards
 
     def sample(self, shard: int, position: int) -> Sample:
         """Sample ``position`` of ``shard``, its bytes checked, decoded, with every field of
@@ -128,7 +125,7 @@ class SampleReads:
         data, start = self._checked(kept, shard, position, rng.start, rng.end)
         rng = ByteRange(start, start + len(data))
         # never None: with on_error="raise" a sample that cannot be decoded raises
-        return cast(Sample, reader._decode(data, rng, index, position, position + 1, kept.path)[0])
+        return cast(Sample, reader.decode_span(data, rng, index, position, position + 1, kept.path)[0])
 
     def _checked(
         self, kept: _Shard, shard: int, position: int, start: int, end: int
@@ -140,13 +137,11 @@ class SampleReads:
             return self._first_read(kept, shard, position, ByteRange(start, end))
         data = self._read(shard, start, end)
         if recorded >= 0 and crc32(data) != recorded:
-            reader = self.reader
-            if not reader.storage.cached:
-                raise self._mismatch(kept, ByteRange(start, end))
             # NOTE [ Healing the cache ] in heal.py
-            data = reader.healer.read_again(reader.bytes, kept.path, ByteRange(start, end), start)
-            if crc32(data) != recorded:
+            healed = self.reader.read_again(kept.path, ByteRange(start, end), start)
+            if healed is None or crc32(healed) != recorded:
                 raise self._mismatch(kept, ByteRange(start, end))
+            data = healed
         return data, start
 
     def _first_read(
@@ -186,74 +181,7 @@ class SampleReads:
 
     def _read(self, shard: int, start: int, end: int) -> bytes | memoryview:
         """Bytes ``[start, end)`` of ``shard``: one ``pread`` of a file kept open, else a read."""
-        if not self._keep_open:
-            return self._read_item(shard, ByteRange(start, end))
-        entry = self._acquire(shard)
-        try:
-            data = os.pread(entry[0].fileno(), end - start, start)
-        except OSError as error:
-            path = self.reader.manifest.shards[shard].path
-            raise StorageError(
-                f"cannot read bytes [{start}, {end}): {error}",
-                url=self.reader.storage.full_url(path),
-                shard=path,
-                offset=start,
-            ) from error
-        finally:
-            self._release(entry)
-        if len(data) != end - start:
-            self.reader._too_short(Read(shard, ByteRange(start, end), (0,)), start + len(data))
-        return data
-
-    def _read_item(self, shard: int, rng: ByteRange) -> bytes | memoryview:
-        reader = self.reader
-        read = Read(shard, rng, (0,))
-        item = reader._item(read)
-        try:
-            data = reader.bytes.read(*item)
-        except StorageError as error:
-            raise reader._storage_error(error, item) from error
-        if item[1] is None and len(data) < rng.end:
-            reader._too_short(read, len(data))
-        return data if item[1] is not None else memoryview(data)[rng.start : rng.end]
-
-    def _acquire(self, shard: int) -> list[Any]:
-        """``[file, users, evicted]`` of ``shard``, open, with this read counted as a user:
-        a file evicted from the LRU is closed by its last user, never under a read."""
-        with self._lock:
-            entry = self._files.get(shard)
-            if entry is not None:
-                self._files.move_to_end(shard)
-                entry[1] += 1
-                return entry
-        reader = self.reader
-        info = reader.manifest.shards[shard]
-        try:  # checks the file's size against the manifest
-            opened = reader.storage.open(info.path, expect=Expected(info.bytes, info.sha256))
-        except StorageError as error:
-            raise reader._storage_error(error, (info.path, None)) from error
-        with self._lock:
-            entry = self._files.get(shard)
-            if entry is None:
-                entry = self._files[shard] = [opened, 0, False]
-            else:  # another thread opened it meanwhile
-                opened.close()
-            entry[1] += 1
-            while len(self._files) > OPEN_FILES:
-                self._retire(self._files.popitem(last=False)[1])
-            return entry
-
-    def _release(self, entry: list[Any]) -> None:
-        with self._lock:
-            entry[1] -= 1
-            if entry[2] and not entry[1]:
-                entry[0].close()
-
-    @staticmethod
-    def _retire(entry: list[Any]) -> None:
-        entry[2] = True
-        if not entry[1]:
-            entry[0].close()
+        return self.reader.read_bytes(shard, ByteRange(start, end), self._bytes)
 
     # -- checks --------------------------------------------------------------------------
 
@@ -289,7 +217,4 @@ class SampleReads:
 
     def close(self) -> None:
         """Close the files kept open (each at once, or when the read using it ends)."""
-        with self._lock:
-            for entry in self._files.values():
-                self._retire(entry)
-            self._files.clear()
+        self._bytes.close()

@@ -257,7 +257,7 @@ class FsspecBackend(Backend):
     def read(self, fspath: str, rng: ByteRange | None, size: int | None) -> bytes:
         # fsspec's cat_file does not say the object's size, so a ranged read asks (a HEAD),
         # once per path and process: NOTE [ One size check per object ]. A whole read is
-        # checked by its length instead (Storage._read_once).
+        # checked by its length instead (RetriedIO.read_once in retried.py).
         if rng is None:
             return bytes(self.fs.cat_file(fspath))
         if size is not None and self._sizes_checked.get(fspath) != size:

@@ -28,20 +28,18 @@ import hashlib
 import os
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import Protocol, TypeVar
 
 from shardstream.crc import crc32
-from shardstream.errors import StorageError, UsageError
+from shardstream.errors import StorageError
 from shardstream.storage import local
 from shardstream.storage.cache import ShardCache
 from shardstream.storage.expect import Expected, changed_error
-from shardstream.storage.parts import CHUNK, ReadPool, Sink, read_long
+from shardstream.storage.parts import CHUNK, ReadPool, Sink, Tell, read_long
+from shardstream.storage.retried import RetriedIO
 from shardstream.types import ByteRange
 
-if TYPE_CHECKING:
-    from shardstream.storage.core import Storage
-
-__all__ = ["cache_key", "cached_path", "read_cached", "with_entry"]
+__all__ = ["Located", "cache_key", "cached_path", "read_cached", "with_entry"]
 
 T = TypeVar("T")
 
@@ -60,17 +58,20 @@ _ENTRY_TRIES = 3
 
 
 def with_entry(
-    storage: Storage,
+    io: RetriedIO,
+    cache: ShardCache,
     path: str,
     expect: Expected | None,
     pool: ReadPool | None,
     use: Callable[[str], T],
     uncached: Callable[[], T],
+    tell: Tell = None,
 ) -> T:
-    """``use(entry)`` of ``path``'s cache entry (filled first if need be), or ``uncached()``
-    where the entry keeps vanishing (NOTE [ Entries that vanish ])."""
+    """``use(entry)`` of ``path``'s cache entry (filled first if need be, telling ``tell``
+    of the bytes as they arrive), or ``uncached()`` where the entry keeps vanishing (NOTE
+    [ Entries that vanish ])."""
     for _ in range(_ENTRY_TRIES):
-        entry = cached_path(storage, path, expect, pool)
+        entry = cached_path(io, cache, path, expect, pool, tell)
         try:
             return use(entry)
         except FileNotFoundError:
@@ -79,51 +80,70 @@ def with_entry(
 
 
 def read_cached(
-    storage: Storage, path: str, rng: ByteRange | None, expect: Expected | None, pool: ReadPool | None
+    io: RetriedIO, cache: ShardCache, path: str, rng: ByteRange | None, expect: Expected | None
 ) -> bytes:
+    """``Storage.read`` through the cache."""
     data = with_entry(
-        storage,
+        io,
+        cache,
         path,
         expect,
-        pool,
+        None,
         lambda entry: local.read(entry, rng),
-        lambda: storage._read_direct(path, rng, expect),
+        lambda: io.read(path, rng, expect),
     )
     if rng is not None and len(data) != rng.length:
-        storage._short_read(path, rng, len(data))
+        io.short_read(path, rng, len(data))
     return data
 
 
-def cache_key(storage: Storage, path: str) -> str:
+class Located(Protocol):
+    """What names an object for the cache: a ``Storage`` or its ``RetriedIO``."""
+
+    @property
+    def endpoint_url(self) -> str: ...
+
+    def full_url(self, path: str) -> str: ...
+
+
+def cache_key(where: Located, path: str) -> str:
     """The object's name in the cache; its entries are also keyed by content where the
     manifest names it (NOTE [ Reads check the manifest ] in expect.py)."""
-    return f"{storage._fs_options().get('endpoint_url') or ''}|{storage.full_url(path)}"
+    return f"{where.endpoint_url}|{where.full_url(path)}"
 
 
 def cached_path(
-    storage: Storage, path: str, expect: Expected | None = None, pool: ReadPool | None = None
+    io: RetriedIO,
+    cache: ShardCache,
+    path: str,
+    expect: Expected | None = None,
+    pool: ReadPool | None = None,
+    tell: Tell = None,
 ) -> str:
     """The local path of a complete cache entry of ``path``, filled first if need be."""
-    cache = storage._cache
-    if cache is None:
-        raise UsageError("no cache_dir set", url=storage.url)
     known = expect.size if expect is not None else None
     return cache.fetch(
-        cache_key(storage, path),
-        (lambda: known) if known is not None else (lambda: storage.size(path)),
-        lambda tmp, n: _fill(storage, path, tmp, n, expect, pool),
-        url=storage.full_url(path),
+        cache_key(io, path),
+        (lambda: known) if known is not None else (lambda: io.size(path)),
+        lambda tmp, n: _fill(io, cache, path, tmp, n, expect, pool, tell),
+        url=io.full_url(path),
         content=expect.content_key if expect is not None else "",
     )
 
 
 def _fill(
-    storage: Storage, path: str, tmp: str, size: int, expect: Expected | None, pool: ReadPool | None
+    io: RetriedIO,
+    cache: ShardCache,
+    path: str,
+    tmp: str,
+    size: int,
+    expect: Expected | None,
+    pool: ReadPool | None,
+    tell: Tell,
 ) -> None:
     """Write the object's ``size`` bytes to ``tmp`` as they arrive, summed on the way
     (NOTE [ Filling the cache ]), and check the sum against the sidecar's or the manifest's."""
-    cache = cast(ShardCache, storage._cache)
-    url = storage.full_url(path)
+    url = io.full_url(path)
     try:  # reads raise ShardstreamErrors only: an OSError is the cache's disk
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
     except OSError as error:
@@ -133,7 +153,7 @@ def _fill(
     summing = _Crc32() if crc_of is not None else hashlib.sha256() if sha256 else None
     sink = _FileSink(fd, summing=summing, disk_error=cache.disk_error, url=url)
     try:
-        read_long(storage, path, ByteRange(0, size), size, pool, sink, whole_object=True)
+        read_long(io, path, ByteRange(0, size), size, pool, sink, whole_object=True, tell=tell)
     finally:
         os.close(fd)
     if summing is None:

@@ -30,9 +30,10 @@ from shardstream.storage import cached as through_cache
 from shardstream.storage import local
 from shardstream.storage.backend import Backend, backend_for
 from shardstream.storage.cache import ShardCache
-from shardstream.storage.expect import Expected, SizeChanged, short_read, short_whole_read, size_changed_error
-from shardstream.storage.parts import ReadPool, read_parts
-from shardstream.storage.retry import RetryPolicy, call_with_retry, is_not_found, permanent_error
+from shardstream.storage.expect import Expected, SizeChanged
+from shardstream.storage.parts import ReadPool, Tell, read_parts
+from shardstream.storage.retried import RetriedIO
+from shardstream.storage.retry import RetryPolicy, is_not_found, permanent_error
 from shardstream.storage.s3read import S3Reader
 from shardstream.storage.streams import RangeReader
 from shardstream.types import ByteRange
@@ -70,18 +71,29 @@ class Storage:
         if cache_limit is not None and cache_dir is None:
             raise UsageError("cache_limit needs cache_dir", url=url)
         self._options = dict(storage_options or {})
-        self.retry = retry if retry is not None else RetryPolicy()
+        policy = retry if retry is not None else RetryPolicy()
         self.cache_dir = cache_dir
         self.cache_limit = cache_limit
         self.read_only = read_only
         # Chosen once: see NOTE [ One backend per Storage ] in backend.py.
         self._backend: Backend
         self._backend, self._root, self.url = backend_for(url, self._options)
+        # what long reads and the cache's reads use of this Storage (NOTE [ Reads in parts ])
+        self._io = RetriedIO(self._backend, self._root, self.url, policy)
         # Local files are already local: caching them would only copy them.
         local_files = self._backend.is_local
         self._cache = ShardCache(cache_dir, cache_limit) if cache_dir and not local_files else None
 
     # -- configuration, pickling, life cycle ---------------------------------------
+
+    @property
+    def retry(self) -> RetryPolicy:
+        """How transient errors are retried (it may be replaced: reads take it as they start)."""
+        return self._io.policy
+
+    @retry.setter
+    def retry(self, policy: RetryPolicy) -> None:
+        self._io.policy = policy
 
     @property
     def local_files(self) -> bool:
@@ -142,8 +154,10 @@ class Storage:
         """This process's fsspec file system (made on first use, remade after fork)."""
         return self._backend.fs
 
-    def _fs_options(self) -> dict[str, Any]:
-        return self._backend.fs_options()
+    @property
+    def endpoint_url(self) -> str:
+        """The S3 endpoint the folder is read through ("" for the default one or no S3)."""
+        return self._io.endpoint_url
 
     def close(self) -> None:
         """Release this process's connections; the Storage can still be used later."""
@@ -153,29 +167,13 @@ class Storage:
 
     def full_url(self, path: str) -> str:
         """The URL of ``path`` (relative to the dataset folder)."""
-        self._check_path(path)
-        return f"{self.url}/{path}" if path else self.url
+        return self._io.full_url(path)
 
     def _fspath(self, path: str) -> str:
-        self._check_path(path)
-        return f"{self._root}/{path}" if path else self._root
-
-    def _check_path(self, path: str) -> None:
-        if not isinstance(path, str) or path.startswith("/") or "://" in path or ".." in path.split("/"):
-            raise UsageError(
-                f"path must be relative and inside the dataset folder, not {path!r}", url=self.url
-            )
+        return self._io.fspath(path)
 
     def _retry(self, operation: Callable[[], R], what: str, path: str, rng: ByteRange | None = None) -> R:
-        return call_with_retry(
-            operation,
-            self.retry,
-            what=what,
-            url=self.full_url(path),
-            rng=rng,
-            timeouts=self._backend.timeouts,  # made only for an error that timed out
-            bounded=what != "write",  # uploads keep their attempts: NOTE [ Bounded waits ]
-        )
+        return self._io.retry(operation, what, path, rng)
 
     # -- reading -------------------------------------------------------------------
 
@@ -190,46 +188,18 @@ class Storage:
         if rng is not None and rng.length == 0:
             return b""
         if self._cache is None:
-            return self._read_direct(path, rng, expect)
-        return through_cache.read_cached(self, path, rng, expect, None)
+            return self._io.read(path, rng, expect)
+        return through_cache.read_cached(self._io, self._cache, path, rng, expect)
 
     def read_parts(
-        self, path: str, rng: ByteRange | None, *, expect: Expected | None, pool: ReadPool
+        self, path: str, rng: ByteRange | None, *, expect: Expected | None, pool: ReadPool, tell: Tell = None
     ) -> bytes | memoryview:
         """``read``, a long read (a whole object too, where ``expect`` gives its size) in
-        parts read by ``pool``'s threads into one buffer (NOTE [ Reads in parts ])."""
-        return read_parts(self, path, rng, expect, pool)
-
-    def _read_direct(self, path: str, rng: ByteRange | None, expect: Expected | None = None) -> bytes:
-        fspath = self._fspath(path)
-        size = expect.size if expect is not None else None
-        return self._retry(lambda: self._read_once(path, fspath, rng, size), "read", path, rng)
-
-    def _read_once(
-        self, path: str, fspath: str, rng: ByteRange | None, size: int | None, out: memoryview | None = None
-    ) -> Any:
-        """One try of a read: its bytes, or with ``out`` (and ``rng``) read into ``out``."""
-        try:
-            if out is not None and rng is not None:
-                got = self._backend.read_into(fspath, rng, out, size)
-                if got != rng.length:
-                    self._short_read(path, rng, got, size)
-                return None
-            data = self._backend.read(fspath, rng, size)
-            if rng is None and size is not None and len(data) != size:
-                short_whole_read(lambda: self._backend.size(fspath), self.full_url(path), len(data), size)
-        except SizeChanged as changed:
-            raise self._changed(path, rng, changed.actual, size) from None
-        if rng is not None and len(data) != rng.length:
-            self._short_read(path, rng, len(data), size)
-        return data
-
-    def _changed(self, path: str, rng: ByteRange | None, actual: int, expected: int | None) -> StorageError:
-        return size_changed_error(self.full_url(path), path, rng, actual, expected)
-
-    def _short_read(self, path: str, rng: ByteRange, got: int, expected: int | None = None) -> None:
-        size_now = lambda: self._backend.size(self._fspath(path))  # noqa: E731
-        short_read(size_now, self.full_url(path), path, rng, got, expected)
+        parts read by ``pool``'s threads into one buffer (NOTE [ Reads in parts ]), telling
+        ``tell(bytes)`` as they arrive; a plain ``read`` where the Storage is cached."""
+        if self._cache is not None:
+            return self.read(path, rng, expect=expect)
+        return read_parts(self._io, path, rng, expect, pool, tell)
 
     def open(self, path: str, *, expect: Expected | None = None) -> IO[bytes]:
         """A sequential (and seekable) binary read stream; use it as a context manager.
@@ -240,7 +210,7 @@ class Storage:
         if self._cache is not None:  # the caller closes it
             opener = lambda entry: open(entry, "rb")  # noqa: E731, SIM115
             return through_cache.with_entry(
-                self, path, expect, None, opener, lambda: self._stream(path, expect)
+                self._io, self._cache, path, expect, None, opener, lambda: self._stream(path, expect)
             )
         opened = self._open_direct(path, expect)
         if opened is not None:
@@ -251,7 +221,7 @@ class Storage:
         """A stream of ranged reads of an object, not cached."""
         size = expect.size if expect is not None and expect.size is not None else self.size(path)
         raw = RangeReader(
-            lambda start, end: self._read_direct(path, ByteRange(start, end), expect),
+            lambda start, end: self._io.read(path, ByteRange(start, end), expect),
             size,
             self.full_url(path),
         )
@@ -262,34 +232,40 @@ class Storage:
         try:
             return self._backend.open_direct(self._fspath(path), size)
         except SizeChanged as changed:
-            raise self._changed(path, None, changed.actual, size) from None
+            raise self._io.changed(path, None, changed.actual, size) from None
         except OSError as error:
             raise permanent_error(error, "open", self.full_url(path)) from error
 
     def size(self, path: str) -> int:
         """The object's size in bytes."""
-        fspath = self._fspath(path)
-        return self._retry(lambda: self._backend.size(fspath), "size", path)
+        return self._io.size(path)
 
     def map(
-        self, path: str, rng: ByteRange, *, expect: Expected | None = None, pool: ReadPool | None = None
+        self,
+        path: str,
+        rng: ByteRange,
+        *,
+        expect: Expected | None = None,
+        pool: ReadPool | None = None,
+        tell: Tell = None,
     ) -> memoryview:
         """The bytes of ``rng`` memory-mapped, not copied: from the shard cache, or a local file.
 
         Reads copy by default on purpose: a local file truncated while mapped kills the
         process with SIGBUS, and only cache entries are never truncated in place (NOTE
         [ Getting the bytes ] in shardstream/dataset/fetch.py). Object stores have no
-        mapping: ``UsageError`` there without ``cache_dir``. ``pool``: as for ``read``.
+        mapping: ``UsageError`` there without ``cache_dir``. ``pool`` and ``tell``: the
+        threads that fill a cache entry in parts, and whom they tell of its bytes.
         """
         if self._cache is not None:  # the cache entry, checked against expect
             mapped = lambda entry: local.map_range(entry, rng, self.full_url(path))  # noqa: E731
-            uncached = lambda: memoryview(self._read_direct(path, rng, expect))  # noqa: E731
-            return through_cache.with_entry(self, path, expect, pool, mapped, uncached)
+            uncached = lambda: memoryview(self._io.read(path, rng, expect))  # noqa: E731
+            return through_cache.with_entry(self._io, self._cache, path, expect, pool, mapped, uncached, tell)
         size = expect.size if expect is not None else None
         try:
             return self._backend.map(self._fspath(path), rng, self.full_url(path), size)
         except SizeChanged as changed:
-            raise self._changed(path, rng, changed.actual, size) from None
+            raise self._io.changed(path, rng, changed.actual, size) from None
 
     def is_folder(self, path: str = "") -> bool:
         """Whether ``path`` is a folder (else a file); a missing one fails as "not found"."""
@@ -393,12 +369,12 @@ class Storage:
         if self._cache is None:
             return None
         content = expect.content_key if expect is not None else ""
-        return self._cache.drop(through_cache.cache_key(self, path), content)
+        return self._cache.drop(through_cache.cache_key(self._io, path), content)
 
     def _forget_cached(self, path: str) -> None:
         self._backend.forget(self._fspath(path))
         if self._cache is not None:
-            self._cache.forget(through_cache.cache_key(self, path))
+            self._cache.forget(through_cache.cache_key(self._io, path))
 
     # -- manifest ------------------------------------------------------------------
 
@@ -407,7 +383,7 @@ class Storage:
         ``.shardstream/``, or at the top of a dataset of the legacy layout."""
         for name in (MANIFEST_NAME, LEGACY_MANIFEST_NAME):
             try:
-                data = self._read_direct(name, None)
+                data = self._io.read(name, None)
             except StorageError as error:
                 if is_not_found(error):
                     continue

@@ -15,7 +15,6 @@ Storage or a dataset made before ``fork`` works after it.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import mmap
 import os
 import sys
@@ -23,14 +22,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from shardstream.errors import UsageError
-from shardstream.storage.expect import Expected, SizeChanged
+from shardstream.storage.expect import Expected
+from shardstream.storage.retried import RetriedIO
 from shardstream.types import ByteRange
-
-if TYPE_CHECKING:
-    from shardstream.storage.core import Storage
 
 __all__ = [
     "FAST_CONNECTION",
@@ -41,8 +38,7 @@ __all__ = [
     "MemorySink",
     "ReadPool",
     "Sink",
-    "arrived",
-    "counting_arrivals",
+    "Tell",
     "read_long",
     "read_parts",
     "split",
@@ -84,31 +80,9 @@ GETS_IN_FLIGHT = 24  # a pool's long reads are cut only while they have fewer GE
 
 T = TypeVar("T")
 
-# Who is told of a read's bytes as they arrive (NOTE [ Read budget ] in dataset/budget.py):
-# set by the thread that starts a window's reads, and carried into the read threads by
-# ``ReadPool.submit``, so the reads need not know whose bytes they bring.
-_ARRIVALS: contextvars.ContextVar[Callable[[int], None] | None] = contextvars.ContextVar(
-    "shardstream_arrivals", default=None
-)
-
-
-def arrived(count: int) -> None:
-    """``count`` bytes of a read are in: told to whoever counts this thread's reads."""
-    tell = _ARRIVALS.get()
-    if tell is not None:
-        tell(count)
-
-
-@contextlib.contextmanager
-def counting_arrivals(tell: Callable[[int], None]) -> Any:
-    """Long reads started in this block, and the parts they are cut into, call
-    ``tell(bytes)`` as their bytes arrive, a chunk at a time (whoever makes other reads
-    tells of them with ``arrived``)."""
-    token = _ARRIVALS.set(tell)
-    try:
-        yield
-    finally:
-        _ARRIVALS.reset(token)
+# Whom a read tells of its bytes as they arrive (NOTE [ Read budget ] in dataset/budget.py):
+# passed down by whoever starts the read, None where nobody counts them.
+Tell = Callable[[int], None] | None
 
 
 def split(
@@ -168,8 +142,8 @@ class ReadPool:
         return sum(stream.rate() or 0.0 for stream in streams)
 
     def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
-        """``fn(*args)`` in a thread of the pool, in the caller's context (``counting_arrivals``)."""
-        return self._executor().submit(contextvars.copy_context().run, fn, *args)
+        """``fn(*args)`` in a thread of the pool."""
+        return self._executor().submit(fn, *args)
 
     def _executor(self) -> ThreadPoolExecutor:
         pid = os.getpid()
@@ -249,21 +223,26 @@ def new_buffer(size: int) -> mmap.mmap:
 
 
 def read_parts(
-    storage: Storage, path: str, rng: ByteRange | None, expect: Expected | None, pool: ReadPool
+    io: RetriedIO,
+    path: str,
+    rng: ByteRange | None,
+    expect: Expected | None,
+    pool: ReadPool,
+    tell: Tell = None,
 ) -> bytes | memoryview:
-    """``Storage.read_parts``: ``storage.read`` where the read is short, cached or of
-    unknown size, else ``read_long`` into one buffer."""
+    """``Storage.read_parts`` of an uncached Storage: a plain read where the read is short
+    or of unknown size, else ``read_long`` into one buffer."""
     size = expect.size if expect is not None else None
     whole = ByteRange(0, size) if rng is None and size is not None else rng
-    if storage.cached or whole is None or not whole.length:
-        return storage.read(path, rng, expect=expect)
+    if whole is None or not whole.length:
+        return io.read(path, rng, expect) if whole is None or rng is None else b""
     sink = MemorySink(whole)
-    read_long(storage, path, whole, size, pool, sink, whole_object=rng is None)
+    read_long(io, path, whole, size, pool, sink, whole_object=rng is None, tell=tell)
     return sink.buffer
 
 
 def read_long(
-    storage: Storage,
+    io: RetriedIO,
     path: str,
     rng: ByteRange,
     size: int | None,
@@ -271,19 +250,21 @@ def read_long(
     sink: Sink,
     *,
     whole_object: bool = False,
+    tell: Tell = None,
 ) -> None:
     """The bytes of ``rng`` into ``sink``: one GET, cut into parts in ``pool``'s threads
     where it shows a slow connection (NOTE [ Reads in parts ]). ``size``: the object's
-    expected size; ``whole_object``: ``rng`` is all of it (a plain GET)."""
-    if not storage._backend.streams:  # no body to read as it comes: cut up front
+    expected size; ``whole_object``: ``rng`` is all of it (a plain GET); ``tell(bytes)``
+    as they arrive, a chunk at a time."""
+    if not io.streams:  # no body to read as it comes: cut up front
         parts = split(rng) if pool is not None else split(rng, -(-rng.length // PART_MAX))
         if pool is None or len(parts) == 1:
             for part in parts:
-                _read_part(storage, path, part, size, sink)
+                _read_part(io, path, part, size, sink, tell)
         else:
-            wait_all([pool.submit(_read_part, storage, path, part, size, sink) for part in parts])
+            wait_all([pool.submit(_read_part, io, path, part, size, sink, tell) for part in parts])
         return
-    stream = _Stream(storage, path, rng, size, whole_object)
+    stream = _Stream(io, path, rng, size, whole_object, tell)
     if pool is not None:
         pool.count_gets(1)
         pool.reading(stream, True)
@@ -298,7 +279,7 @@ def read_long(
             parts = _cut(ByteRange(stream.pos, rng.end), stream, pool)
         if not parts:
             return
-        later = [_submit_part(pool, storage, path, part, size, sink) for part in parts[1:]]
+        later = [_submit_part(pool, stream, part, sink) for part in parts[1:]]
         try:
             stream.read_to(parts[0].end, sink)
         except BaseException:
@@ -314,13 +295,12 @@ def read_long(
             pool.count_gets(-1)
 
 
-def _submit_part(
-    pool: ReadPool, storage: Storage, path: str, part: ByteRange, size: int | None, sink: Sink
-) -> Future[None]:
-    """``_stream_part`` in ``pool``, counted among its GETs in flight until it is done or cancelled."""
+def _submit_part(pool: ReadPool, first: _Stream, part: ByteRange, sink: Sink) -> Future[None]:
+    """``_stream_part`` of ``first``'s read in ``pool``, counted among its GETs in flight
+    until it is done or cancelled."""
     pool.count_gets(1)
     try:
-        future = pool.submit(_stream_part, storage, path, part, size, sink, pool)
+        future = pool.submit(_stream_part, first, part, sink, pool)
     except BaseException:
         pool.count_gets(-1)
         raise
@@ -347,13 +327,11 @@ def _cut(rest: ByteRange, stream: _Stream, pool: ReadPool | None) -> list[ByteRa
     return split(rest, count, maximum=max(PART_MAX, -(-rest.length // count)))  # at most ``count``
 
 
-def _stream_part(
-    storage: Storage, path: str, part: ByteRange, size: int | None, sink: Sink, pool: ReadPool
-) -> None:
+def _stream_part(first: _Stream, part: ByteRange, sink: Sink, pool: ReadPool) -> None:
     """A part as the first GET is read: into ``sink`` in pieces of ``CHUNK`` bytes as they
     arrive (a cache fill writes and hashes each while the next arrives, in buffers of one
     size it reuses), a failed try asking again for the rest only."""
-    stream = _Stream(storage, path, part, size, False)
+    stream = _Stream(first.io, first.path, part, first.size, False, first.tell)
     pool.reading(stream, True)
     try:
         stream.read_to(part.end, sink)
@@ -362,23 +340,24 @@ def _stream_part(
         stream.close()
 
 
-def _read_part(storage: Storage, path: str, part: ByteRange, size: int | None, sink: Sink) -> None:
-    fspath = storage._fspath(path)
+def _read_part(io: RetriedIO, path: str, part: ByteRange, size: int | None, sink: Sink, tell: Tell) -> None:
     view = sink.view(part)
-    storage._retry(lambda: storage._read_once(path, fspath, part, size, view), "read", path, part)
+    io.read_into(path, part, size, view)
     sink.done(part, view)
-    arrived(part.length)
+    if tell is not None:
+        tell(part.length)
 
 
 class _Stream:
     """The first GET of a long read: its body read in order into a sink, up to a stop
     that the caller moves; a failed try asks again for the bytes not yet read (a ranged
-    GET), in ``Storage``'s retries. It measures the latency (time to the headers of the
+    GET), in ``io``'s retries; ``tell(bytes)`` as each chunk is in. It measures the latency (time to the headers of the
     first GET that answers) and the rate of the GET being read (NOTE [ Reads in parts ])."""
 
-    def __init__(self, storage: Storage, path: str, rng: ByteRange, size: int | None, whole: bool) -> None:
-        self.storage, self.path, self.rng, self.size, self.whole = storage, path, rng, size, whole
-        self.fspath = storage._fspath(path)
+    def __init__(
+        self, io: RetriedIO, path: str, rng: ByteRange, size: int | None, whole: bool, tell: Tell
+    ) -> None:
+        self.io, self.path, self.rng, self.size, self.whole, self.tell = io, path, rng, size, whole, tell
         self.pos = rng.start
         self.body: Any = None
         self.latency: float | None = None
@@ -386,7 +365,7 @@ class _Stream:
         self._opened_at = rng.start  # where the GET being read began
 
     def read_to(self, stop: int, sink: Sink) -> None:
-        self.storage._retry(lambda: self._try(stop, sink), "read", self.path, ByteRange(self.pos, stop))
+        self.io.retry(lambda: self._try(stop, sink), "read", self.path, ByteRange(self.pos, stop))
 
     def _try(self, stop: int, sink: Sink) -> None:
         try:
@@ -397,9 +376,10 @@ class _Stream:
                 view = sink.view(chunk)
                 got = _read_into(self.body, view)
                 if got != chunk.length:
-                    self.storage._short_read(self.path, chunk, got, self.size)
+                    self.io.short_read(self.path, chunk, got, self.size)
                 sink.done(chunk, view)
-                arrived(chunk.length)
+                if self.tell is not None:
+                    self.tell(chunk.length)
                 self.pos = chunk.end
                 self._measure()
         except BaseException:
@@ -409,10 +389,7 @@ class _Stream:
     def _open(self) -> None:
         rng = None if self.whole and self.pos == 0 else ByteRange(self.pos, self.rng.end)
         started = time.monotonic()
-        try:
-            self.body = self.storage._backend.stream(self.fspath, rng, self.size)
-        except SizeChanged as changed:
-            raise self.storage._changed(self.path, rng, changed.actual, self.size) from None
+        self.body = self.io.stream(self.path, rng, self.size)
         if self.latency is None:  # the first GET that answered
             self.latency = time.monotonic() - started
         self._opened_at, self._mark = self.pos, None
