@@ -18,11 +18,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from shardstream._version import __version__
-from shardstream.counts import check_count
+from shardstream.counts import parse_count
 from shardstream.errors import ShardstreamError, UsageError
 from shardstream.progress import ProgressBar, human_bytes, plural
-
-__all__ = ["SUBCOMMANDS", "build_parser", "main", "storage_options_for"]
 
 
 def storage_options_for(url: str, endpoint_url: str | None) -> dict[str, Any] | None:
@@ -43,7 +41,7 @@ def _common() -> argparse.ArgumentParser:
 def _count(text: str) -> int:
     """A count from 1 to ``MAX_COUNT`` (argparse type): a clear usage error, never an OverflowError."""
     try:
-        return check_count("a count", text)
+        return parse_count(text, "a count")
     except UsageError as error:
         raise argparse.ArgumentTypeError(error.message) from None
 

@@ -1,6 +1,7 @@
 """Integers given by users and read from states: one validator, ``check_int``, for the
 library, the plan and the command line (which must not import the pack to check an
-argument); ``check_count`` on top of it also reads counts written as text or whole floats."""
+argument); ``parse_count`` on top of it also reads counts written as text or whole floats
+(a user's count: the plan's ``check_count`` takes ints alone)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,6 @@ import operator
 from typing import Any
 
 from shardstream.errors import ShardstreamError, UsageError, shown
-
-__all__ = ["MAX_COUNT", "check_count", "check_int"]
 
 # The largest shard size or sample count accepted: what a signed 64-bit field (a tar or
 # Parquet size, numpy's counts in the plan) holds; far above anything a shard can be.
@@ -40,7 +39,7 @@ def check_int(
     return value
 
 
-def check_count(name: str, value: object) -> int:
+def parse_count(value: object, name: str) -> int:
     """``value`` as a count from 1 to ``MAX_COUNT`` (samples per shard, workers), or a UsageError."""
     number = _whole(value)
     if number is None:

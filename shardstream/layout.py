@@ -32,37 +32,20 @@ from typing import TYPE_CHECKING
 from shardstream._version import __version__
 from shardstream.errors import ManifestError, PackError, shown
 from shardstream.formats import available_formats
-from shardstream.manifest import LEGACY_MANIFEST_NAME, MANIFEST_NAME, Manifest, ShardInfo, TokensInfo
+from shardstream.manifest import (
+    LEGACY_MANIFEST_NAME as LEGACY_MANIFEST_NAME,
+)
+from shardstream.manifest import (
+    MANIFEST_NAME as MANIFEST_NAME,
+)
+from shardstream.manifest import (
+    Manifest,
+    ShardInfo,
+    TokensInfo,
+)
 
 if TYPE_CHECKING:
     from shardstream.formats import SampleIndex
-
-__all__ = [
-    "CLAIM_RE",
-    "LEGACY_MANIFEST_NAME",
-    "MANIFEST_NAME",
-    "META_FOLDER",
-    "PACK_RECORD_RE",
-    "PART_RECORD_RE",
-    "PART_SHARD_RE",
-    "SHARD_NAME_RE",
-    "SHARD_PREFIX",
-    "ShardResult",
-    "build_manifest",
-    "claim_name",
-    "fields_and_schema",
-    "fit_sidecar_name",
-    "legacy_part_record_name",
-    "own_name",
-    "pack_record_name",
-    "part_prefix",
-    "part_record_name",
-    "part_scope",
-    "shard_name",
-    "shard_name_re",
-    "sidecar_name",
-    "writer_name",
-]
 
 SHARD_PREFIX = "shard-"
 # NOTE [ The dataset folder as others read it ]

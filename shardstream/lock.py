@@ -25,8 +25,6 @@ from shardstream.errors import ShardstreamError, StorageError, UsageError
 from shardstream.layout import CLAIM_RE, claim_name
 from shardstream.storage import Storage
 
-__all__ = ["LEASE_ENV", "PackLease", "lease_seconds", "write_unsynced"]
-
 LEASE_ENV = "SHARDSTREAM_PACK_LEASE"
 DEFAULT_LEASE = 60.0
 _log = logging.getLogger("shardstream.pack")

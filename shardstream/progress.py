@@ -17,8 +17,6 @@ from typing import TextIO
 
 from tqdm import tqdm
 
-__all__ = ["Progress", "ProgressBar", "human_bytes", "human_duration", "plural"]
-
 _REDRAW_SECONDS = 0.2
 _WITH_TOTAL = (
     "{desc}: {percentage:3.0f}%|{bar:24}| {n_fmt}/{total_fmt} samples{postfix} [{elapsed}<{remaining}]"

@@ -7,8 +7,6 @@ from dataclasses import dataclass
 from shardstream.counts import check_int
 from shardstream.errors import PlanError
 
-__all__ = ["ByteRange", "Shape", "Topology"]
-
 
 @dataclass(frozen=True, slots=True)
 class ByteRange:

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from shardstream.errors import PlanError, StateError
 from shardstream.plan import PlanConfig, Shape
 from shardstream.plan.composed import ComposedPlan
+from shardstream.plan.composed_sequences import PerStreamSequence, StratifiedSequence
 from shardstream.plan.kinds import MixturePlan
 from shardstream.plan.mixture import Mixture, StreamSpec
-from shardstream.plan.parts import PerStreamSequence, StratifiedSequence
 from shardstream.plan.spread import affine, golden_step
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -285,7 +285,7 @@ def test_refusals_say_why():
 
 
 def test_parts_share_one_bound_on_their_cached_chunk_orders():
-    from shardstream.plan.global_order import _CACHED_BLOCKS
+    from shardstream.plan.global_order import CACHED_BLOCKS
     from shardstream.plan.kinds import MixturePlan
     from shardstream.plan.mixture import Mixture, StreamSpec
 
@@ -294,4 +294,4 @@ def test_parts_share_one_bound_on_their_cached_chunk_orders():
     for mix in ("stratified", "per_stream"):
         plan = MixturePlan(Mixture(specs, mix=mix), config, epoch=0, world_size=1, batch_size=40)
         parts = plan.sequence.parts
-        assert sum(part.sequence.cached_blocks for part in parts) <= max(_CACHED_BLOCKS, 4 * len(parts))
+        assert sum(part.sequence.cached_blocks for part in parts) <= max(CACHED_BLOCKS, 4 * len(parts))

@@ -22,7 +22,7 @@ from shardstream.errors import PackError, StorageError
 from shardstream.formats import get_format
 from shardstream.formats.tar.header import exact_sample_size, sample_size
 from shardstream.pack import ShardWriter, open_source, pack
-from shardstream.pack.jobs import Packed, ShardJob, _pack_entries
+from shardstream.pack.jobs import Packed, ShardJob, pack_entries
 from shardstream.storage import local
 from tests.test_pack import make_folder, samples, snapshot
 
@@ -141,7 +141,7 @@ def test_shard_jobs_pickle_as_columns_and_back(tmp_path):
     )
     assert pickle.loads(pickle.dumps(inline)) == inline
     # entries a worker sized reach the worker that writes them still packed, sliced
-    packed = Packed(_pack_entries(entries), 2, 9)
+    packed = Packed(pack_entries(entries), 2, 9)
     forwarded = ShardJob(1, "s", (entries[:2], packed[1:5], entries[9:]))
     assert pickle.loads(pickle.dumps(forwarded)).entries == entries[:2] + entries[3:7] + entries[9:]
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from shardstream.errors import PackError
 from shardstream.formats.base import Sample
 from shardstream.pack import Entry, PackOptions, ShardWriter, Source, pack
-from shardstream.pack.jobs import Packed, ShardJob, ShardJobs, _pack_entries
+from shardstream.pack.jobs import Packed, ShardJob, ShardJobs, pack_entries
 from shardstream.pack.sources.base import walk
 from shardstream.pack.sources.folder import _CHUNK_FILES, _CHUNK_FOLDERS
 from tests.test_pack import read_shards, snapshot
@@ -177,7 +177,7 @@ def test_cutting_whole_chunks_is_cutting_one_sample_at_a_time(chunks, shard_size
                 entries = [Entry(f"k{number + i}", None, None, "x") for i in range(len(sizes))]
                 number += len(sizes)
                 if packed:  # as a worker sends them: this process never unpacks them
-                    shards += jobs.take(Packed(_pack_entries(entries), 0, len(entries)), list(sizes))
+                    shards += jobs.take(Packed(pack_entries(entries), 0, len(entries)), list(sizes))
                 else:
                     shards += jobs.take(entries, list(sizes))
             shards += jobs.finish()

@@ -17,9 +17,9 @@ from shardstream.errors import StateError
 from shardstream.pack import ShardWriter
 from shardstream.plan import EpochPlan, PlanConfig, Run
 from shardstream.plan.global_order import GlobalSequence
-from shardstream.plan.keys import nested_permutations, random_words
 from shardstream.plan.kinds import MixturePlan
 from shardstream.plan.mixture import Mixture, StreamSpec
+from shardstream.plan.randomness import nested_permutations, random_words
 
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

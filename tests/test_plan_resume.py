@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from shardstream.errors import PlanError, StateError
 from shardstream.manifest import counts_checksum
-from shardstream.plan import STATE_VERSION, EpochPlan, PlanConfig
+from shardstream.plan import PLAN_STATE_VERSION, EpochPlan, PlanConfig
 from tests.test_plan_properties import plans, reference_batches, topologies, worker_lists
 
 PROPERTY = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -179,7 +179,7 @@ def _state(**changes):
 @pytest.mark.parametrize(
     ("changes", "config", "sizes", "message"),
     [
-        ({"version": STATE_VERSION + 1}, PlanConfig(seed=1), None, "version"),
+        ({"version": PLAN_STATE_VERSION + 1}, PlanConfig(seed=1), None, "version"),
         ({}, PlanConfig(seed=2), None, "seed"),
         ({}, PlanConfig(seed=1, shuffle=False), None, "shuffle"),
         ({}, PlanConfig(seed=1, drop_last=True), None, "drop_last"),

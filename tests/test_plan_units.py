@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from shardstream.plan import PlanConfig, Run, Window
 from shardstream.plan.intervals import compose, from_points, merge, points, select
-from shardstream.plan.keys import permutation, random_words
+from shardstream.plan.randomness import permutation, random_words
 from shardstream.plan.windows import SliceLayout, lanes_for, round_robin, split_even
 
 FAST = settings(max_examples=200, deadline=None)
@@ -26,7 +26,7 @@ def test_keyed_permutations_are_stable_golden_values():
 
 
 def test_keyed_permutations_are_the_same_in_another_process():
-    code = "from shardstream.plan.keys import permutation; print(permutation(1000, (5, 1, 2)).sum(), permutation(50, (5, 1, 2))[:5].tolist())"
+    code = "from shardstream.plan.randomness import permutation; print(permutation(1000, (5, 1, 2)).sum(), permutation(50, (5, 1, 2))[:5].tolist())"
     runs = [
         subprocess.run(
             [sys.executable, "-c", code],

@@ -13,7 +13,7 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 from shardstream.errors import PackError, StorageError, UsageError
-from shardstream.pack.sources.base import is_dir, list_files, open_file
+from shardstream.pack.sources.base import is_dir, list_inputs, open_input
 from shardstream.pack.sources.folder import FolderSource
 from shardstream.storage import RetryPolicy, Storage, absolute_url
 from shardstream.storage.backend import FsspecBackend, LocalBackend, S3Backend
@@ -184,7 +184,7 @@ def test_pack_sources_read_through_storage_retries(memory_url, monkeypatch):
     assert source.load(entry) == {"__key__": "a", "json": b"{}", "txt": b"hello"}
     assert flaky.calls == 4  # two failed tries, then one read per file
     flaky.left = 2
-    with open_file(f"{memory_url}/data.jsonl", {}) as f:
+    with open_input(f"{memory_url}/data.jsonl", {}) as f:
         assert f.read() == b'{"x": 1}\n'
 
 
@@ -195,8 +195,8 @@ def test_pack_sources_say_what_is_missing_on_remote_storage(memory_url, monkeypa
     with pytest.raises(UsageError, match="source not found"):
         is_dir(f"{memory_url}/nothing", {})
     with pytest.raises(PackError, match="source file not found"):
-        open_file(f"{memory_url}/nothing.jsonl", {})
-    assert [(rel, size) for rel, _, size in list_files(f"{memory_url}/src", {})] == [("a.txt", 5)]
+        open_input(f"{memory_url}/nothing.jsonl", {})
+    assert [(rel, size) for rel, _, size in list_inputs(f"{memory_url}/src", {})] == [("a.txt", 5)]
     FlakyMemory(monkeypatch, failures=100)
     source = FolderSource(f"{memory_url}/src", {})
     source._storage.retry = RetryPolicy(attempts=2, base_delay=0)

@@ -3,7 +3,7 @@ another tool wrote (``webdataset.ShardWriter`` tars, Spark or Ray Parquet), or j
 parts of a ``pack --part I/N``; a tar shard is read once (hash and index together), a
 Parquet one twice (its footer comes first).
 
-``verify`` rebuilds a shard's index as this module does (``_read_shard``), so that a
+``verify`` rebuilds a shard's index as this module does (``read_shard``), so that a
 sidecar ``index`` wrote verifies byte for byte.
 """
 
@@ -37,13 +37,11 @@ from shardstream.lock import PackLease
 from shardstream.manifest import Manifest, ShardInfo
 from shardstream.storage import Storage
 
-__all__ = ["index_dataset"]
-
 T = TypeVar("T")
 R = TypeVar("R")
 
 _READ_CHUNK = 8 << 20
-_DEFAULT_THREADS = 4
+DEFAULT_THREADS = 4
 
 
 class _OnePass(io.RawIOBase):
@@ -98,7 +96,7 @@ class _OnePass(io.RawIOBase):
         return self._hash
 
 
-def _read_shard(
+def read_shard(
     storage: Storage, fmt: ShardFormat, path: str
 ) -> tuple[SampleIndex, tuple[str, ...], str, int]:
     """Index, fields, sha256 and size of a stored shard, read once where the format allows;
@@ -129,7 +127,7 @@ def _companion(storage: Storage, path: str, source: str) -> bytes:
         ) from None
 
 
-def _map(function: Callable[[T], R], items: Iterable[T], threads: int) -> list[R]:
+def map_threaded(function: Callable[[T], R], items: Iterable[T], threads: int) -> list[R]:
     items = list(items)
     if threads <= 1 or len(items) <= 1:
         return [function(item) for item in items]
@@ -137,7 +135,7 @@ def _map(function: Callable[[T], R], items: Iterable[T], threads: int) -> list[R
         return list(pool.map(function, items))
 
 
-def _hidden(path: str) -> bool:
+def is_hidden(path: str) -> bool:
     """A file under a folder whose name, or a folder's on the way, starts with a dot."""
     return any(part.startswith(".") for part in path.split("/"))
 
@@ -209,7 +207,7 @@ def _part_records(storage: Storage, files: list[str]) -> dict[str, tuple[ShardIn
 
 
 def _index_one(storage: Storage, fmt: ShardFormat, path: str) -> ShardResult:
-    index, fields, digest, size = _read_shard(storage, fmt, path)
+    index, fields, digest, size = read_shard(storage, fmt, path)
     sidecar = index.to_bytes()
     storage.write(sidecar_name(path), sidecar)
     info = ShardInfo(
@@ -222,7 +220,7 @@ def index_dataset(
     url: str,
     *,
     storage_options: Mapping[str, Any] | None = None,
-    threads: int = _DEFAULT_THREADS,
+    threads: int = DEFAULT_THREADS,
     rehash: bool = False,
 ) -> Manifest:
     """Write sample indexes and ``.shardstream/manifest.json`` for the shards under ``url``; return the manifest.
@@ -243,7 +241,7 @@ def index_dataset(
         lease.acquire()
         files = storage.list_files()
         _refuse_unfinished_packs(storage, files)
-        visible = [f for f in files if not _hidden(f)]
+        visible = [f for f in files if not is_hidden(f)]
         format = _shard_format(visible, storage.url)
         fmt = get_format(format)
         present = set(visible)
@@ -267,7 +265,7 @@ def index_dataset(
         legacy = _legacy_manifest(storage, files)
         described = {record.tokens for _, record in records.values() if record.tokens is not None}
         tokens = described.pop() if len(described) == 1 else None  # what the parts' pack knew of its ids
-        manifest = build_manifest(format, _map(one, shards, threads), tokens)
+        manifest = build_manifest(format, map_threaded(one, shards, threads), tokens)
         lease.check()
         moved_records = _move_part_records(storage, files, manifest)
         storage.write_manifest(manifest)

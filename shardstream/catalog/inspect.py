@@ -11,8 +11,6 @@ from shardstream.diagnose import read_manifest
 from shardstream.formats import get_format
 from shardstream.storage import Storage
 
-__all__ = ["DatasetSummary", "inspect_dataset"]
-
 
 @dataclass(frozen=True, slots=True)
 class DatasetSummary:

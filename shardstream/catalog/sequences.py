@@ -29,8 +29,6 @@ from shardstream.manifest import Manifest, ShardInfo, sequences_key
 from shardstream.storage import Storage
 from shardstream.tokens import Packing, best_fit, count_sequences
 
-__all__ = ["record_sequences"]
-
 
 def record_sequences(
     url: str,

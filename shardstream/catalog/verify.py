@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardstream.catalog.index import _DEFAULT_THREADS, _hidden, _map, _read_shard
+from shardstream.catalog.index import DEFAULT_THREADS, is_hidden, map_threaded, read_shard
 from shardstream.diagnose import read_manifest
 from shardstream.digests import checks_of
 from shardstream.errors import FormatError, ShardstreamError, StorageError
@@ -16,8 +16,6 @@ from shardstream.formats import SampleIndex, ShardFormat, get_format
 from shardstream.formats.checks import ShardChecks
 from shardstream.manifest import ShardInfo
 from shardstream.storage import Storage
-
-__all__ = ["ShardProblem", "VerifyReport", "verify_dataset"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +58,7 @@ def _check_shard(storage: Storage, fmt: ShardFormat, info: ShardInfo) -> tuple[l
     rebuilt: SampleIndex | None = None
     try:  # one pass gives the index, the size and the sha256
         try:
-            rebuilt, _fields, digest, size = _read_shard(storage, fmt, info.path)
+            rebuilt, _fields, digest, size = read_shard(storage, fmt, info.path)
         except FormatError as error:
             problems.append(f"is corrupt: {error}")
             checks = checks_of(storage, info.path)
@@ -115,7 +113,7 @@ def verify_dataset(
     url: str,
     *,
     storage_options: Mapping[str, Any] | None = None,
-    threads: int = _DEFAULT_THREADS,
+    threads: int = DEFAULT_THREADS,
 ) -> VerifyReport:
     """Re-read every shard of the dataset at ``url`` and report each one that is not sound."""
     storage = Storage(url, storage_options)
@@ -130,12 +128,12 @@ def verify_dataset(
                 return [ShardProblem(info.path, f"cannot be checked: {error}")], False
             return [ShardProblem(info.path, p) for p in found], unchecked
 
-        results = _map(one, manifest.shards, threads)
+        results = map_threaded(one, manifest.shards, threads)
         problems = [p for found, _ in results for p in found]
         unchecked = tuple(info.path for info, (_, old) in zip(manifest.shards, results, strict=True) if old)
         listed = {s.path for s in manifest.shards}
         unlisted = tuple(
-            f for f in storage.list_files() if f.endswith(fmt.suffix) and f not in listed and not _hidden(f)
+            f for f in storage.list_files() if f.endswith(fmt.suffix) and f not in listed and not is_hidden(f)
         )
         if not manifest.shards:  # an empty dataset beside shards is a cut-short or hand-made manifest
             problems += [

@@ -26,16 +26,6 @@ import numpy as np
 from shardstream.errors import FormatError
 from shardstream.formats.checks import crc32
 
-__all__ = [
-    "StringTable",
-    "array_section",
-    "pack_sidecar",
-    "pack_strings",
-    "read_array",
-    "unpack_strings",
-    "unpack_versioned",
-]
-
 MAGIC = b"SSINDEX\0"
 _HEAD = struct.Struct("<8s4sHHIQ")  # magic, kind, version, nsections, crc32, payload length
 

@@ -27,20 +27,6 @@ from shardstream.errors import FormatError, UsageError
 from shardstream.formats.checks import ShardChecks
 from shardstream.types import ByteRange
 
-__all__ = [
-    "FileSizer",
-    "Sample",
-    "SampleColumns",
-    "SampleIndex",
-    "ShardEncoder",
-    "SingleSamples",
-    "ShardFormat",
-    "check_covers",
-    "check_covers_all",
-    "run_positions",
-    "sample_builder",
-]
-
 Sample = dict[str, Any]
 
 

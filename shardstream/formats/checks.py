@@ -50,8 +50,6 @@ from shardstream.crc import crc32
 from shardstream.errors import FormatError, UsageError
 from shardstream.types import ByteRange
 
-__all__ = ["BLOCK", "BlockHasher", "ShardChecks", "crc32"]
-
 BLOCK = 64 << 10  # bytes per CRC block, see NOTE [ Checksummed reads ]
 _MIN_BLOCK, _MAX_BLOCK = 512, 1 << 30
 

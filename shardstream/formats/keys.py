@@ -19,8 +19,6 @@ from __future__ import annotations
 
 from shardstream.errors import PackError, shown
 
-__all__ = ["check_key_path", "check_key_value", "key_problem", "unsafe_key"]
-
 
 def key_problem(key: str) -> str | None:
     """Why ``key`` may not name a sample in a shard (see NOTE [ Safe sample keys ]), or None."""

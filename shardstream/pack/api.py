@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
+from shardstream.counts import parse_count
 from shardstream.errors import PackError, UsageError
 from shardstream.formats import get_format
 from shardstream.manifest import Manifest
@@ -16,14 +17,12 @@ from shardstream.pack.dest import DatasetTarget
 from shardstream.pack.durable import ShardSync
 from shardstream.pack.jobs import JobContext, Packed, PackProgress, ShardJob, ShardJobs
 from shardstream.pack.lifeline import usable_cores
-from shardstream.pack.options import PackOptions, Part, check_count
+from shardstream.pack.options import PackOptions, Part
 from shardstream.pack.parallel import run_jobs
 from shardstream.pack.sources import Source, open_source
 from shardstream.pack.sources.base import Entry, input_storage
 from shardstream.pack.tokenize import load_tokenizing
 from shardstream.storage import Storage
-
-__all__ = ["SMALL_MEMBERS", "PackProgress", "advise_format", "pack"]
 
 _log = logging.getLogger("shardstream.pack")
 
@@ -95,7 +94,7 @@ def pack(
     if tokenizer is None and (text_field is not None or append_eos is not None):
         raise UsageError("text_field and append_eos say how to tokenize: pass a tokenizer too")
     if workers is not None:
-        workers = check_count("workers", workers)
+        workers = parse_count(workers, "workers")
     src = (
         source if isinstance(source, Source) else _open(source, source_type, storage_options, source_options)
     )

@@ -31,8 +31,6 @@ from shardstream.pack.tokenize import DocumentWriter
 from shardstream.pack.writer import oversize_error
 from shardstream.storage import Storage
 
-__all__ = ["ATTEMPTS", "AttemptMessage", "AttemptWriter", "WriteJob", "WrittenShard", "write_partition"]
-
 ATTEMPTS = f"{META_FOLDER}/attempts"  # every job's attempts folder is in here
 _RENEW_ROWS = 1024  # rows between looks at the clock for the claim's renewal
 

@@ -52,8 +52,6 @@ from shardstream.pack.options import PackOptions
 from shardstream.pack.tokenize import load_tokenizing
 from shardstream.storage import Storage
 
-__all__ = ["abort_job", "begin_job", "choose_attempts", "commit_job", "plan_commit", "prepare_job"]
-
 _THREADS = 16  # objects moved or deleted at once on an object store
 T = TypeVar("T")
 

@@ -21,8 +21,6 @@ from collections.abc import Sequence
 
 from shardstream.errors import PackError, ShardstreamError
 
-__all__ = ["SampleTooLarge", "ShardCutter"]
-
 
 class SampleTooLarge(PackError):
     """A sample larger than a whole shard's budget; whoever cut it names the sample.

@@ -47,10 +47,8 @@ from shardstream.diagnose import no_destination
 from shardstream.errors import ManifestError, ShardstreamError, StorageError, UsageError
 from shardstream.layout import (
     META_FOLDER,
-    PACK_RECORD_RE,
     PART_RECORD_RE,
     PART_SHARD_RE,
-    SHARD_NAME_RE,
     ShardResult,
     build_manifest,
     legacy_part_record_name,
@@ -60,6 +58,12 @@ from shardstream.layout import (
     shard_name_re,
     writer_name,
 )
+from shardstream.layout import (
+    PACK_RECORD_RE as PACK_RECORD_RE,
+)
+from shardstream.layout import (
+    SHARD_NAME_RE as SHARD_NAME_RE,
+)
 from shardstream.lock import PackLease, write_unsynced
 from shardstream.manifest import LEGACY_MANIFEST_NAME, MANIFEST_NAME, Manifest, ShardInfo
 from shardstream.pack.durable import ShardSync
@@ -68,15 +72,6 @@ from shardstream.storage import Storage, absolute_url
 
 # The names a pack writes are rules of ``shardstream.layout``, which ``index`` reads back
 # too; those ``index`` imported from here before stay importable.
-__all__ = [
-    "PACK_RECORD_RE",
-    "PART_RECORD_RE",
-    "SHARD_NAME_RE",
-    "DatasetTarget",
-    "build_manifest",
-    "shard_name_re",
-    "writer_name",
-]
 
 
 class DatasetTarget:

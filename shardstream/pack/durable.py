@@ -29,8 +29,6 @@ from collections.abc import Iterable
 from shardstream.errors import StorageError
 from shardstream.storage import Storage
 
-__all__ = ["ShardSync"]
-
 
 class ShardSync:
     """Makes the files of a pack durable on a helper thread; see the NOTE above.

@@ -23,8 +23,6 @@ from shardstream.layout import CLAIM_RE, claim_name
 from shardstream.lock import Claim, write_unsynced
 from shardstream.storage import Storage
 
-__all__ = ["JobLease"]
-
 _log = logging.getLogger("shardstream.pack")
 
 

@@ -27,20 +27,6 @@ from shardstream.pack.tokenize import DocumentWriter
 from shardstream.pack.writer import oversize_error
 from shardstream.storage import Storage
 
-__all__ = [
-    "EntrySizer",
-    "JobContext",
-    "PackProgress",
-    "Packed",
-    "Progress",
-    "ShardJob",
-    "ShardJobs",
-    "ShardPlan",
-    "Sized",
-    "size_chunk",
-    "write_job",
-]
-
 
 @dataclass(frozen=True, slots=True)
 class ShardJob:
@@ -67,7 +53,7 @@ class ShardJob:
         return sum(map(len, self.parts))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        parts = [part if isinstance(part, Packed) else _pack_entries(part) for part in self.parts]
+        parts = [part if isinstance(part, Packed) else pack_entries(part) for part in self.parts]
         return (_rebuild_job, (self.number, self.name, parts, self.expected))
 
 
@@ -104,7 +90,7 @@ class Packed:
         return (Packed, (self.blob, self.lo, self.hi))
 
 
-def _pack_entries(entries: list[Entry]) -> Any:
+def pack_entries(entries: list[Entry]) -> Any:
     """``entries`` as columns (keys, samples, ...), not one Entry object each.
 
     Pickling a shard's entries this way takes far less time than one object each.
@@ -249,7 +235,7 @@ ShardPlan = ShardJobs  # its earlier name (a plan is the epoch's); kept importab
 class Sized(NamedTuple):
     """Entries of a lazy source, and their sizes (or the errors sizing them gave)."""
 
-    entries: Any  # list[Entry]; from a worker, the bytes of ``_pack_entries`` (then ``Packed``)
+    entries: Any  # list[Entry]; from a worker, the bytes of ``pack_entries`` (then ``Packed``)
     sizes: list[int | ShardstreamError]
 
 
@@ -276,7 +262,7 @@ def size_chunk(chunk: tuple[Any, ...], size: EntrySizer) -> list[Sized | tuple[A
 _TOO_DEEP = "a value is nested too deeply to pack (lists or objects hundreds of levels deep)"
 
 
-def _too_deep(job: ShardJob, source: Source) -> PackError:
+def too_deep(job: ShardJob, source: Source) -> PackError:
     """The error for a shard that recursed too deeply as a whole, naming its deepest sample."""
     entries = [entry for entry in job.entries if entry.sample is not None]
     if not entries:
@@ -381,7 +367,7 @@ def write_job(
     try:
         result = output.finish()  # which may encode the samples (Parquet)
     except RecursionError:
-        raise _too_deep(job, source) from None
+        raise too_deep(job, source) from None
     if documents is not None and result.info.tokens is None:  # a format that does not count them
         result = dataclasses.replace(result, info=dataclasses.replace(result.info, tokens=documents.tokens))
     if progress is not None:

@@ -23,8 +23,6 @@ import sys
 import threading
 import time
 
-__all__ = ["cap_workers", "cgroup_cpu_quota", "die_with_parent", "usable_cores"]
-
 _log = logging.getLogger("shardstream.pack")
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>

@@ -5,13 +5,23 @@ These names stay importable from here."""
 from __future__ import annotations
 
 from shardstream.lock import (
-    DEFAULT_LEASE,
-    LEASE_ENV,
-    Claim,
-    PackLease,
-    host_id,
-    lease_seconds,
-    write_unsynced,
+    DEFAULT_LEASE as DEFAULT_LEASE,
 )
-
-__all__ = ["DEFAULT_LEASE", "LEASE_ENV", "Claim", "PackLease", "host_id", "lease_seconds", "write_unsynced"]
+from shardstream.lock import (
+    LEASE_ENV as LEASE_ENV,
+)
+from shardstream.lock import (
+    Claim as Claim,
+)
+from shardstream.lock import (
+    PackLease as PackLease,
+)
+from shardstream.lock import (
+    host_id as host_id,
+)
+from shardstream.lock import (
+    lease_seconds as lease_seconds,
+)
+from shardstream.lock import (
+    write_unsynced as write_unsynced,
+)

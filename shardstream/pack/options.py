@@ -11,21 +11,11 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import cache
 
-from shardstream.counts import MAX_COUNT, check_count
+from shardstream.counts import MAX_COUNT, parse_count
 from shardstream.errors import ShardstreamError, UsageError, shown
 from shardstream.formats import ShardFormat, available_formats, get_format
 from shardstream.layout import SHARD_PREFIX, part_prefix, part_record_name, shard_name
 from shardstream.pack.tokenize import Tokenizing
-
-__all__ = [
-    "DEFAULT_SHARD_SIZE",
-    "MAX_COUNT",
-    "PackOptions",
-    "Part",
-    "check_count",
-    "parse_part",
-    "parse_size",
-]
 
 DEFAULT_SHARD_SIZE = 256 * 10**6  # "256MB": used when neither a size nor a sample count is given
 _UNITS = {
@@ -126,9 +116,9 @@ class PackOptions:
             able = ", ".join(name for name, fmt in available_formats().items() if fmt.token_field is not None)
             raise UsageError(f"{self.format} shards hold no token ids; a pack with a tokenizer writes {able}")
         if self.shard_size is not None:
-            check_count("shard_size", self.shard_size)
+            parse_count(self.shard_size, "shard_size")
         if self.samples_per_shard is not None:
-            check_count("samples_per_shard", self.samples_per_shard)
+            parse_count(self.samples_per_shard, "samples_per_shard")
 
     @classmethod
     def create(
@@ -151,7 +141,7 @@ class PackOptions:
             shard_size=size,
             samples_per_shard=None
             if samples_per_shard is None
-            else check_count("samples_per_shard", samples_per_shard),
+            else parse_count(samples_per_shard, "samples_per_shard"),
             compression=None if compression in (None, "") else compression,
             part=parse_part(part),
             overwrite=bool(overwrite),

@@ -54,18 +54,17 @@ from shardstream.pack.jobs import (
     PackProgress,
     ShardJob,
     ShardJobs,
-    ShardPlan,
     Sized,
-    _pack_entries,
-    _too_deep,
+    pack_entries,
     size_chunk,
+    too_deep,
     write_job,
+)
+from shardstream.pack.jobs import (
+    ShardPlan as ShardPlan,
 )
 from shardstream.pack.lifeline import cap_workers, die_with_parent, usable_cores
 from shardstream.pack.shard import ShardResult
-
-__all__ = ["JobContext", "ShardJob", "ShardJobs", "ShardPlan", "run_jobs"]
-
 
 _WORKER: dict[str, Any] = {}
 
@@ -112,7 +111,7 @@ def _work_pickled(job: bytes) -> ShardResult:
 
 def _size(chunk: tuple[Any, ...]) -> list[Sized | tuple[Any, ...]]:
     parts = size_chunk(chunk, _WORKER["size"])
-    return [Sized(_pack_entries(p.entries), p.sizes) if isinstance(p, Sized) else p for p in parts]
+    return [Sized(pack_entries(p.entries), p.sizes) if isinstance(p, Sized) else p for p in parts]
 
 
 def _synced_by_parent(path: str) -> None:
@@ -253,7 +252,7 @@ class _Pool:
         try:
             blob = pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
         except RecursionError:
-            raise _too_deep(job, self.context.source) from None
+            raise too_deep(job, self.context.source) from None
         return self.pool.submit(_work_pickled, blob)
 
     def hand_out(self, jobs: Iterator[ShardJob]) -> None:

@@ -22,7 +22,8 @@ from typing import IO, Any, cast
 
 # ShardResult, checks_of and sha256_of live below pack, since catalog needs them too; they
 # stay importable from here
-from shardstream.digests import checks_of, sha256_of
+from shardstream.digests import checks_of as checks_of
+from shardstream.digests import sha256_of
 from shardstream.errors import ShardstreamError, StorageError, UsageError
 from shardstream.formats import ShardFormat
 from shardstream.formats.base import Sample
@@ -30,8 +31,6 @@ from shardstream.formats.checks import BlockHasher, ShardChecks
 from shardstream.layout import ShardResult, fields_and_schema, sidecar_name
 from shardstream.manifest import ShardInfo
 from shardstream.storage import Storage
-
-__all__ = ["HashingSink", "ShardOutput", "ShardResult", "checks_of", "sha256_of", "write_shard"]
 
 _CHUNK = 4 << 20  # bytes gathered before one hash update and one write
 _QUEUED_CHUNKS = 3  # chunks waiting for the hashing thread, at most

@@ -37,8 +37,6 @@ from shardstream.formats.base import Sample, ShardFormat
 from shardstream.formats.tokens import token_dtype_for
 from shardstream.manifest import TokensInfo
 
-__all__ = ["DEFAULT_TEXT_FIELDS", "DocumentWriter", "Tokenizing", "load_tokenizing"]
-
 DEFAULT_TEXT_FIELDS = ("text", "txt")  # without --text-field: "text", or a folder's ".txt" files
 _BATCH = 1024  # documents per encode_batch call, at most
 _BATCH_CHARS = 16 << 20  # and characters: a batch of long documents is encoded sooner

@@ -29,8 +29,6 @@ from shardstream.pack.shard import ShardOutput, ShardResult
 from shardstream.pack.sizing import sample_sizer
 from shardstream.storage import Storage
 
-__all__ = ["ShardWriter", "oversize_error"]
-
 
 def oversize_error(key: Any, size: int, options: PackOptions, budget: int) -> PackError:
     return PackError(

@@ -16,10 +16,15 @@ from __future__ import annotations
 
 from shardstream.plan.config import PlanConfig, Run, Window
 from shardstream.plan.kinds import EpochPlan, Plan, PlanKind, make_plan, plan_kinds, register_plan_kind
-from shardstream.plan.state import STATE_VERSION
+from shardstream.plan.state import PLAN_STATE_VERSION
 from shardstream.types import Shape
 
+# The name of earlier releases: the version of a plan state (a dataset's state wraps one
+# under its own, ``RESUME_VERSION``)
+STATE_VERSION = PLAN_STATE_VERSION
+
 __all__ = [
+    "PLAN_STATE_VERSION",
     "STATE_VERSION",
     "EpochPlan",
     "Plan",

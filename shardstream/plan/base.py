@@ -20,8 +20,6 @@ from shardstream.plan.state import same_epoch
 from shardstream.plan.view import ShardView
 from shardstream.types import Shape
 
-__all__ = ["PlanBase"]
-
 
 class PlanBase(abc.ABC):
     """An epoch's plan for every rank and worker of ``shape``, over ``view``'s shards."""

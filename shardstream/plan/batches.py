@@ -25,8 +25,6 @@ from shardstream.plan.state import make_global_state, read_global_state
 from shardstream.plan.view import ShardView
 from shardstream.types import Shape
 
-__all__ = ["BatchPlan", "BatchSequence", "GlobalPlan", "check_global", "read_taken"]
-
 # A worker's first Window holds about this many samples, then each one twice the last.
 _FIRST_WINDOW = 1024
 

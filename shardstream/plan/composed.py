@@ -16,7 +16,7 @@ the epoch of stream ``s`` is ``q_s'`` samples (``quotas``), taken from its passe
 ``Mixture.segments(quota=q_s')`` takes them, so "every sample before a repeat" holds.
 
 How each mix lays its parts: NOTE [ Stratified batches ] and NOTE [ Per-stream batches ]
-in plan/parts.py. Which part-batch a global batch holds is a count (``before``), never a
+in plan/composed_sequences.py. Which part-batch a global batch holds is a count (``before``), never a
 walk over the epoch, so a resume state is the number of global batches taken, as a ``GlobalPlan``'s,
 and memory is O(segments + window).
 
@@ -38,14 +38,12 @@ import numpy as np
 
 from shardstream.errors import PlanError, StateError
 from shardstream.plan.batches import BatchPlan, check_global, read_taken
+from shardstream.plan.composed_sequences import ComposedSequence, PerStreamSequence, StratifiedSequence
 from shardstream.plan.config import PlanConfig, Window, check_count
 from shardstream.plan.mixture import Mixture, check_mixture, check_mixture_state, mixture_view
-from shardstream.plan.parts import ComposedSequence, PerStreamSequence, StratifiedSequence
 from shardstream.plan.state import Key
 from shardstream.plan.view import ShardView
 from shardstream.types import Shape
-
-__all__ = ["ComposedPlan"]
 
 
 class ComposedPlan(BatchPlan[ComposedSequence]):

@@ -10,23 +10,6 @@ import numpy as np
 from shardstream.counts import check_int
 from shardstream.errors import PlanError, ShardstreamError
 
-__all__ = [
-    "DEFAULT_LANES",
-    "DEFAULT_RUN",
-    "MAX_WINDOW",
-    "MAX_SEED",
-    "ORDERS",
-    "PlanConfig",
-    "Run",
-    "Window",
-    "check_count",
-    "check_global_batch",
-    "check_seed",
-    "default_window",
-    "global_window",
-    "shard_sizes_array",
-]
-
 # NOTE [ Window size ]
 # The default window holds DEFAULT_WINDOW_SHARDS mean-sized shards, exactly as in every
 # release before: a resume state records its window and must match it, and the window
@@ -76,7 +59,7 @@ DEFAULT_LANES = 64
 DEFAULT_RUN = 2
 
 
-# Seeds are keys of 64 bits (plan/keys.py): a larger one, or a negative one, would be
+# Seeds are keys of 64 bits (plan/randomness.py): a larger one, or a negative one, would be
 # another seed's order under another name, so they are refused.
 MAX_SEED = (1 << 64) - 1
 

@@ -22,8 +22,6 @@ from shardstream.plan.view import ShardView
 from shardstream.plan.windows import lanes_for
 from shardstream.types import Shape
 
-__all__ = ["LocalPlan"]
-
 
 class LocalPlan(PlanBase):
     """The plan of an order="local" epoch for every rank and worker (pure: no I/O, no torch).

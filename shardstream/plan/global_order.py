@@ -23,24 +23,14 @@ import numpy as np
 from shardstream.plan.config import DEFAULT_LANES, DEFAULT_RUN, PlanConfig, Run, check_global_batch
 from shardstream.plan.groups import GroupLayout
 from shardstream.plan.intervals import from_points, points
-from shardstream.plan.keys import TAG_GLOBAL, nested_permutations, random_words
+from shardstream.plan.randomness import TAG_GLOBAL, nested_permutations, random_words
 from shardstream.plan.shards import ShardOrder
 from shardstream.plan.windows import split_even
-
-__all__ = [
-    "BLOCK_WORDS",
-    "GROUP_LEVELS",
-    "MAX_GROUP",
-    "GlobalSequence",
-    "group_of",
-    "lanes_of",
-    "window_parts",
-]
 
 # Chunk permutations of a lane are drawn this many words per keyed stream (a block of
 # windows); a block's permutations are cached per lane while a worker reads them.
 BLOCK_WORDS = 8192
-_CACHED_BLOCKS = 128  # 8 MiB at most (BLOCK_WORDS int64 each)
+CACHED_BLOCKS = 128  # 8 MiB at most (BLOCK_WORDS int64 each)
 # The blocks of many lanes are made in one nested order of about this many words at most
 # (a call per lane pays a fixed cost each; all lanes at once would make large temporaries).
 _FILL_WORDS = 1 << 14
@@ -116,7 +106,7 @@ def lanes_of(config: PlanConfig) -> int:
 #   take[l] consecutive positions (take splits G evenly), so a lane is read front to back
 #   in runs of about G / L samples. Batch k is its lanes' chunks in lane order.
 # - Within a window of M = shuffle_window // G batches, which chunk of a lane each batch
-#   takes is a nested permutation (NOTE [ Nested chunk order ] in keys.py) keyed by
+#   takes is a nested permutation (NOTE [ Nested chunk order ] in randomness.py) keyed by
 #   (seed, epoch, lane, block), a block being BLOCK_WORDS // M windows, so small windows cost
 #   no more keyed streams than big ones. Batches mix L places spread over the epoch, and for
 #   any power-of-two W the batches one worker takes of a window take one contiguous range of
@@ -181,7 +171,7 @@ class GlobalSequence:
         self.per_window = max(1, window // self.size)
         self.block = max(1, BLOCK_WORDS // self.per_window)  # windows per keyed stream
         self._blocks: dict[tuple[int, int], np.ndarray] = {}
-        self.cached_blocks = _CACHED_BLOCKS  # a mixture's parts share this bound (parts.py)
+        self.cached_blocks = CACHED_BLOCKS  # a mixture's parts share this bound (composed_sequences.py)
 
     def _lay_groups(self, shards: ShardOrder) -> None:
         """Each lane's group's first lane ``lead`` (its own where groups are one lane) and,

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["GroupLayout"]
-
 
 class GroupLayout:
     """Chunk positions of lanes laid by groups of ``group`` lanes and shard segments."""

@@ -8,19 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = [
-    "EMPTY",
-    "Intervals",
-    "compose",
-    "concat",
-    "from_points",
-    "merge",
-    "points",
-    "select",
-    "shift",
-    "total",
-]
-
 Intervals = tuple[np.ndarray, np.ndarray]
 
 EMPTY: Intervals = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))

@@ -34,17 +34,6 @@ from shardstream.plan.orders import order_plan
 from shardstream.plan.view import ShardView
 from shardstream.types import Shape
 
-__all__ = [
-    "EpochPlan",
-    "MixturePlan",
-    "Plan",
-    "PlanKind",
-    "make_plan",
-    "plan_kinds",
-    "register_plan_kind",
-    "unregister_plan_kind",
-]
-
 
 @runtime_checkable
 class Plan(Protocol):

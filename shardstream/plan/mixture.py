@@ -39,21 +39,9 @@ import numpy as np
 from shardstream.counts import MAX_COUNT, check_int
 from shardstream.errors import PlanError, StateError, shown
 from shardstream.plan.config import PlanConfig, check_count, shard_sizes_array
-from shardstream.plan.keys import TAG_PASS, permutation
+from shardstream.plan.randomness import TAG_PASS, permutation
 from shardstream.plan.state import Key
 from shardstream.plan.view import Segments, ShardView
-
-__all__ = [
-    "MIXES",
-    "Mixture",
-    "Segments",
-    "StreamSpec",
-    "apportion",
-    "check_mixture",
-    "check_mixture_state",
-    "mixture_view",
-    "random_view",
-]
 
 MIXES = ("random", "stratified", "per_stream")
 # The keys of one stream in a mixture's state (Mixture.describe).

@@ -7,8 +7,6 @@ from shardstream.plan.batches import GlobalPlan
 from shardstream.plan.config import PlanConfig
 from shardstream.plan.epoch import LocalPlan
 
-__all__ = ["order_plan"]
-
 _ORDER_PLANS: dict[str, type[LocalPlan] | type[GlobalPlan]] = {"local": LocalPlan, "global": GlobalPlan}
 
 

@@ -24,11 +24,9 @@ import numpy as np
 
 from shardstream.plan.config import Run
 from shardstream.plan.intervals import EMPTY, Intervals, compose, concat, from_points, merge, points, select
-from shardstream.plan.keys import TAG_WINDOW, permutation
+from shardstream.plan.randomness import TAG_WINDOW, permutation
 from shardstream.plan.shards import ShardOrder
 from shardstream.plan.windows import SliceLayout, round_robin, split_even
-
-__all__ = ["Pass", "PassInput", "PassRecord", "Remainder"]
 
 # Remainders of worker slices are cached up to this many intervals per shuffle window
 # (a striped window of a later pass keeps coming back to the same few slices).

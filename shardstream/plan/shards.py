@@ -6,9 +6,7 @@ import numpy as np
 
 from shardstream.plan.config import Run
 from shardstream.plan.intervals import Intervals, merge
-from shardstream.plan.keys import TAG_SHARDS, permutation
-
-__all__ = ["ShardOrder"]
+from shardstream.plan.randomness import TAG_SHARDS, permutation
 
 
 class ShardOrder:

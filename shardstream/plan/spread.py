@@ -7,8 +7,6 @@ import math
 
 import numpy as np
 
-__all__ = ["affine", "count_below", "golden_step"]
-
 # How far from batches / phi the step of the extras' permutation is sought.
 _STEP_SEARCH = 32
 

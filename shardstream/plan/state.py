@@ -24,22 +24,10 @@ from shardstream.manifest import counts_checksum
 from shardstream.plan.config import PlanConfig
 from shardstream.plan.passes import PassRecord
 
-__all__ = [
-    "GLOBAL_SEQUENCE",
-    "RESUME_VERSION",
-    "STATE_VERSION",
-    "Key",
-    "ORDER_KEYS",
-    "ResumeState",
-    "make_global_state",
-    "make_state",
-    "read_global_state",
-    "read_state",
-    "same_epoch",
-]
-
-STATE_VERSION = 1  # of a plan state (and so of a ShardSampler's)
-RESUME_VERSION = 1  # of a dataset's (and DataLoader's) state around a plan state
+# Two wire formats, two versions: a plan state's (and so a ShardSampler's), and the
+# ResumeState a dataset (and DataLoader) wraps around one
+PLAN_STATE_VERSION = 1
+RESUME_VERSION = 1
 # of order="global"'s sequence: 2 took its chunks in a nested order (NOTE [ Nested chunk
 # order ]); 3 laid the chunks of a lane group together; 4 lays a lane across a shard edge
 # with the groups on both sides (NOTE [ Lane groups ]); states of 1 carry no such field;
@@ -172,7 +160,7 @@ def make_state(
 ) -> dict[str, Any]:
     """The plan state (wire format) of these shard sizes, parameters and passes."""
     return {
-        Key.VERSION: STATE_VERSION,
+        Key.VERSION: PLAN_STATE_VERSION,
         Key.EPOCH: int(epoch),
         Key.SEED: int(config.seed),
         Key.SHUFFLE: bool(config.shuffle),
@@ -274,10 +262,10 @@ def _check_plan(state: Mapping[str, Any], sizes: np.ndarray, config: PlanConfig,
     """What every plan state must match: version, dataset, order and parameters."""
     if not isinstance(state, Mapping):
         raise StateError(f"a plan state is a mapping, not {type(state).__name__}")
-    if not _same(state.get(Key.VERSION), STATE_VERSION):
+    if not _same(state.get(Key.VERSION), PLAN_STATE_VERSION):
         raise StateError(
             f"unknown plan state version {shown(state.get(Key.VERSION))}; "
-            f"this shardstream reads version {STATE_VERSION}"
+            f"this shardstream reads version {PLAN_STATE_VERSION}"
         )
     if Key.STREAMS in state:
         raise StateError("the state is of a mixture of datasets: it resumes a mixture of the same streams")

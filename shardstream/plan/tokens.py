@@ -24,8 +24,6 @@ from shardstream.plan.state import Key
 from shardstream.plan.view import ShardView
 from shardstream.types import Shape
 
-__all__ = ["TokenSequences", "fresh", "resume", "selects"]
-
 
 @dataclass(frozen=True, eq=False)
 class TokenSequences:

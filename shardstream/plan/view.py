@@ -21,8 +21,6 @@ from shardstream.errors import StateError
 from shardstream.plan.config import Run, Window, shard_sizes_array
 from shardstream.plan.state import ORDER_KEYS, Key
 
-__all__ = ["Segments", "ShardView"]
-
 
 @dataclass(frozen=True, eq=False)
 class Segments:

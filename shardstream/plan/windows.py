@@ -23,8 +23,6 @@ import numpy as np
 
 from shardstream.plan.intervals import Intervals, merge
 
-__all__ = ["RUNS_PER_SHARD", "SliceLayout", "lanes_for", "round_robin", "split_even"]
-
 # A lane's chunk in one window is about this fraction of a mean-sized shard.
 RUNS_PER_SHARD = 4
 

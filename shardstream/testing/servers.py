@@ -8,8 +8,6 @@ import sys
 import time
 from typing import IO
 
-__all__ = ["ACCESS_KEY", "SECRET_KEY", "MotoServer", "SeaweedFS"]
-
 ACCESS_KEY = "shardstream-test"
 SECRET_KEY = "shardstream-test-secret"
 

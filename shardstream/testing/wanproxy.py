@@ -36,8 +36,6 @@ import threading
 import time
 import urllib.parse
 
-__all__ = ["ForwardingProxy", "ProxyStats", "WanProxy"]
-
 # Per RFC 9110 these describe one hop and are not forwarded.
 HOP_BY_HOP = frozenset(
     {

@@ -12,8 +12,6 @@ from shardstream.errors import UsageError
 from shardstream.tokens.fitfile import BestFit, ends_crc
 from shardstream.tokens.pieces import check_ends, split_range
 
-__all__ = ["BLOCK_TOKENS", "best_fit"]
-
 # NOTE [ Best-fit bins ]
 # Sequences of best_fit are bins of best-fit-decreasing (BFD): a shard's documents, cut in
 # pieces of at most seq_len tokens, taken longest first, each into the open bin with the

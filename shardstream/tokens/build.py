@@ -8,8 +8,6 @@ from shardstream.errors import UsageError
 from shardstream.tokens.layout import SequenceRun
 from shardstream.tokens.pieces import SequencePieces
 
-__all__ = ["IGNORE_INDEX", "build_sequences"]
-
 IGNORE_INDEX = -100  # a label nothing is predicted at: torch's cross_entropy default
 
 # NOTE [ Building sequences ]

@@ -26,8 +26,6 @@ import numpy as np
 from shardstream.crc import crc32
 from shardstream.errors import FormatError
 
-__all__ = ["FIT_MAGIC", "FIT_VERSION", "BestFit", "ends_crc"]
-
 FIT_MAGIC = b"SSFIT\0\0\0"
 FIT_VERSION = 1
 _HEAD = struct.Struct("<8sHHI")  # magic, version, width, crc32

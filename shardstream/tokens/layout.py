@@ -13,8 +13,6 @@ from shardstream.tokens.fitfile import BestFit
 from shardstream.tokens.packing import Packing
 from shardstream.tokens.pieces import SequencePieces, check_ends, split_documents
 
-__all__ = ["SequenceLayout", "SequenceRun", "count_sequences", "sequence_layout"]
-
 # NOTE [ Packed sequences ]
 # A packed sequence of seq_len tokens is the plan's sample: the plan runs over the
 # sequence count of each shard (a sequence never crosses a shard), and a reader maps a run

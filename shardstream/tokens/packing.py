@@ -7,8 +7,6 @@ from dataclasses import dataclass
 from shardstream.counts import check_int
 from shardstream.errors import UsageError, shown
 
-__all__ = ["LONG_DOCS", "MAX_SEQ_LEN", "MODES", "Packing"]
-
 MODES = ("concat", "best_fit", "pad")
 LONG_DOCS = ("split", "truncate")
 # A sequence's positions and cu_seqlens are int32 where attention kernels take them.

@@ -8,8 +8,6 @@ import numpy as np
 
 from shardstream.errors import FormatError, UsageError
 
-__all__ = ["SequencePieces", "check_ends", "ragged_arange", "split_documents", "split_range"]
-
 
 @dataclass(frozen=True, slots=True)
 class SequencePieces:

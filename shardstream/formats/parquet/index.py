@@ -29,8 +29,6 @@ from shardstream.formats.checks import ShardChecks
 from shardstream.formats.parquet.typed import EXTENSION_KEY
 from shardstream.types import ByteRange
 
-__all__ = ["KEY_COLUMN", "ParquetIndex", "parse_footer", "row_group_spans"]
-
 KEY_COLUMN = "__key__"
 MAGIC = b"PAR1"
 _KIND = b"pq\0\0"
@@ -274,7 +272,8 @@ class ParquetIndex(SampleIndex):
             spans=spans,
             keys=keys if has_keys else None,
         )
-        index._checks = checks
+        if checks is not None:
+            index.bind_checks(checks)
         return index
 
     def __repr__(self) -> str:

@@ -18,8 +18,6 @@ import pyarrow as pa
 
 from shardstream.errors import PackError, shown
 
-__all__ = ["integer_range", "wide_integers"]
-
 
 def integer_range(arrow_type: pa.DataType) -> range:
     """The integers an Arrow integer type holds."""

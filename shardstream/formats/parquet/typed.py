@@ -36,8 +36,6 @@ import pyarrow as pa
 
 from shardstream.errors import PackError, shown
 
-__all__ = ["EXTENSION_KEY", "FieldError", "as_bytes", "converter", "extension_of", "refused"]
-
 EXTENSION_KEY = b"shardstream.extension"
 _TEXT = frozenset({"txt", "text", "transcript", "caption", "md"})
 _INTEGER = frozenset({"cls", "cls2", "class"})
@@ -86,7 +84,7 @@ class FieldError(PackError):
         self.field = field
 
 
-def refused(field: str, value: Any, key: str, shard: str, error: ValueError) -> FieldError:
+def typed_column_error(field: str, value: Any, key: str, shard: str, error: ValueError) -> FieldError:
     """The error for a value of ``field`` that its typed column cannot hold."""
     what = "an integer" if _CONVERTERS[extension_of(field)] is _integer else "UTF-8 text"
     return FieldError(

@@ -34,16 +34,7 @@ from shardstream.formats.base import Sample, ShardEncoder
 from shardstream.formats.keys import check_key_value
 from shardstream.formats.parquet.index import KEY_COLUMN, MAGIC, ParquetIndex, parse_footer, row_group_spans
 from shardstream.formats.parquet.integers import integer_range, wide_integers
-from shardstream.formats.parquet.typed import EXTENSION_KEY, converter, extension_of, refused
-
-__all__ = [
-    "COMPRESSIONS",
-    "ROW_GROUP_MAX_BYTES",
-    "ROW_GROUP_MAX_ROWS",
-    "ParquetEncoder",
-    "estimate_size",
-    "normalize_compression",
-]
+from shardstream.formats.parquet.typed import EXTENSION_KEY, converter, extension_of, typed_column_error
 
 ROW_GROUP_MAX_ROWS = 1024
 ROW_GROUP_MAX_BYTES = 1 << 20  # of estimated row data, before compression
@@ -250,7 +241,7 @@ class ParquetEncoder(ShardEncoder):
             try:
                 typed[field] = convert(value)
             except ValueError as error:  # UnicodeDecodeError is one
-                raise refused(field, value, key, self._name, error) from None
+                raise typed_column_error(field, value, key, self._name, error) from None
         return sample if typed is None else typed
 
     def _check_row(self, key: str, sample: Sample) -> None:

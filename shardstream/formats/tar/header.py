@@ -23,27 +23,6 @@ from shardstream.errors import PackError, shown
 from shardstream.formats.base import FileSizer, Sample
 from shardstream.formats.keys import check_key_path
 
-__all__ = [
-    "BLOCK",
-    "CHECKSUM_BASE",
-    "END_OF_ARCHIVE",
-    "plain_key",
-    "HEAD_CONST",
-    "KEY_FIELD_RE",
-    "MAX_USTAR_SIZE",
-    "NAME_FIELD",
-    "PADDING",
-    "checksum_field",
-    "encode_value",
-    "exact_sample_size",
-    "file_sample_sizer",
-    "member_header",
-    "sample_members",
-    "sample_size",
-    "size_field",
-    "webdataset_skips",
-]
-
 # How webdataset splits a member name into key and field, and the names it skips as metadata.
 KEY_FIELD_RE = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 WDS_SKIPPED_RE = re.compile(r"__[^/]*__($|/)")

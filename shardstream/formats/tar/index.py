@@ -24,9 +24,8 @@ from shardstream.formats._sidecar import (
 )
 from shardstream.formats.base import SampleIndex, SingleSamples
 from shardstream.formats.checks import ShardChecks
+from shardstream.formats.tar.singles import TarSingles
 from shardstream.types import ByteRange
-
-__all__ = ["TarIndex"]
 
 _KIND = b"tar\0"
 _VERSION = 2  # 2: the shard's checks follow the index (NOTE [ Checksummed reads ]); 1 still loads
@@ -157,6 +156,12 @@ class TarIndex(SampleIndex):
         return tuple(sorted(self._fields[i] for i in used))
 
     @property
+    def field_names(self) -> Sequence[str]:
+        """The index's field table as stored (members name fields by their place in it),
+        without looking at which members use them: cheap."""
+        return self._fields
+
+    @property
     def archive_end(self) -> int:
         """Offset of the end-of-archive blocks: the size of all members."""
         return self._archive_end
@@ -190,10 +195,10 @@ class TarIndex(SampleIndex):
 
     def singles(self) -> SingleSamples | None:
         """Single samples cut by their spans, where every sample has the same fields."""
-        from shardstream.formats.tar.read import TarSingles  # read.py imports this module
-
         uniform = self.uniform_fields()
-        return TarSingles(self, uniform) if uniform else None
+        if not uniform:
+            return None
+        return TarSingles(self._name, self.key_slice(0, self.num_samples), self.sample_arrays(), uniform)
 
     def sample_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``sample_start``, ``member_first``, ``member_offset``, ``member_size`` (see the module)."""
@@ -298,7 +303,8 @@ class TarIndex(SampleIndex):
             member_size=read_array(sections[9], "<i8", m, name=name, what="member sizes"),
             archive_end=archive_end,
         )
-        index._checks = checks
+        if checks is not None:
+            index.bind_checks(checks)
         return index
 
     def __repr__(self) -> str:

@@ -34,8 +34,6 @@ from typing import IO, NamedTuple
 from shardstream.errors import FormatError, shown
 from shardstream.formats.tar.header import BLOCK
 
-__all__ = ["MemberReader", "TarMember", "check_uncompressed", "metadata_field", "read_members", "tar_members"]
-
 _ZERO = bytes(BLOCK)
 _REGULAR = frozenset(b"07\0")  # typeflags (as ints) of regular files
 _NO_DATA = frozenset(b"123456")  # links, devices, directories, fifos: size is not data

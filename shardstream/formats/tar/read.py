@@ -31,12 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from shardstream.formats.base import Sample, SampleColumns, SingleSamples, run_positions, sample_builder
+from shardstream.formats.base import Sample, SampleColumns, run_positions, sample_builder
 from shardstream.formats.tar.header import BLOCK as HEADER_BLOCK
 from shardstream.formats.tar.index import TarIndex
 from shardstream.formats.tar.members import check_uncompressed
-
-__all__ = ["BLOCK", "TarSingles", "sample_builder", "tar_runs", "tar_samples"]
 
 # Objects whose slices are ``bytes``; taken at import, so a test that patches
 # ``mmap.mmap`` with a recording function does not break the isinstance checks.
@@ -101,40 +99,6 @@ def tar_runs(
     cut = _Cutter(data)
     values = cut(*index.member_spans_at(members, base - cut.offset))
     return SampleColumns(uniform, keys, [values[f::k] for f in range(k)])
-
-
-class TarSingles(SingleSamples):
-    """Single samples of a tar shard whose samples all have the same ``fields``: spans and
-    values by a few lookups in the index's arrays, no header parsed (NOTE [ Fast tar decode ]).
-    The arrays are seen through int64 memoryviews, whose items are Python ints at once."""
-
-    __slots__ = ("_first", "_keys", "_name", "_offset", "_size", "_start", "fields")
-
-    def __init__(self, index: TarIndex, fields: tuple[str, ...]) -> None:
-        self.fields = fields
-        self._name = index.name
-        self._keys = index.key_slice(0, index.num_samples)
-        self._start, self._first, self._offset, self._size = map(_int_view, index.sample_arrays())
-
-    def span(self, position: int) -> tuple[int, int]:
-        last = self._first[position + 1] - 1
-        return self._start[position], self._offset[last] + self._size[last]
-
-    def key(self, position: int) -> str:
-        return self._keys[position]
-
-    def values(self, data: bytes, base: int, position: int) -> list[bytes]:
-        if base == 0:  # a shard replaced by its compressed self after indexing says so
-            check_uncompressed(bytes(data[:HEADER_BLOCK]), self._name)
-        offset, size = self._offset, self._size
-        return [
-            data[offset[m] - base : offset[m] - base + size[m]]
-            for m in range(self._first[position], self._first[position + 1])
-        ]
-
-
-def _int_view(array: np.ndarray) -> memoryview:
-    return np.ascontiguousarray(array, dtype=np.int64).data.cast("B").cast("q")
 
 
 class _Cutter:

@@ -11,8 +11,6 @@ from shardstream.formats.tar.index import TarIndex
 from shardstream.formats.tar.members import MemberReader, TarMember, metadata_field, read_members
 from shardstream.formats.tar.write import KEY_FIELD_RE, webdataset_skips
 
-__all__ = ["check_fields", "scan_tar"]
-
 
 class _Grouper:
     """Members to samples the way ``webdataset`` groups them: consecutive members sharing a key."""
@@ -74,7 +72,7 @@ class _Grouper:
 
 def check_fields(index: TarIndex) -> None:
     """``FormatError`` if a sidecar (one written before the index refused them) has a metadata field."""
-    if not any(field.startswith("_") for field in index._fields):  # the names alone: cheap, per load
+    if not any(field.startswith("_") for field in index.field_names):  # the names alone: cheap, per load
         return
     for field in index.fields:  # those members use
         if field.startswith("_"):

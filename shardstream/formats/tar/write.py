@@ -20,32 +20,31 @@ from shardstream.formats.tar.header import (
     CHECKSUM_BASE,
     END_OF_ARCHIVE,
     HEAD_CONST,
-    KEY_FIELD_RE,
     MAX_USTAR_SIZE,
     NAME_FIELD,
     PADDING,
     checksum_field,
     encode_value,
-    exact_sample_size,
     member_header,
     plain_key,
     sample_members,
-    sample_size,
     size_field,
-    webdataset_skips,
+)
+from shardstream.formats.tar.header import (
+    KEY_FIELD_RE as KEY_FIELD_RE,
+)
+from shardstream.formats.tar.header import (
+    exact_sample_size as exact_sample_size,
+)
+from shardstream.formats.tar.header import (
+    sample_size as sample_size,
+)
+from shardstream.formats.tar.header import (
+    webdataset_skips as webdataset_skips,
 )
 from shardstream.formats.tar.index import TarIndex
 
 # The naming and sizing rules live in tar.header; they are re-exported for the codec's readers.
-__all__ = [
-    "KEY_FIELD_RE",
-    "TarEncoder",
-    "encode_value",
-    "exact_sample_size",
-    "sample_members",
-    "sample_size",
-    "webdataset_skips",
-]
 
 _FLUSH = 1 << 20  # bytes the encoder gathers before one write to its file object
 _DIRECT = 256 << 10  # a sample this large goes to the file object without a copy

@@ -23,8 +23,6 @@ import numpy as np
 
 from shardstream.errors import FormatError
 
-__all__ = ["MEGATRON_DTYPES", "MEGATRON_MAGIC", "datatrove_ends", "megatron_ends"]
-
 MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
 # Megatron-LM's DType codes; 6 (float64) and 7 (float32) are not token ids.
 MEGATRON_DTYPES = {1: "uint8", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 8: "uint16"}

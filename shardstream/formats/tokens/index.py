@@ -24,8 +24,6 @@ from shardstream.formats.base import SampleIndex
 from shardstream.formats.checks import ShardChecks
 from shardstream.types import ByteRange
 
-__all__ = ["TOKEN_DTYPES", "TokensIndex", "check_dtype"]
-
 _KIND = b"tok\0"
 _VERSION = 1
 _SECTIONS = 8  # head, dtype, ends, key blob, key offsets, then the checks' three sections
@@ -266,7 +264,7 @@ class TokensIndex(SampleIndex):
                     f"token sample index: documents end at byte {end}, the shard has {checks.size}",
                     shard=name,
                 )
-            index._checks = checks
+            index.bind_checks(checks)
         return index
 
     def __repr__(self) -> str:

@@ -30,22 +30,6 @@ from shardstream.formats.base import Sample, ShardFormat
 from shardstream.storage import Storage
 from shardstream.storage.retry import is_not_found
 
-__all__ = [
-    "COMPRESSION_SUFFIXES",
-    "Entry",
-    "Source",
-    "folder_of",
-    "has_suffix",
-    "input_storage",
-    "is_dir",
-    "list_files",
-    "open_file",
-    "sample_key",
-    "source_files",
-    "tar_ready",
-    "walk",
-]
-
 _BATCH = 2048  # entries of a chunk of a lazy source that only defines scan (the default chunks)
 
 # What fsspec decompresses on the fly (``compression="infer"``).
@@ -163,7 +147,7 @@ def input_storage(url: str, storage_options: Mapping[str, Any]) -> Storage:
     return Storage(url, storage_options, read_only=True)
 
 
-def list_files(url: str, storage_options: Mapping[str, Any]) -> Iterator[tuple[str, str, int]]:
+def list_inputs(url: str, storage_options: Mapping[str, Any]) -> Iterator[tuple[str, str, int]]:
     """(path relative to the folder ``url``, full path or URL, size) of every file in it.
 
     Recursive, in no particular order; files and folders whose name starts with a dot
@@ -214,7 +198,7 @@ def source_files(url: str, storage_options: Mapping[str, Any], suffixes: tuple[s
     if not is_dir(url, storage_options):
         return [url]
     found = []
-    for rel, path, _ in list_files(url, storage_options):
+    for rel, path, _ in list_inputs(url, storage_options):
         if rel.rsplit("/", 1)[-1].startswith("_"):
             continue
         if not has_suffix(rel, suffixes):
@@ -243,7 +227,7 @@ def is_dir(url: str, storage_options: Mapping[str, Any]) -> bool:
         raise PackError(f"cannot reach source: {error.message}", url=url) from None
 
 
-def open_file(url: str, storage_options: Mapping[str, Any], mode: str = "rb") -> IO[Any]:
+def open_input(url: str, storage_options: Mapping[str, Any], mode: str = "rb") -> IO[Any]:
     """``url`` opened for reading (any fsspec URL; ``.gz``, ``.zst``, ... decompressed).
 
     A local path is opened directly, so pipes work too (``<(zcat corpus.jsonl.gz)``);

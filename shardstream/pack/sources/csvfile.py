@@ -13,9 +13,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from shardstream.errors import PackError
-from shardstream.pack.sources.base import Entry, Source, has_suffix, open_file, sample_key
-
-__all__ = ["CsvSource"]
+from shardstream.pack.sources.base import Entry, Source, has_suffix, open_input, sample_key
 
 # Fields larger than csv's default limit (128 KiB) are ordinary in corpora of documents.
 _FIELD_LIMIT = 2**31 - 1
@@ -34,7 +32,7 @@ class CsvSource(Source):
         """(line, header, row) of every non-empty row after the header."""
         csv.field_size_limit(_FIELD_LIMIT)
         delimiter = "\t" if has_suffix(self.url, (".tsv",)) else ","
-        with open_file(self.url, self.storage_options) as raw:
+        with open_input(self.url, self.storage_options) as raw:
             counted = _NewlineCounter(raw)
             text = io.TextIOWrapper(counted, encoding="utf-8-sig", newline="")
             reader = csv.reader(text, delimiter=delimiter, strict=True)

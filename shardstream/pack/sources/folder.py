@@ -30,10 +30,8 @@ from typing import Any
 
 from shardstream.errors import PackError, StorageError
 from shardstream.formats.base import FileSizer, Sample, ShardFormat
-from shardstream.pack.sources.base import Entry, Source, input_storage, list_files, walk
+from shardstream.pack.sources.base import Entry, Source, input_storage, list_inputs, walk
 from shardstream.storage import file_kind
-
-__all__ = ["FolderSource"]
 
 # Tar members of 8 GiB and more need an extra header whose size the folder source does not compute.
 _MAX_FILE = 8 * 2**30 - 1
@@ -170,7 +168,7 @@ class FolderSource(Source):
 
 def _remote_files(url: str, storage_options: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[int, ...]]:
     """Paths relative to the folder, in walk order, and their sizes (the listing gives them)."""
-    found = [(rel, size) for rel, _, size in list_files(url, storage_options)]
+    found = [(rel, size) for rel, _, size in list_inputs(url, storage_options)]
     # A remote folder is listed whole, then put in the same order as a local walk.
     found.sort(key=lambda f: (tuple(f[0].split("/")[:-1]), f[0].rsplit("/", 1)[-1]))
     return tuple(rel for rel, _ in found), tuple(size for _, size in found)

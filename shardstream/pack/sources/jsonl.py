@@ -13,9 +13,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from shardstream.errors import PackError
-from shardstream.pack.sources.base import Entry, Source, has_suffix, open_file, sample_key
-
-__all__ = ["JsonlSource"]
+from shardstream.pack.sources.base import Entry, Source, has_suffix, open_input, sample_key
 
 _SUFFIXES = (".jsonl", ".ndjson", ".json")
 _COUNTED = 64 * 2**20  # bytes of a file whose lines the progress bar's total counts (beyond: extrapolated)
@@ -32,7 +30,7 @@ class JsonlSource(Source):
 
     def _lines(self) -> Iterator[tuple[int, bytes]]:
         """(line number, line) of every non-blank line."""
-        with open_file(self.url, self.storage_options) as f:
+        with open_input(self.url, self.storage_options) as f:
             try:
                 for number, line in enumerate(f, 1):
                     if line.strip():

@@ -16,7 +16,7 @@ from shardstream.pack.sources.base import (
     Source,
     folder_of,
     has_suffix,
-    open_file,
+    open_input,
     sample_key,
     source_files,
 )
@@ -24,8 +24,6 @@ from shardstream.pack.sources.base import (
 if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-__all__ = ["ParquetSource"]
 
 _BATCH_ROWS = 1024
 
@@ -47,7 +45,7 @@ class ParquetSource(Source):
     def count(self) -> int:
         total = 0
         for path in self._files():
-            with open_file(path, self.storage_options) as f:
+            with open_input(path, self.storage_options) as f:
                 total += _parquet(f, path).metadata.num_rows
         return total
 
@@ -59,7 +57,7 @@ class ParquetSource(Source):
         for path in self._files():
             if stop is not None and number >= stop:
                 return
-            with open_file(path, self.storage_options) as f:
+            with open_input(path, self.storage_options) as f:
                 pf = _parquet(f, path)
                 rows = pf.metadata.num_rows
                 if number + rows <= start:

@@ -28,11 +28,9 @@ from shardstream.pack.sources.base import (
     Source,
     folder_of,
     has_suffix,
-    open_file,
+    open_input,
     source_files,
 )
-
-__all__ = ["TarSource"]
 
 _SUFFIXES = (".tar", ".tgz")
 
@@ -99,7 +97,7 @@ def _members(path: str, storage_options: Mapping[str, Any]) -> Iterator[TarMembe
     name = path.rstrip("/").rsplit("/", 1)[-1].lower()
     gzipped = name.endswith(".tgz")  # fsspec infers .gz, .bz2, .xz, ... but not .tgz
     compressed = gzipped or name.endswith(COMPRESSION_SUFFIXES)
-    with open_file(path, storage_options) as raw, _gunzip(raw) if gzipped else nullcontext(raw) as f:
+    with open_input(path, storage_options) as raw, _gunzip(raw) if gzipped else nullcontext(raw) as f:
         try:
             # members of 8 GiB or more are refused on their header, before their data fills memory
             yield from tar_members(f, path, sized=not compressed, max_size=MAX_USTAR_SIZE)
