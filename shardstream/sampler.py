@@ -11,6 +11,7 @@ as ``StreamingDataset`` does (NOTE [ Mixtures ]), indexing their ``ConcatDataset
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -25,6 +26,9 @@ from shardstream.plan.state import ResumeState
 from shardstream.topology import detect_rank
 
 __all__ = ["ShardSampler"]
+
+# The plan's options a sampler takes by keyword: its config's, besides DistributedSampler's.
+_PLAN_OPTIONS = frozenset(f.name for f in dataclasses.fields(PlanConfig)) - {"shuffle", "seed", "drop_last"}
 
 
 class ShardSampler(Sampler[int]):
@@ -64,25 +68,17 @@ class ShardSampler(Sampler[int]):
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
-        shuffle_window: int | None = None,
-        order: str = "local",
-        global_batch_size: int | None = None,
-        read_lanes: int | None = None,
-        dataset_bytes: int | None = None,
+        **plan: Any,
     ) -> None:
+        """``plan``: the plan's other options by their ``PlanConfig`` names (``shuffle_window``,
+        ``order``, ``global_batch_size``, ``read_lanes``, ``dataset_bytes``)."""
         super().__init__()
+        for name in plan:
+            if name not in _PLAN_OPTIONS:
+                raise TypeError(f"ShardSampler() got an unexpected keyword argument {name!r}")
         self.rank, self.num_replicas = detect_rank(rank=rank, world_size=num_replicas)
         self.shuffle, self.seed, self.drop_last = bool(shuffle), seed, bool(drop_last)
-        self.config = PlanConfig(
-            shuffle=self.shuffle,
-            seed=seed,
-            drop_last=self.drop_last,
-            shuffle_window=shuffle_window,
-            order=order,
-            global_batch_size=global_batch_size,
-            read_lanes=read_lanes,
-            dataset_bytes=dataset_bytes,
-        )
+        self.config = PlanConfig(shuffle=self.shuffle, seed=seed, drop_last=self.drop_last, **plan)
         # The plan's batch: this rank's part of a global batch, or single indices.
         self._batch = self.config.rank_batch_size(self.num_replicas)
         self.mixture, self.shard_sizes = _mixture_or_sizes(shard_sizes)

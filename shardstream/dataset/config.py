@@ -14,7 +14,17 @@ from typing import Any
 
 from shardstream.counts import check_int
 from shardstream.dataset.decode import SampleDecoder
-from shardstream.dataset.options import DecodeOptions, PlanOptions, ReadOptions, TokenOptions, split_options
+from shardstream.dataset.options import (
+    DECODE_OPTIONS,
+    PLAN_OPTIONS,
+    READ_OPTIONS,
+    TOKEN_OPTIONS,
+    DecodeOptions,
+    ReadOptions,
+    TokenOptions,
+    plan_config,
+    split_options,
+)
 from shardstream.diagnose import read_manifest
 from shardstream.errors import ManifestError, UsageError
 from shardstream.manifest import Manifest
@@ -74,20 +84,20 @@ class DatasetConfig:
         stripped = str(url).rstrip("/")
         url = str(url) if not stripped or stripped.endswith(":") else stripped  # "s3://" stays a URL
         read, decode, plan, tokens = split_options(
-            owner, options, ReadOptions, DecodeOptions, PlanOptions, TokenOptions, refused=refused
+            owner, options, READ_OPTIONS, DECODE_OPTIONS, PLAN_OPTIONS, TOKEN_OPTIONS, refused=refused
         )
-        sequences = tokens.packing_of(url)
-        plan_config = plan.config(url)
-        read = read.checked(url)
+        sequences = TokenOptions(**tokens).packing_of(url)
+        planned = plan_config(url, plan)
+        decoding = DecodeOptions(**decode)
         if sequences is not None:  # the sequences are arrays already: nothing to decode
-            decode = dataclasses.replace(decode, decode=False)
-        decoder = decode.decoder(url)
+            decoding = dataclasses.replace(decoding, decode=False)
+        decoder = decoding.decoder(url)
         return cls(
             url=url,
-            plan=plan_config,
-            read=read,
+            plan=planned,
+            read=ReadOptions(**read).checked(url),
             decoder=decoder,
-            transform=decode.transform,
+            transform=decoding.transform,
             sequences=sequences,
             num_replicas=num_replicas,
             rank=rank,

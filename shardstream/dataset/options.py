@@ -1,13 +1,15 @@
 """The options a dataset is made with, each group defined once as a small frozen value.
 
-    read, decode, plan, tokens = split_options("StreamingDataset", given, READ, DECODE, PLAN, TOKENS)
+    read, decode, plan, tokens = split_options(
+        "StreamingDataset", given, READ_OPTIONS, DECODE_OPTIONS, PLAN_OPTIONS, TOKEN_OPTIONS
+    )
 
 ``StreamingDataset``, ``Stream`` and ``MapDataset`` take their keywords through these
 groups instead of relaying them one by one: ``ReadOptions`` (how shards are fetched and
-checked), ``DecodeOptions`` (how samples become values), ``PlanOptions`` (the epoch's
-order, made into the plan's ``PlanConfig``) and ``TokenOptions`` (a token dataset read as
-packed sequences). A group checks its values when it is made into what the dataset uses,
-and names the dataset in its errors.
+checked), ``DecodeOptions`` (how samples become values), the plan's ``PlanConfig`` (the
+epoch's order; ``ShardSampler`` takes the same) and ``TokenOptions`` (a token dataset read
+as packed sequences). Each is checked when it is made into what the dataset uses, and
+names the dataset in its errors.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from shardstream.counts import check_int
 from shardstream.dataset.budget import DEFAULT_READ_BUDGET
@@ -28,20 +30,23 @@ from shardstream.storage import Storage
 from shardstream.tokens import Packing
 
 __all__ = [
+    "DECODE_OPTIONS",
     "LOCAL_READS",
     "ON_ERROR",
+    "PLAN_OPTIONS",
+    "READ_OPTIONS",
+    "TOKEN_OPTIONS",
     "DecodeOptions",
-    "PlanOptions",
     "ReadOptions",
     "TokenOptions",
+    "names_of",
+    "plan_config",
     "split_options",
 ]
 
 ON_ERROR = ("raise", "skip")
 # How shards in a local folder are read: NOTE [ Getting the bytes ] in dataset/fetch.py.
 LOCAL_READS = ("auto", "copy", "map")
-
-Group = TypeVar("Group")
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,37 +116,17 @@ class DecodeOptions:
         return SampleDecoder.build(self.decoders, allow_pickle=self.allow_pickle)
 
 
-@dataclass(frozen=True, slots=True)
-class PlanOptions:
-    """The epoch's order as a user gives it (NOTE [ Global order ] for ``order``,
-    ``global_batch_size`` and ``read_lanes``); ``config`` makes the plan's ``PlanConfig``."""
-
-    shuffle: bool = True
-    seed: int = 0
-    drop_last: bool = False
-    shuffle_window: int | None = None
-    order: str = "local"
-    global_batch_size: int | None = None
-    read_lanes: int | None = None
-
-    def config(self, url: str) -> PlanConfig:
-        """The plan's config, or ``UsageError`` naming ``url`` for a bad value (the plan
-        refuses it too, as a ``PlanError``)."""
-        check_seed(self.seed, UsageError, url=url)
-        if self.shuffle_window is not None:
-            check_int(self.shuffle_window, "shuffle_window", minimum=1, url=url)
-        try:
-            return PlanConfig(
-                shuffle=bool(self.shuffle),
-                seed=self.seed,
-                drop_last=bool(self.drop_last),
-                shuffle_window=self.shuffle_window,
-                order=self.order,
-                global_batch_size=self.global_batch_size,
-                read_lanes=self.read_lanes,
-            )
-        except PlanError as error:  # the order's options: a user's value, named with the dataset
-            raise UsageError(str(error), url=url) from error
+def plan_config(url: str, given: Mapping[str, Any]) -> PlanConfig:
+    """The plan's config from the ``PLAN_OPTIONS`` a user gave a dataset, or ``UsageError``
+    naming ``url`` for a bad value (the plan refuses it too, as a ``PlanError``)."""
+    check_seed(given.get("seed", 0), UsageError, url=url)
+    if given.get("shuffle_window") is not None:
+        check_int(given["shuffle_window"], "shuffle_window", minimum=1, url=url)
+    flags = {name: bool(given[name]) for name in ("shuffle", "drop_last") if name in given}
+    try:
+        return PlanConfig(**{**given, **flags})
+    except PlanError as error:  # the order's options: a user's value, named with the dataset
+        raise UsageError(str(error), url=url) from error
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,17 +152,26 @@ class TokenOptions:
             raise UsageError(error.message, url=url) from None
 
 
+def names_of(options: type[Any]) -> frozenset[str]:
+    """The keywords of an options class: its fields."""
+    return frozenset(f.name for f in dataclasses.fields(options))
+
+
+READ_OPTIONS = names_of(ReadOptions)
+DECODE_OPTIONS = names_of(DecodeOptions)
+TOKEN_OPTIONS = names_of(TokenOptions)
+# The plan's options are its config's fields (shared with ShardSampler), but the dataset's
+# bytes, which a dataset tells its plans itself (NOTE [ Global window ]).
+PLAN_OPTIONS = names_of(PlanConfig) - {"dataset_bytes"}
+
+
 def split_options(
-    owner: str, given: Mapping[str, Any], *groups: type[Any], refused: frozenset[str] = frozenset()
-) -> tuple[Any, ...]:
-    """One value of each of ``groups`` made from the keywords in ``given`` that are its
-    fields (the others at their defaults); a keyword of none of them, or in ``refused``,
-    is the ``TypeError`` Python gives for an unexpected keyword of ``owner``."""
-    names = [{f.name for f in dataclasses.fields(group)} for group in groups]
+    owner: str, given: Mapping[str, Any], *groups: frozenset[str], refused: frozenset[str] = frozenset()
+) -> tuple[dict[str, Any], ...]:
+    """The keywords of ``given`` in each of ``groups`` (sets of names); a keyword of none
+    of them, or in ``refused``, is the ``TypeError`` Python gives for an unexpected
+    keyword of ``owner``."""
     for name in given:
-        if name in refused or not any(name in fields for fields in names):
+        if name in refused or not any(name in group for group in groups):
             raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}")
-    return tuple(
-        group(**{k: v for k, v in given.items() if k in fields})
-        for group, fields in zip(groups, names, strict=True)
-    )
+    return tuple({k: v for k, v in given.items() if k in group} for group in groups)

@@ -13,7 +13,6 @@ for many indices at once.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import itertools
 import operator
 import os
@@ -28,7 +27,7 @@ from shardstream.counts import check_int
 from shardstream.dataset.bulk import decode_samples
 from shardstream.dataset.config import DatasetConfig
 from shardstream.dataset.keys import KeyFinder
-from shardstream.dataset.options import PlanOptions, TokenOptions
+from shardstream.dataset.options import PLAN_OPTIONS, TOKEN_OPTIONS
 from shardstream.dataset.reader import COALESCE_GAP, WindowReader
 from shardstream.dataset.sample_reads import SampleReads
 from shardstream.dataset.source import DatasetSource
@@ -61,10 +60,10 @@ BATCH_READ_THREADS = 32
 BATCH_GAP = 4 * 1024 * 1024
 # What a MapDataset does not take of StreamingDataset's options: an index gives its sample
 # (no on_error), in the manifest's order (no plan), with its own read threads.
-_NOT_MAPPED = frozenset(
-    {
-        *(f.name for f in dataclasses.fields(PlanOptions)),
-        *(f.name for f in dataclasses.fields(TokenOptions)),
+_NOT_MAPPED = (
+    PLAN_OPTIONS
+    | TOKEN_OPTIONS
+    | {
         "on_error",
         "local_reads",
         "read_budget",
