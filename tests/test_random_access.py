@@ -151,7 +151,7 @@ def count_opens(monkeypatch) -> list:
 
 def sample_range(dataset, i):
     shard, position = dataset.locate(i)
-    return dataset._parts()[1].index(shard).byte_range(position, position + 1)
+    return dataset._opened().reader.index(shard).byte_range(position, position + 1)
 
 
 def test_a_single_fetch_reads_the_sample_once_its_block_was_checked(tmp_path, monkeypatch):
@@ -264,7 +264,7 @@ def test_key_lookup_in_unsorted_shards(tmp_path):
         dataset.index_of("key-9999")
     # The README's promise: the key tables of the last 16 shards searched are kept, so
     # another pass over these 7 shards builds none again.
-    finder = dataset._parts()[2]
+    finder = dataset._opened().finder
     kept = {shard: id(table) for shard, table in finder._tables.items()}
     assert len(kept) == 7
     assert [dataset.index_of(key) for key in keys] == list(range(40))
@@ -468,6 +468,6 @@ def test_single_reads_of_a_shard_of_mixed_fields(tmp_path):
             writer.write({"__key__": f"k{i}", "txt": b"t%d" % i, **({"cls": b"%d" % i} if i % 2 else {})})
     epoch = list(shardstream.StreamingDataset(url, shuffle=False))
     dataset = shardstream.MapDataset(url)
-    assert dataset._parts()[1].index(0).singles() is None
+    assert dataset._opened().reader.index(0).singles() is None
     assert [dataset[i] for i in (3, 0, 9, 4, 3)] == [epoch[i] for i in (3, 0, 9, 4, 3)]
     dataset.close()

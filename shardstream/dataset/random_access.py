@@ -147,11 +147,6 @@ class MapDataset(Dataset):
         finder = KeyFinder(reader, self._offsets())
         return _Opened(reader, finder, SampleReads(reader, self.config.decoder), threading.Lock())
 
-    def _parts(self) -> tuple[Storage, WindowReader, KeyFinder]:
-        """This process's storage, reader and key finder."""
-        opened = self._opened()
-        return self.source.storage, opened.reader, opened.finder
-
     @property
     def storage(self) -> Storage:
         """This process's storage client."""
@@ -290,7 +285,7 @@ class MapDataset(Dataset):
         """The index of the sample whose ``__key__`` is ``key`` (if none, a ``KeyNotFoundError``,
         which is a ``ShardstreamError`` and a ``KeyError``);
         see :class:`~shardstream.dataset.keys.KeyFinder` for what a lookup reads."""
-        return self._parts()[2].index_of(key)
+        return self._opened().finder.index_of(key)
 
     def get_by_key(self, key: str) -> Any:
         """The sample whose ``__key__`` is ``key``: ``self[self.index_of(key)]``."""
