@@ -31,15 +31,18 @@ _log = logging.getLogger("shardstream.dataset")
 class CacheHealer:
     """One reader's entries dropped after a failed check (NOTE [ Healing the cache ])."""
 
-    def __init__(self) -> None:
+    def __init__(self, fetcher: ByteFetcher) -> None:
+        self.fetcher = fetcher
         self._lock = threading.Lock()
         self._dropped: set[str] = set()
 
-    def read_again(
-        self, fetcher: ByteFetcher, path: str, rng: ByteRange | None, offset: int
-    ) -> bytes | memoryview:
+    def read_again(self, path: str, rng: ByteRange | None, offset: int) -> bytes | memoryview | None:
         """``rng`` of ``path`` (None: all of it) read again, its cache entry dropped first
-        (once per path) after the bytes at ``offset`` failed their check."""
+        (once per path) after the bytes at ``offset`` failed their check; None where the
+        storage has no cache (the bytes are the storage's own: nothing to heal)."""
+        fetcher = self.fetcher
+        if not fetcher.storage.cached:
+            return None
         with self._lock:
             first = path not in self._dropped
             self._dropped.add(path)

@@ -62,7 +62,7 @@ class MixtureReader:
         # one budget for the worker, as one dataset has (the streams' own go unused)
         ahead = any(reader.budget is not None for reader in self.readers)
         self.budget = ReadBudget(read_budget) if ahead else None
-        self._prefetcher: Prefetcher[Any, tuple[list[list[Fetched]], int]] | None = None
+        self._prefetcher: Prefetcher[Any, Any] | None = None
 
     def _stream_of(self, shard: int) -> int:
         return int(np.searchsorted(self._offsets, shard, side="right")) - 1
@@ -153,9 +153,17 @@ class MixtureReader:
         ahead as ``WindowReader.stream`` does."""
         return prefetched(self, windows)
 
-    def _in_yield_order(self, window: Any, fetched: list[list[Fetched]]) -> tuple[list[Sample | None], bool]:
+    def in_yield_order(self, window: Any, fetched: list[list[Fetched]]) -> tuple[list[Sample | None], bool]:
         samples, holes = self.decode(window, fetched)
         return list(map(samples.__getitem__, window.order.tolist())), holes
+
+    def in_pieces(self, windows: Iterator[Any]) -> Iterator[Any]:
+        """``windows`` as they are: a mixture's are never cut (its streams' budgets go unused)."""
+        return windows
+
+    def hold(self, prefetcher: Prefetcher[Any, Any]) -> None:
+        """Keep the stream's ``prefetcher``, closed with the reader."""
+        self._prefetcher = prefetcher
 
     def check_beside_decoding(self) -> None:
         """Each stream's reads checked beside decoding (``WindowReader.check_beside_decoding``)."""
