@@ -87,7 +87,7 @@ class _Namer:
 
     def __init__(self, reader: Any, dataset: StreamingDataset) -> None:
         self.reader = reader
-        self.streams = dataset.sources if isinstance(dataset.kind, StreamMixture) else None
+        self.mixed = isinstance(dataset.kind, StreamMixture)  # then a sample names its stream
         self.manifests = [source.manifest for source in dataset.sources]
         self.paths = [(number, info.path) for number, m in enumerate(self.manifests) for info in m.shards]
         self._keys: dict[int, list[str]] = {}
@@ -104,7 +104,7 @@ class _Namer:
 
     def __call__(self, position: int, shard: int, index: int) -> Explained:
         stream, path = self.paths[shard]
-        mixed = stream if self.streams is not None else None
+        mixed = stream if self.mixed else None
         if not self.sequences:
             return Explained(position, mixed, path, index, key=self.keys(shard)[index])
         pieces = self.reader.layout(shard).run(index, index + 1).pieces
