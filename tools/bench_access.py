@@ -255,7 +255,7 @@ def bench_s3(name: str, count: int, repeat: int) -> None:
             return 1
 
         # The floor of any batch on this server: a batch reads each shard it touches at least once.
-        _, reader, _ = dataset._parts()
+        reader = dataset._opened().reader
         touched = sorted({dataset.locate(i)[0] for i in batches[0]})
         firsts = [(dataset.manifest.shards[s].path, reader.index(s).byte_range(0, 1)) for s in touched]
 
@@ -297,7 +297,7 @@ def bench_s3(name: str, count: int, repeat: int) -> None:
 
 def _sample_bytes(dataset: shardstream.MapDataset, indices: list[int]) -> int:
     """The bytes the samples at ``indices`` hold in their shards (tar headers included)."""
-    _, reader, _ = dataset._parts()
+    reader = dataset._opened().reader
     total = 0
     for i in indices:
         shard, position = dataset.locate(i)
