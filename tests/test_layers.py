@@ -483,7 +483,6 @@ def reach_ins(source: str, module: str, is_package: bool = False) -> set[str]:
 
 # Reach-ins of dataset/, storage/ and the sampler: "module: what it touches".
 REACH_INS_ALLOWED: dict[str, str] = {
-    "dataset/budget.py: getattr(threading, '_register_atexit')": "CPython private; moves to the one lifecycle module",
     "dataset/bulk.py: from shardstream.dataset.decode import _BYTES": "bulk decode shares decode's table; the reader refactor",
     "dataset/bulk.py: from shardstream.dataset.decode import _integer": "bulk decode shares decode's codecs; the reader refactor",
     "dataset/bulk.py: from shardstream.dataset.decode import _json": "bulk decode shares decode's codecs; the reader refactor",
@@ -495,11 +494,20 @@ REACH_INS_ALLOWED: dict[str, str] = {
     "storage/backend.py: getattr(fs, '_s3')": "s3fs's client, for ranged GETs; the storage refactor",
     "storage/backend.py: getattr(fs, '_s3creator')": "s3fs's client factory; the storage refactor",
     "storage/backend.py: fs_class._strip_protocol": "fsspec's path normaliser (underscored there); the storage refactor",
-    "storage/backend.py: getattr(weakref.finalize, '_registry')": "CPython private; moves to the one lifecycle module",
     "storage/cached.py: hashlib._Hash": "CPython private type name; the storage refactor",
     "storage/s3read.py: getattr(body, '_raw_stream')": "botocore's body stream, to cut a read at its deadline; the storage refactor",
     "storage/s3read.py: getattr(response['Body'], '_raw_stream')": "botocore's body stream; the storage refactor",
 }
+
+
+# The one owner of process lifecycle may use CPython's private API where no public one
+# exists (its own tests fail on a Python where that API vanished); nothing else may.
+LIFECYCLE_MODULE = "lifecycle.py"
+CPYTHON_MODULES = ("threading", "weakref", "gc", "sys", "os", "multiprocessing")
+
+
+def _cpython_private(hit: str) -> bool:
+    return hit.removeprefix("getattr(").startswith(CPYTHON_MODULES)
 
 
 def test_no_reach_in_to_private_names():
@@ -509,6 +517,7 @@ def test_no_reach_in_to_private_names():
         f"{_where(path)}: {hit}"
         for name, path in MODULES.items()
         for hit in reach_ins(path.read_text(), name, path.name == "__init__.py")
+        if not (_where(path) == LIFECYCLE_MODULE and _cpython_private(hit))
     }
     new = sorted(found - set(REACH_INS_ALLOWED))
     gone = sorted(set(REACH_INS_ALLOWED) - found)
