@@ -1,7 +1,10 @@
 """The import rule of DESIGN.md: formats, storage and plan never import each other; the
 plan does no I/O and never imports torch; only the dataset, sampler and loader need torch.
 The dataset layout (names, manifest building), the lease and the version sit below pack
-and catalog, and catalog never imports pack; no module imports the package root."""
+and catalog, and catalog never imports pack; no module imports the package root. Every
+package keeps its shape: no import cycle, no module over 400 lines of code, no reach-in to
+another module's private names, ``__all__`` on the public faces alone; and one name means
+one thing."""
 
 from __future__ import annotations
 
@@ -952,6 +955,8 @@ PROCESS_STATE = {
     "storage/deadline.py:_watchdog": "the one thread that cuts bodies at their deadlines; made anew in a fork child",
     "storage/parts.py:_ARRIVALS": "whom the reads started in a context tell of their bytes (a context variable: per thread and context, never shared)",
     "dataset/iteration.py:_FROZEN_IN": "the worker process whose collector froze what it inherited (gc is per process)",
+    "lifecycle.py:_AFTER_FORK": "the hooks a fork child runs, registered once with os.register_at_fork: per process",
+    "lifecycle.py:_FROZEN_IN": "the process whose collector froze what it inherited (gc is per process)",
 }
 
 
