@@ -901,8 +901,7 @@ WORD_OWNERS = {
     # where pack samples come from; and DESIGN's per-process source of a dataset (storage,
     # manifest, sidecars, reader), named so by the dataset refactor: two meanings, one to rename
     "Source": lambda where, name: where.startswith("pack/sources/") or name == "DatasetSource",
-    # the epoch plan, its error, and the dataset's options for it
-    "Plan": lambda where, name: where.startswith("plan/") or name in {"PlanError", "PlanOptions"},
+    "Plan": lambda where, name: where.startswith("plan/") or name == "PlanError",  # the epoch plan
     "Progress": lambda where, name: name in {"ProgressBar", "PackProgress"},  # the bar, the pack's protocol
 }
 
