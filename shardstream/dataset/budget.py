@@ -23,14 +23,12 @@
 # iterator it never finished (``batch = next(iter(loader))``) would leave a fetch waiting
 # for a share nobody gives back, and the interpreter, which joins the fetch threads at
 # exit, would hang. Every open budget is closed by a hook that the interpreter calls before
-# that join (``threading``'s exit hooks run newest first, and ``concurrent.futures.thread``
-# registers its hook when imported, before ours), so the fetches give up as ``close`` makes them.
+# that join (NOTE [ Exit hooks ] in lifecycle.py), so the fetches give up as ``close`` makes them.
 """
 
 from __future__ import annotations
 
 import collections
-import concurrent.futures.thread  # noqa: F401  (its exit hook first: ours runs before it)
 import functools
 import threading
 import weakref
@@ -40,6 +38,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from shardstream.errors import UsageError
+from shardstream.lifecycle import before_threads_join
 from shardstream.manifest import ShardInfo
 from shardstream.plan import Run, Window
 from shardstream.storage import Prefetcher
@@ -64,8 +63,7 @@ def _close_open_budgets() -> None:
         budget.close()
 
 
-# private, as concurrent.futures uses it; without it an exit may wait on a fetch forever
-getattr(threading, "_register_atexit", lambda hook: None)(_close_open_budgets)
+before_threads_join(_close_open_budgets)  # NOTE [ Exit hooks ] in lifecycle.py
 
 DEFAULT_READ_BUDGET = 64 * 2**20
 

@@ -22,12 +22,12 @@ import contextlib
 import os
 import stat
 import sys
-import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import IO, Any, ClassVar, cast
 
 from shardstream.errors import UsageError
+from shardstream.lifecycle import after_fork_in_child, live_finalizers, this_process
 from shardstream.storage import local
 from shardstream.storage.expect import SizeChanged
 from shardstream.storage.s3read import S3Reader, s3_options, timeouts_of
@@ -53,10 +53,9 @@ def _leave_parent_sessions() -> None:
     the collection, a DataLoader worker's decoding among them. Without the finalizer,
     aiohttp would log the session as unclosed instead, hence kept, never collected."""
     asyncio = sys.modules.get("asyncio")  # not imported: no event loop, no such finalizer
-    registry: dict[Any, Any] = getattr(weakref.finalize, "_registry", {})
-    if asyncio is None or not registry:
+    if asyncio is None:
         return
-    for finalizer, info in list(registry.items()):
+    for finalizer, info in live_finalizers():
         on_loop = bool(info.args) and isinstance(info.args[0], asyncio.AbstractEventLoop)
         if on_loop and getattr(info.func, "__name__", "") == "close_session":
             held = finalizer.peek()
@@ -65,8 +64,7 @@ def _leave_parent_sessions() -> None:
             finalizer.detach()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_leave_parent_sessions)
+after_fork_in_child(_leave_parent_sessions)
 
 
 class Backend:
@@ -100,7 +98,7 @@ class Backend:
     @property
     def fs(self) -> Any:
         """This process's fsspec file system (made on first use, remade after fork)."""
-        fs, pid = self._fs, os.getpid()
+        fs, pid = self._fs, this_process()
         if fs is None or self._fs_pid != pid:
             if fs is not None:
                 _ABANDONED.append(fs)
@@ -188,7 +186,7 @@ class Backend:
         fs, self._fs = self._fs, None
         if fs is None:
             return
-        if self._fs_pid != os.getpid():  # the parent's: never close it here
+        if self._fs_pid != this_process():  # the parent's: never close it here
             _ABANDONED.append(fs)
             return
         creator = getattr(fs, "_s3creator", None)
@@ -270,7 +268,7 @@ class FsspecBackend(Backend):
     @property
     def _sizes_checked(self) -> dict[str, int]:
         """The objects whose size this process checked, and that size (reset after fork)."""
-        pid = os.getpid()
+        pid = this_process()
         if self._sizes_pid != pid:
             self._sizes, self._sizes_pid = {}, pid
         return self._sizes

@@ -21,10 +21,11 @@ from __future__ import annotations
 import contextlib
 import heapq
 import itertools
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+
+from shardstream.lifecycle import PerProcess
 
 __all__ = ["BodyDeadline", "enter", "leave", "reading"]
 
@@ -118,16 +119,9 @@ class _Watchdog:
             self._cond.wait(self._heap[0][0] - now)
 
 
-_watchdog = _Watchdog()
+# made anew in a fork child, whose parent's thread is not there (NOTE [ Per-process state ])
+_watchdog = PerProcess(_Watchdog)
 _local = threading.local()
-
-
-def _new_watchdog_in_child() -> None:  # the parent's thread is not in the child
-    global _watchdog
-    _watchdog = _Watchdog()
-
-
-os.register_at_fork(after_in_child=_new_watchdog_in_child)
 
 
 def enter(deadline: float | None, what: Callable[[], str]) -> _Scope | None:
@@ -145,7 +139,7 @@ def leave(previous: _Scope | None) -> None:
     current: _Scope | None = _local.scope
     _local.scope = previous
     if current is not None and current.watched:
-        _watchdog.finish(current)
+        _watchdog.get().finish(current)
 
 
 @contextlib.contextmanager
@@ -160,7 +154,7 @@ def reading(cut: Callable[[], object] | None) -> Iterator[None]:
         raise current.error()
     if not current.watched:
         current.watched = True
-        _watchdog.watch(current)
+        _watchdog.get().watch(current)
     with current.lock:
         current.cut = cut
     try:

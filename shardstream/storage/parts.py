@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import mmap
-import os
 import sys
 import threading
 import time
@@ -25,6 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, TypeVar
 
 from shardstream.errors import UsageError
+from shardstream.lifecycle import PerProcess
 from shardstream.storage.expect import Expected
 from shardstream.storage.retried import RetriedIO
 from shardstream.types import ByteRange
@@ -97,6 +97,15 @@ def split(
     return [ByteRange(start, min(start + size, rng.end)) for start in range(rng.start, rng.end, size)]
 
 
+class _Gets:
+    """A pool's long reads in flight in one process: their GETs and their streams."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.count = 0
+        self.streams: set[_Stream] = set()
+
+
 class ReadPool:
     """``threads`` threads for reads, made on first use in each process (see NOTE
     [ Reads in parts ]); ``close`` joins them (a pool made by a parent is dropped)."""
@@ -105,64 +114,52 @@ class ReadPool:
         if threads < 1:
             raise UsageError(f"a read pool needs at least 1 thread, not {threads}")
         self.threads = threads
-        self._pool: ThreadPoolExecutor | None = None
-        self._pid = -1
-        self._lock = threading.Lock()
-        self._gets = 0  # GETs of long reads in flight in process ``_gets_pid``
-        self._streams: set[_Stream] = set()  # their streams being read, in that process
-        self._gets_pid = -1
-        self._gets_lock = threading.Lock()
+        self._pool = PerProcess(self._new_executor)
+        self._gets = PerProcess(_Gets)  # a fork child's count and lock are its own
+
+    def _new_executor(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(self.threads, thread_name_prefix="shardstream-read")
 
     @property
     def gets(self) -> int:
         """GETs of this pool's long reads in flight in this process: their first GETs
         and parts (NOTE [ Reads in parts ])."""
-        return self._gets if self._gets_pid == os.getpid() else 0
+        gets = self._gets.peek()
+        return gets.count if gets is not None else 0
 
     def count_gets(self, change: int) -> None:
-        if self._gets_pid != os.getpid():  # a fork child: the parent's count and lock are not ours
-            self._gets_lock, self._gets, self._gets_pid = threading.Lock(), 0, os.getpid()
-            self._streams = set()
-        with self._gets_lock:
-            self._gets += change
+        gets = self._gets.get()
+        with gets.lock:
+            gets.count += change
 
     def reading(self, stream: _Stream, now: bool) -> None:
         """``stream`` is being read (``now``) or is done: ``rate`` sums those being read."""
-        self.count_gets(0)  # a fork child's own set
-        with self._gets_lock:
+        gets = self._gets.get()
+        with gets.lock:
             if now:
-                self._streams.add(stream)
+                gets.streams.add(stream)
             else:
-                self._streams.discard(stream)
+                gets.streams.discard(stream)
 
     def rate(self) -> float:
         """Bytes/s of this pool's long reads being read, together (NOTE [ Reads in parts ])."""
-        with self._gets_lock:
-            streams = list(self._streams) if self._gets_pid == os.getpid() else []
+        gets = self._gets.peek()
+        if gets is None:
+            return 0.0
+        with gets.lock:
+            streams = list(gets.streams)
         return sum(stream.rate() or 0.0 for stream in streams)
 
     def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         """``fn(*args)`` in a thread of the pool."""
-        return self._executor().submit(fn, *args)
-
-    def _executor(self) -> ThreadPoolExecutor:
-        pid = os.getpid()
-        pool = self._pool
-        if pool is not None and self._pid == pid:
-            return pool
-        if self._pid != pid:  # a fork child: the parent's lock and threads are not ours
-            self._lock = threading.Lock()
-            self._pool = None
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="shardstream-read")
-                self._pid = pid
-            return self._pool
+        return self._pool.get().submit(fn, *args)
 
     def close(self) -> None:
-        pool, self._pool = self._pool, None
-        # at interpreter exit the threads are joined already, and shutdown's modules may be gone
-        if pool is not None and self._pid == os.getpid() and not sys.is_finalizing():
+        # at interpreter exit the threads are joined already, and the modules may be gone
+        if sys.is_finalizing():
+            return
+        pool = self._pool.clear()  # this process's: a parent's is dropped
+        if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
 
     def __reduce__(self):  # configuration only, never threads

@@ -38,6 +38,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from shardstream.errors import TransientStorageError
+from shardstream.lifecycle import after_fork_in_child, this_process
 from shardstream.storage import deadline
 from shardstream.storage.expect import SizeChanged
 from shardstream.storage.s3lean import LeanClient
@@ -111,7 +112,7 @@ def _new_lock_in_child() -> None:
     _lock = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_new_lock_in_child)
+after_fork_in_child(_new_lock_in_child)
 
 
 def s3_options(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -221,7 +222,7 @@ class S3Reader:
     @property
     def client(self) -> Any:
         """This process's S3 client, lean or botocore (made on first use, remade after fork)."""
-        client, pid = self._client, os.getpid()
+        client, pid = self._client, this_process()
         if client is not None and self._pid == pid:
             return client
         with _lock:
@@ -311,7 +312,7 @@ class S3Reader:
             client, self._client = self._client, None
             if client is None:
                 return
-            if self._pid != os.getpid():
+            if self._pid != this_process():
                 _ABANDONED.append(client)
                 return
         client.close()
