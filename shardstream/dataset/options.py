@@ -25,7 +25,6 @@ from shardstream.dataset.decode import Decoder, SampleDecoder
 from shardstream.dataset.fetch import READ_THREADS
 from shardstream.errors import PlanError, UsageError
 from shardstream.plan import PlanConfig
-from shardstream.plan.config import check_seed
 from shardstream.storage import Storage
 from shardstream.tokens import Packing
 
@@ -118,15 +117,12 @@ class DecodeOptions:
 
 def plan_config(url: str, given: Mapping[str, Any]) -> PlanConfig:
     """The plan's config from the ``PLAN_OPTIONS`` a user gave a dataset, or ``UsageError``
-    naming ``url`` for a bad value (the plan refuses it too, as a ``PlanError``)."""
-    check_seed(given.get("seed", 0), UsageError, url=url)
-    if given.get("shuffle_window") is not None:
-        check_int(given["shuffle_window"], "shuffle_window", minimum=1, url=url)
-    flags = {name: bool(given[name]) for name in ("shuffle", "drop_last") if name in given}
+    naming ``url`` for a bad value (the plan refuses it as a ``PlanError``, same words)."""
     try:
-        return PlanConfig(**{**given, **flags})
-    except PlanError as error:  # the order's options: a user's value, named with the dataset
+        config = PlanConfig(**given)
+    except PlanError as error:  # a user's value, named with the dataset
         raise UsageError(str(error), url=url) from error
+    return dataclasses.replace(config, shuffle=bool(config.shuffle), drop_last=bool(config.drop_last))
 
 
 @dataclass(frozen=True, slots=True)
