@@ -1,12 +1,10 @@
 """One iteration of a ``StreamingDataset``: the samples of a worker's windows, in yield
-order, decoded, with the count its ``state_dict()`` reads; and the worker's garbage
-collector set aside for what it inherited.
+order, decoded, with the count its ``state_dict()`` reads. NOTE [ A worker's garbage
+collector ] says why a worker's first iteration freezes what it inherited.
 """
 
 from __future__ import annotations
 
-import gc
-import os
 from collections.abc import Collection, Iterator
 from typing import Any
 
@@ -15,7 +13,8 @@ from shardstream.dataset.kinds import Reader
 from shardstream.formats.base import SampleColumns
 from shardstream.plan import Plan
 
-__all__ = ["Iteration", "freeze_inherited_heap", "window_samples"]
+__all__ = ["Iteration", "window_samples"]
+
 
 # NOTE [ A worker's garbage collector ]
 # A DataLoader worker forked from the training process inherits its heap: a few hundred
@@ -34,18 +33,7 @@ __all__ = ["Iteration", "freeze_inherited_heap", "window_samples"]
 # ever. The price: cycles among the inherited objects that die in the worker are never
 # collected there (reference counting still frees everything else); they were the
 # parent's memory, shared, and a worker lives one epoch, or as long as the loader.
-_FROZEN_IN = -1  # the pid of the worker process that froze its inherited heap
-
-
-def freeze_inherited_heap() -> None:
-    """In a DataLoader worker: the objects it inherited moved out of its garbage
-    collector's reach, once per process (NOTE [ A worker's garbage collector ])."""
-    global _FROZEN_IN
-    if os.getpid() != _FROZEN_IN:
-        _FROZEN_IN = os.getpid()
-        gc.freeze()
-
-
+# (``lifecycle.freeze_inherited_heap`` does it, once per process.)
 class Iteration:
     """One in-process iteration: its plan and how many samples it has taken, for
     ``state_dict()``; the count is read off the list iterator of the current window, so

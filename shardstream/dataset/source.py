@@ -3,14 +3,12 @@
 A source holds what a dataset is (its URL, read options, manifest and fingerprint: read
 once, and carried to DataLoader workers when it is pickled) and what a process reads it
 with (a ``Storage``, the sidecar LRU, what the manifest says of each object): made
-lazily, in this module only, and made anew in a process forked from the one that made
-them. ``StreamingDataset`` holds one source (or one per stream of a mixture),
+lazily by the process that uses them, and anew in a fork child (``lifecycle.PerProcess``). ``StreamingDataset`` holds one source (or one per stream of a mixture),
 ``MapDataset`` one.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -21,6 +19,7 @@ from shardstream.dataset.fetch import expectations
 from shardstream.dataset.indexes import IndexCache
 from shardstream.dataset.options import ReadOptions
 from shardstream.dataset.reader import WindowReader
+from shardstream.lifecycle import PerProcess
 from shardstream.manifest import Manifest, dataset_fingerprint
 from shardstream.storage import Expected, Storage
 
@@ -28,30 +27,17 @@ __all__ = ["DatasetSource"]
 
 Made = TypeVar("Made")
 
-# Held while a process makes what it reads a source with, so that threads that come at
-# once share one (module-level: a source pickles to workers); a child made by fork while
-# another thread held it gets a free one.
-_MAKING = threading.Lock()
-
-
-def _free_making() -> None:
-    global _MAKING
-    _MAKING = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_free_making)
-
 
 @dataclass(slots=True)
 class _InProcess:
-    """What one process reads a source with."""
+    """What one process reads a source with (NOTE [ Per-process state ] in lifecycle.py)."""
 
-    pid: int
     storage: Storage
     # the sidecar LRU kept across this process's iterations (NOTE [ Sidecars across epochs ])
     indexes: IndexCache = field(default_factory=IndexCache)
     expected: Mapping[str, Expected] | None = None  # O(shards) to make: once
     made: dict[str, Any] = field(default_factory=dict)  # per-process things of the source's users
+    making: threading.Lock = field(default_factory=threading.Lock)  # threads at once share one of each
 
 
 class DatasetSource:
@@ -62,20 +48,16 @@ class DatasetSource:
         self.options = options
         self._manifest: Manifest | None = None
         self._fingerprint: str | None = None
-        self._here: _InProcess | None = None
+        self._here = PerProcess(self._make_here)
 
     def __repr__(self) -> str:
         return f"DatasetSource({self.url!r})"
 
+    def _make_here(self) -> _InProcess:
+        return _InProcess(self.options.open_storage(self.url))
+
     def _in_process(self) -> _InProcess:
-        here = self._here
-        if here is not None and here.pid == os.getpid():
-            return here
-        with _MAKING:
-            here = self._here
-            if here is None or here.pid != os.getpid():
-                here = self._here = _InProcess(os.getpid(), self.options.open_storage(self.url))
-            return here
+        return self._here.get()
 
     @property
     def storage(self) -> Storage:
@@ -112,15 +94,15 @@ class DatasetSource:
         """``make()``, made once in this process under ``name`` (and anew after a fork)."""
         here = self._in_process()
         if name not in here.made:
-            with _MAKING:
+            with here.making:
                 if name not in here.made:
                     here.made[name] = make()
         return here.made[name]  # type: ignore[no-any-return]
 
     def made_here(self, name: str) -> Any:
         """What ``in_process(name, ...)`` made in this process, or ``None`` (nothing made)."""
-        here = self._here
-        return here.made.get(name) if here is not None and here.pid == os.getpid() else None
+        here = self._here.peek()
+        return here.made.get(name) if here is not None else None
 
     def window_reader(
         self,
@@ -152,8 +134,8 @@ class DatasetSource:
 
     def close(self) -> None:
         """Release this process's storage (the source can still be used)."""
-        here, self._here = self._here, None
-        if here is not None and here.pid == os.getpid():
+        here = self._here.clear()
+        if here is not None:
             here.storage.close()
 
     # -- pickling: configuration and the manifest, never a live client ----------------------
@@ -163,4 +145,5 @@ class DatasetSource:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.url, self.options = state["url"], state["options"]
-        self._manifest, self._fingerprint, self._here = state["manifest"], state["fp"], None
+        self._manifest, self._fingerprint = state["manifest"], state["fp"]
+        self._here = PerProcess(self._make_here)

@@ -21,11 +21,12 @@ from shardstream.counts import check_int
 from shardstream.dataset.binding import LoaderSlot
 from shardstream.dataset.bulk import WindowDecoding
 from shardstream.dataset.config import DatasetConfig
-from shardstream.dataset.iteration import Iteration, freeze_inherited_heap, window_samples
+from shardstream.dataset.iteration import Iteration, window_samples
 from shardstream.dataset.kinds import DatasetKind, OneDataset, Reader
 from shardstream.dataset.mixture import Stream, StreamMixture, mixture_label, streams_of
 from shardstream.dataset.source import DatasetSource
 from shardstream.errors import StateError, UsageError, shown
+from shardstream.lifecycle import freeze_inherited_heap
 from shardstream.manifest import Manifest
 from shardstream.plan import Plan, PlanConfig, Shape, make_plan
 from shardstream.plan.mixture import Mixture
