@@ -35,8 +35,9 @@ from shardstream.errors import StorageError
 from shardstream.storage import local
 from shardstream.storage.cache import ShardCache
 from shardstream.storage.expect import Expected, changed_error
-from shardstream.storage.parts import CHUNK, ReadPool, Sink, Tell, read_long
+from shardstream.storage.parts import CHUNK, ReadPool, Tell, read_long
 from shardstream.storage.retried import RetriedIO
+from shardstream.storage.sinks import Sink
 from shardstream.types import ByteRange
 
 __all__ = ["Located", "cache_key", "cached_path", "read_cached", "with_entry"]

@@ -5,8 +5,8 @@
 # settings), never as a live client, so DataLoader workers started by spawn or
 # forkserver rebuild their own. Under fork the object is inherited instead: the file
 # system is made lazily with ``skip_instance_cache=True`` and remembered with the pid
-# that made it; a process with another pid makes a fresh one. The parent's file system
-# is then kept referenced in ``_ABANDONED`` (backend.py), never used or closed in the child:
+# that made it; another process makes a fresh one (NOTE [ Per-process state ] in
+# lifecycle.py). The parent's is kept in ``_ABANDONED`` (backend.py), unused and unclosed:
 # closing it there would run s3fs's finalizer on connections (and TLS state) that the
 # parent still owns. So is every file system of the parent's with an open session (ours
 # or the user's), at fork, and its finalizer detached (``_leave_parent_sessions`` in
@@ -230,7 +230,7 @@ class Storage:
     def _open_direct(self, path: str, expect: Expected | None) -> IO[bytes] | None:
         size = expect.size if expect is not None else None
         try:
-            return self._backend.open_direct(self._fspath(path), size)
+            return self._backend.open_direct(self._io.fspath(path), size)
         except SizeChanged as changed:
             raise self._io.changed(path, None, changed.actual, size) from None
         except OSError as error:
@@ -263,22 +263,22 @@ class Storage:
             return through_cache.with_entry(self._io, self._cache, path, expect, pool, mapped, uncached, tell)
         size = expect.size if expect is not None else None
         try:
-            return self._backend.map(self._fspath(path), rng, self.full_url(path), size)
+            return self._backend.map(self._io.fspath(path), rng, self.full_url(path), size)
         except SizeChanged as changed:
             raise self._io.changed(path, rng, changed.actual, size) from None
 
     def is_folder(self, path: str = "") -> bool:
         """Whether ``path`` is a folder (else a file); a missing one fails as "not found"."""
-        fspath = self._fspath(path)
-        return self._retry(lambda: self._backend.kind(fspath) == "folder", "info", path)
+        fspath = self._io.fspath(path)
+        return self._io.retry(lambda: self._backend.kind(fspath) == "folder", "info", path)
 
     def list_sizes(self) -> list[tuple[str, int]]:
         """(relative path, size) of every file under the folder, recursively, in no order."""
-        return self._retry(lambda: self._backend.find_sizes(self._root), "list", "")
+        return self._io.retry(lambda: self._backend.find_sizes(self._root), "list", "")
 
     def exists(self, path: str) -> bool:
         """Whether ``path`` exists (a file, or for local paths also a folder)."""
-        fspath = self._fspath(path)
+        fspath = self._io.fspath(path)
 
         def check() -> bool:
             try:
@@ -291,11 +291,11 @@ class Storage:
                 raise
             return True
 
-        return self._retry(check, "exists", path)
+        return self._io.retry(check, "exists", path)
 
     def list_files(self) -> list[str]:
         """Every file under the folder, recursively, as sorted relative paths."""
-        return self._retry(lambda: self._backend.find(self._root), "list", "")
+        return self._io.retry(lambda: self._backend.find(self._root), "list", "")
 
     # -- writing -------------------------------------------------------------------
 
@@ -326,12 +326,12 @@ class Storage:
         self._forget_cached(path)
 
     def _upload_retry(self, path: str) -> Callable[[Callable[[], None]], None]:
-        return lambda upload: self._retry(upload, "write", path)
+        return lambda upload: self._io.retry(upload, "write", path)
 
     def delete(self, path: str) -> None:
         """Remove ``path``; a missing one is fine."""
         fspath = self._target(path)
-        self._retry(lambda: self._backend.delete(fspath), "delete", path)
+        self._io.retry(lambda: self._backend.delete(fspath), "delete", path)
         self._forget_cached(path)
 
     def sync(self, path: str = "") -> None:
@@ -341,7 +341,7 @@ class Storage:
         Raises the ``OSError`` of a failed fsync as it is: its caller says what could not
         be made durable (``shardstream.pack.durable``).
         """
-        self._backend.sync(self._fspath(path))
+        self._backend.sync(self._io.fspath(path))
 
     def remove_temp_files(self, ours: Callable[[str], bool], folder: str = "") -> None:
         """Delete what writes that died left in flight at the top of ``folder`` (the
@@ -351,7 +351,7 @@ class Storage:
         Only local folders hold such files: remote writes spool outside the dataset.
         """
         self._target(f"{folder}/-" if folder else "-")  # the folders down to ``folder``
-        self._backend.sweep_temp(self._fspath(folder), ours)
+        self._backend.sweep_temp(self._io.fspath(folder), ours)
 
     def _target(self, path: str) -> str:
         """The file system path of ``path``, to be written or deleted: refused on read-only
@@ -359,7 +359,7 @@ class Storage:
         folder ] in local.py)."""
         if self.read_only:
             raise UsageError(f"read-only storage: cannot change {path or 'the folder'!r}", url=self.url)
-        fspath = self._fspath(path)
+        fspath = self._io.fspath(path)
         self._backend.confine(self._root, fspath)
         return fspath
 
@@ -372,7 +372,7 @@ class Storage:
         return self._cache.drop(through_cache.cache_key(self._io, path), content)
 
     def _forget_cached(self, path: str) -> None:
-        self._backend.forget(self._fspath(path))
+        self._backend.forget(self._io.fspath(path))
         if self._cache is not None:
             self._cache.forget(through_cache.cache_key(self._io, path))
 
@@ -388,7 +388,7 @@ class Storage:
                 if is_not_found(error):
                     continue
                 if any(isinstance(e, NotADirectoryError) for e in (error.__cause__, error.__context__)):
-                    self._backend.confine(self._root, self._fspath(name))  # names the file in the way
+                    self._backend.confine(self._root, self._io.fspath(name))  # names the file in the way
                 raise
             return Manifest.from_json(data, url=self.full_url(name))
         raise NotADatasetError(
