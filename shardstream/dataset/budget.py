@@ -6,7 +6,7 @@
 # the bytes of every window fetched or being fetched, and of the window whose samples
 # the caller is taking (in flight plus buffered), stay within ``read_budget``. A window
 # takes its share in window order (a ticket each), after its sidecars are read (a
-# window of whole shards: before, NOTE [ Whole shards at once ] in reader.py) and before
+# window of whole shards: before, NOTE [ Whole shards at once ] in window_fetch.py) and before
 # its first shard byte is asked for, so a later window never takes the room an earlier
 # one waits for. It gives the share back when the caller asks for the next window, not
 # when the window is decoded: its decoded samples hold about its bytes until then (views
@@ -211,7 +211,7 @@ def fetched_in_order(
 # (``Window.in_run_order``) as consecutive pieces of at most the budget each
 # (``in_pieces``, bytes as the manifest counts a shard's per sample). A run is cut only
 # where it alone is longer than that, evenly, so a shard that fits stays one read (a
-# whole-shard GET where it is all of its shard, NOTE [ Whole shards ] in reader.py); and
+# whole-shard GET where it is all of its shard, NOTE [ Whole shards ] in window_fetch.py); and
 # a piece of less than half the budget joins the one before it (the first, the one
 # after), so a window a little over the budget stays whole (a piece is then at most 1.5
 # budgets; one sample longer than the budget is a piece of its own). The plan, its order

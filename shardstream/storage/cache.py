@@ -14,7 +14,7 @@
 #   object's (one HEAD); a stale or wrong-size copy is replaced. An entry whose bytes
 #   fail a reader's check later (a flipped bit on disk, a file swapped for another) is
 #   dropped by that reader and fetched again, once (NOTE [ Healing the cache ] in
-#   shardstream/dataset/reader.py).
+#   shardstream/dataset/heal.py).
 # - Full disk: an OSError while writing an entry (ENOSPC, EDQUOT, EIO) is a StorageError
 #   naming the cache directory and the object (``disk_error``; the caller's download
 #   raises it for its writes); the temp file goes, as on any failure.

@@ -47,7 +47,7 @@ __all__ = [
 # One response is bounded by the wire's latency and by what one connection carries, so a
 # long read (a run of large samples, a whole shard) may be cut into parts read by several
 # threads at once. But some servers copy the whole object for each GET, ranged or not
-# (moto: NOTE [ Whole shards ] in dataset/reader.py), and there every part multiplies the
+# (moto: NOTE [ Whole shards ] in dataset/window_fetch.py), and there every part multiplies the
 # server's work. So a long read starts as ONE GET (a plain one for a whole object) whose
 # body is read in order, and is cut only when that response shows the connection is the limit:
 # - The probe: its first PROBE bytes. The time to the headers is the latency; the rate is
