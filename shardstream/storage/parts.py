@@ -14,6 +14,7 @@ Storage or a dataset made before ``fork`` works after it.
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import time
@@ -113,11 +114,11 @@ class ReadPool:
         if threads < 1:
             raise UsageError(f"a read pool needs at least 1 thread, not {threads}")
         self.threads = threads
-        self._pool = PerProcess(self._new_executor)
+        # no reference back to the pool: a pool dropped unclosed lets its threads go at once
+        self._pool = PerProcess(
+            functools.partial(ThreadPoolExecutor, threads, thread_name_prefix="shardstream-read")
+        )
         self._gets = PerProcess(_Gets)  # a fork child's count and lock are its own
-
-    def _new_executor(self) -> ThreadPoolExecutor:
-        return ThreadPoolExecutor(self.threads, thread_name_prefix="shardstream-read")
 
     @property
     def gets(self) -> int:
