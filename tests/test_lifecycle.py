@@ -27,17 +27,12 @@ def test_the_private_apis_it_relies_on_are_there():
     assert lifecycle.private_apis() == dict.fromkeys(lifecycle.PRIVATE_APIS, True)
 
 
-# Modules of the dataset's refactor that still register their own fork hook; each moves
-# to ``lifecycle.after_fork_in_child`` (or ``PerProcess``) as that refactor settles.
-NOT_YET = {"dataset/source.py", "dataset/random_access.py"}
-
-
 def test_no_other_module_touches_those_private_apis_nor_registers_fork_hooks():
     names = {api.rsplit(".", 1)[1] for api in lifecycle.PRIVATE_APIS} | {"register_at_fork"}
     found = []
     for path in PACKAGE.rglob("*.py"):
         where = path.relative_to(PACKAGE).as_posix()
-        if where == "lifecycle.py" or where in NOT_YET:
+        if where == "lifecycle.py":
             continue
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
