@@ -347,7 +347,8 @@ def test_pickles_as_configuration(local):
     storage = dataset.storage
     again = pickle.loads(pickle.dumps(dataset))
     assert again.epoch == 2
-    assert again.sources[0].__getstate__()["manifest"] == dataset.manifest  # the manifest travels, not re-read
+    # the manifest travels, not re-read
+    assert again.sources[0].__getstate__()["manifest"] == dataset.manifest
     assert again.storage is not storage  # a storage of its own, made where it is used
     assert keys_of(again) == expected
 
