@@ -171,17 +171,8 @@ class WindowReader:
     def fetch(
         self, window: Any, take: Callable[[int], None] | None = None, tell: Tell = None
     ) -> list[Fetched]:
-        """The bytes of ``window``, one ranged read per group of close runs of a shard,
-        their check blocks checked.
-
-        Only I/O, sidecars and CRCs: it runs in the prefetch thread, where reading and the
-        CRC release the GIL, while the caller decodes the previous window
-        (:meth:`decode`). The window's sidecars are loaded (and their counts checked)
-        before its runs are laid out (``Window.shards``). ``take(bytes)`` is called with
-        the bytes its reads will hold before any is asked for, ``tell(bytes)`` as they
-        arrive (NOTE [ Read budget ]). A mixture's reader takes these steps itself, for
-        all its streams at once.
-        """
+        """The bytes of ``window`` (``WindowFetcher.fetch``: one ranged read per group of
+        close runs of a shard, their check blocks checked)."""
         return self.fetcher.fetch(window, take, tell)
 
     def plan_fetch(self, runs: Sequence[Any], indexes: dict[int, SampleIndex]) -> WindowReads:
