@@ -29,7 +29,7 @@ from shardstream.plan.batches import GlobalPlan
 from shardstream.plan.composed import ComposedPlan
 from shardstream.plan.config import PlanConfig, Window
 from shardstream.plan.epoch import LocalPlan
-from shardstream.plan.mixture import Mixture, StreamSpec, check_mixture, check_mixture_state, random_view
+from shardstream.plan.mixture import Mixture, check_mixture, check_mixture_state, random_view
 from shardstream.plan.orders import order_plan
 from shardstream.plan.view import ShardView
 from shardstream.types import Shape
@@ -130,57 +130,49 @@ def make_plan(
 
 def _shards(source: object) -> bool:
     return isinstance(source, (ShardView, np.ndarray)) or (
-        isinstance(source, Sequence) and not isinstance(source, (str, bytes)) and not _streams(source)
+        isinstance(source, Sequence) and not isinstance(source, (str, bytes))
     )
 
 
-def _streams(source: object) -> bool:
-    return isinstance(source, Sequence) and len(source) > 0 and isinstance(source[0], StreamSpec)
-
-
-def _mixture(source: object) -> Mixture:
-    return source if isinstance(source, Mixture) else Mixture(source)  # type: ignore[arg-type]  # checked by Mixture
-
-
 def _random_fresh(source: object, config: PlanConfig, epoch: int, shape: Shape) -> Plan:
-    mixture = check_mixture(_mixture(source), config)
+    mixture = check_mixture(source, config)
     return order_plan(config).fresh(random_view(mixture, config, epoch), config, epoch, shape)
 
 
 def _random_resume(source: object, config: PlanConfig, state: Mapping[str, Any], shape: Shape) -> Plan:
-    mixture = check_mixture(_mixture(source), config)
+    mixture = check_mixture(source, config)
     epoch = check_mixture_state(mixture, state)
     return order_plan(config).resume(random_view(mixture, config, epoch), config, state, shape)
 
 
-def _is_mixture(source: object) -> bool:
-    return isinstance(source, Mixture) or _streams(source)
+def _mixed(source: object, random: bool) -> bool:
+    return isinstance(source, Mixture) and (source.mix == "random") == random
 
 
 _BUILT_IN = (
     PlanKind(
         "local",
         lambda source, config: _shards(source) and not config.is_global,
-        lambda source, config, epoch, shape: LocalPlan.fresh(ShardView.of(source), config, epoch, shape),  # type: ignore[arg-type]
-        lambda source, config, state, shape: LocalPlan.resume(ShardView.of(source), config, state, shape),  # type: ignore[arg-type]
+        lambda source, config, epoch, shape: LocalPlan.fresh(ShardView.of(source), config, epoch, shape),
+        lambda source, config, state, shape: LocalPlan.resume(ShardView.of(source), config, state, shape),
     ),
     PlanKind(
         "global",
         lambda source, config: _shards(source) and config.is_global,
-        lambda source, config, epoch, shape: GlobalPlan.fresh(ShardView.of(source), config, epoch, shape),  # type: ignore[arg-type]
-        lambda source, config, state, shape: GlobalPlan.resume(ShardView.of(source), config, state, shape),  # type: ignore[arg-type]
+        lambda source, config, epoch, shape: GlobalPlan.fresh(ShardView.of(source), config, epoch, shape),
+        lambda source, config, state, shape: GlobalPlan.resume(ShardView.of(source), config, state, shape),
     ),
     PlanKind(
         "mixture",
-        lambda source, config: _is_mixture(source) and _mixture(source).mix == "random",
+        lambda source, config: _mixed(source, random=True),
         _random_fresh,
         _random_resume,
     ),
     PlanKind(
         "composed",
-        lambda source, config: _is_mixture(source) and _mixture(source).mix != "random",
-        lambda source, config, epoch, shape: ComposedPlan.fresh(_mixture(source), config, epoch, shape),
-        lambda source, config, state, shape: ComposedPlan.resume(_mixture(source), config, state, shape),
+        lambda source, config: _mixed(source, random=False),
+        ComposedPlan.fresh,
+        ComposedPlan.resume,
     ),
     PlanKind("tokens", tokens.selects, tokens.fresh, tokens.resume),  # type: ignore[arg-type]
 )

@@ -101,9 +101,11 @@ class ShardView:
             object.__setattr__(self, "quotas", (int(self.sizes.sum()),))
 
     @classmethod
-    def of(cls, source: ShardView | Sequence[int] | np.ndarray) -> ShardView:
-        """A dataset's own shards (their sample counts), or a view as it is."""
-        return source if isinstance(source, ShardView) else cls(shard_sizes_array(source))
+    def of(cls, source: object) -> ShardView:
+        """A dataset's own shards (their sample counts, checked), or a view as it is."""
+        if isinstance(source, ShardView):
+            return source
+        return cls(shard_sizes_array(source))  # type: ignore[arg-type]  # it refuses what is not counts
 
     def windows(self, windows: Iterator[Window]) -> Iterator[Window]:
         """Windows over these shards as windows over real shards."""
