@@ -57,6 +57,13 @@ ORDERS = ("local", "global")
 # never of the topology, so the order is the same on every cluster.
 DEFAULT_LANES = 64
 DEFAULT_RUN = 2
+# NOTE [ Most lanes ]
+# An order="global" plan holds a few words per lane, and lanes grow with the global batch by
+# default (NOTE [ Default lanes ]): a batch of 10**9 samples would be 5 * 10**8 lanes and
+# gigabytes of plan before its first sample. Lanes stop at MAX_LANES, so the plan is O(1) in
+# the batch size past it; a bigger batch reads runs of more than DEFAULT_RUN samples per lane,
+# and read_lanes above it is refused.
+MAX_LANES = 1 << 16
 
 
 # Seeds are keys of 64 bits (plan/randomness.py): a larger one, or a negative one, would be
@@ -169,6 +176,10 @@ class PlanConfig:
         check_count(self.global_batch_size, "global_batch_size", minimum=1)
         if self.read_lanes is not None:
             check_count(self.read_lanes, "read_lanes", minimum=1)
+            if self.read_lanes > MAX_LANES:
+                raise PlanError(
+                    f"read_lanes must be at most {MAX_LANES} (NOTE [ Most lanes ]), not {self.read_lanes}"
+                )
 
     @property
     def is_global(self) -> bool:

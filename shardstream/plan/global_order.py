@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardstream.plan.config import DEFAULT_LANES, DEFAULT_RUN, PlanConfig, Run, check_global_batch
+from shardstream.plan.config import DEFAULT_LANES, DEFAULT_RUN, MAX_LANES, PlanConfig, Run, check_global_batch
 from shardstream.plan.groups import GroupLayout
 from shardstream.plan.intervals import from_points, points
 from shardstream.plan.randomness import TAG_GLOBAL, nested_permutations, random_words
@@ -90,7 +90,7 @@ def lanes_of(config: PlanConfig) -> int:
     if not config.shuffle:
         return 1
     size = int(config.global_batch_size or 1)
-    default = max(DEFAULT_LANES, -(-size // DEFAULT_RUN))
+    default = min(MAX_LANES, max(DEFAULT_LANES, -(-size // DEFAULT_RUN)))  # NOTE [ Most lanes ]
     return max(1, min(int(config.read_lanes or default), size))
 
 
