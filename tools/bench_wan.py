@@ -2,6 +2,7 @@
 
     python tools/bench_wan.py [--quick] [--repeat 1] [--latency 0.03] [--bandwidth 40e6]
                               [--only large,small,first,loopback] [--tools "shardstream tar,litdata"]
+                              [--per-shard 32]
     python tools/bench_stream.py --only wan [--quick]          # the same, as a section
 
 moto's S3 server runs in one process and ``shardstream.testing.wanproxy`` in another, in
@@ -299,10 +300,13 @@ def bench_wan(
     only: tuple[str, ...] = SECTIONS,
     tools: tuple[str, ...] = (),
     record: str = "",
+    per_shard: int = 0,
 ) -> None:
     """Run the sections in ``only``; with ``record`` (the command line to store), append
-    each section's results to the results file (tools/results.py)."""
+    each section's results to the results file (tools/results.py). ``per_shard``: 1 MB
+    samples per shard of the large corpus (0: a fifth of them, five shards)."""
     large, small, shards = (10, 2_000, 40) if quick else (150, 20_000, 200)
+    per_shard = per_shard or max(1, large // 5)
     work = tempfile.mkdtemp(prefix="bench-wan-")
     server = MotoProcess(BUCKET)
     proxy = ProxyProcess(server.env["AWS_ENDPOINT_URL"], latency, bandwidth)
@@ -319,9 +323,7 @@ def bench_wan(
         base["tools"] = tools
         base["record"] = record
         wanted = {"large", "loopback"} & set(only)
-        big = (
-            write_corpus("large", large_sample, large, max(1, large // 5), work, server.env) if wanted else {}
-        )
+        big = write_corpus("large", large_sample, large, per_shard, work, server.env) if wanted else {}
         tiny = (
             write_corpus("small", small_sample, small, small // 4, work, server.env)
             if "small" in only
@@ -359,6 +361,12 @@ def main() -> int:
     parser.add_argument(
         "--record", action="store_true", help="append the results to docs/benchmarks.json (tools/results.py)"
     )
+    parser.add_argument(
+        "--per-shard",
+        type=int,
+        default=0,
+        help="1 MB samples per shard of the large corpus (default: five shards); e.g. 32 for 32 MB shards",
+    )
     args = parser.parse_args()
     only = tuple(args.only.split(","))
     tools = tuple(filter(None, args.tools.split(",")))
@@ -369,7 +377,7 @@ def main() -> int:
         from results import command_line
 
         record = command_line()
-    bench_wan(args.quick, args.repeat, args.latency, args.bandwidth, only, tools, record)
+    bench_wan(args.quick, args.repeat, args.latency, args.bandwidth, only, tools, record, args.per_shard)
     return 0
 
 
