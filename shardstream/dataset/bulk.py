@@ -11,11 +11,13 @@
 # with samples the format could not read, a shard of mixed fields) is grouped by field
 # names first (one group in the usual case) and taken apart into columns. For the
 # built-in decoders a column is one C-level ``map`` (text: ``bytes.decode``; integers: ``int``, which
-# parses bytes as ``int(bytes(x))`` does) or, for JSON, one C scanner call per value over
-# the column joined into one ASCII string: no ``json.loads`` frames, no encoding sniffing.
-# The scanner must end each value exactly where its bytes end; anything else (leading
-# whitespace, a non-ASCII column, a NUL, a bad value) falls back to ``json.loads`` per value,
-# so the values are always those ``json.loads`` gives. Typed Parquet values (not bytes)
+# parses bytes as ``int(bytes(x))`` does) or, for JSON, ``orjson.loads`` mapped over the
+# column where it gives what ``json.loads`` does (NOTE [ JSON by orjson ] in decode.py),
+# else one C scanner call per value over the column joined into one ASCII string: no
+# ``json.loads`` frames, no encoding sniffing. The scanner must end each value exactly
+# where its bytes end; anything else (leading whitespace, a non-ASCII column, a NUL, a bad
+# value) falls back to ``json.loads`` per value, so the values are always those
+# ``json.loads`` gives. Typed Parquet values (not bytes)
 # pass through without a call per value.
 # Errors are exactly those of ``SampleDecoder.__call__``: a failing column is redone value
 # by value to find which sample failed; a sample keeps the error of its first failing
@@ -28,10 +30,9 @@ from __future__ import annotations
 
 import copy
 import itertools
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from itertools import accumulate, repeat
+from itertools import repeat
 from operator import itemgetter
 from typing import Any
 
@@ -41,6 +42,7 @@ from shardstream.dataset.decode import (
     SampleDecoder,
     _integer,
     _json,
+    _json_column,
     _pickle,
     _text,
     failed,
@@ -68,23 +70,7 @@ __all__ = [
 # (tools/bench_stream.py measures decode=True against decode=False).
 CHUNK = 64
 Errors = dict[int, ShardstreamError]  # position in the samples -> the error of that sample
-_scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # json.loads without its Python frames
 _first = itemgetter(0)
-_end = itemgetter(1)
-
-
-def _json_column(values: list[bytes]) -> list[Any]:
-    joined = b"".join(values)
-    if joined.isascii() and b"\0" not in joined:  # then json.loads would read it as UTF-8 too
-        text = joined.decode("ascii")
-        ends = list(accumulate(map(len, values)))
-        try:
-            parsed = list(map(_scan, repeat(text), [0, *ends[:-1]]))
-        except (ValueError, RecursionError):
-            parsed = []
-        if list(map(_end, parsed)) == ends:  # a StopIteration ends the map early: no match
-            return list(map(_first, parsed))
-    return list(map(_json, values))
 
 
 # The built-ins' column forms (same values, same exceptions); see NOTE [ Bulk decode ].
