@@ -3,14 +3,17 @@
 A source holds what a dataset is (its URL, read options, manifest and fingerprint: read
 once, and carried to DataLoader workers when it is pickled) and what a process reads it
 with (a ``Storage``, the sidecar LRU, what the manifest says of each object): made
-lazily by the process that uses them, and anew in a fork child (``lifecycle.PerProcess``). ``StreamingDataset`` holds one source (or one per stream of a mixture),
+lazily by the process that uses them, and anew in a fork child (``lifecycle.PerProcess``).
+A job reads a manifest once and a rank its workers' first sidecars once (NOTE [ One
+manifest read per job ] and NOTE [ First sidecars through the parent ] in startup.py).
+``StreamingDataset`` holds one source (or one per stream of a mixture),
 ``MapDataset`` one.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -19,8 +22,9 @@ from shardstream.dataset.fetch import expectations
 from shardstream.dataset.indexes import IndexCache
 from shardstream.dataset.options import ReadOptions
 from shardstream.dataset.reader import WindowReader
+from shardstream.formats.base import SampleIndex
 from shardstream.lifecycle import PerProcess
-from shardstream.manifest import Manifest, dataset_fingerprint
+from shardstream.manifest import Manifest, ShardInfo, dataset_fingerprint
 from shardstream.storage import Expected, Storage
 
 __all__ = ["DatasetSource"]
@@ -48,6 +52,9 @@ class DatasetSource:
         self.options = options
         self._manifest: Manifest | None = None
         self._fingerprint: str | None = None
+        # sidecars of this rank's workers' first windows, read by the main process and
+        # carried to its workers (NOTE [ First sidecars through the parent ] in startup.py)
+        self._first: dict[ShardInfo, SampleIndex] = {}
         self._here = PerProcess(self._make_here)
 
     def __repr__(self) -> str:
@@ -75,6 +82,16 @@ class DatasetSource:
         if self._manifest is None:
             self._manifest = read_streamable_manifest(self.storage)
         return self._manifest
+
+    def adopt_manifest(self, manifest: Manifest, fingerprint: str) -> bool:
+        """Take ``manifest``, read by another process (NOTE [ One manifest read per job ] in
+        startup.py), where it is the dataset ``fingerprint`` names and lists shards; False
+        (nothing taken, this source reads its own) where not."""
+        if not manifest.shards or dataset_fingerprint(manifest) != fingerprint:
+            return False
+        if self._manifest is None:
+            self._manifest, self._fingerprint = manifest, fingerprint
+        return self.fingerprint == fingerprint
 
     @property
     def fingerprint(self) -> str:
@@ -132,6 +149,43 @@ class DatasetSource:
             coalesce_gap=coalesce_gap,
         )
 
+    def read_first_sidecars(self, shards: Sequence[int]) -> None:
+        """In the main process: read the sidecars of ``shards`` (its workers' first windows)
+        once, all at once, and carry them to its workers; those carried already are kept,
+        others let go. Not for local files or a shard cache (NOTE [ First sidecars through
+        the parent ] in startup.py)."""
+        if self.storage.local_files:
+            return
+        infos = self.manifest.shards
+        wanted = {infos[shard]: shard for shard in shards}
+        kept = {info: index for info, index in self._first.items() if info in wanted}
+        missing = [shard for info, shard in wanted.items() if info not in kept]
+        if missing:
+            reader = self.window_reader()
+            try:
+                loaded = reader.sidecars.load(missing)
+            finally:
+                reader.close()
+            kept.update((infos[shard], index) for shard, index in loaded.items())
+        self._first = kept
+
+    @property
+    def carries_sidecars(self) -> bool:
+        """Whether first sidecars read by the main process are carried (not yet seeded)."""
+        return bool(self._first)
+
+    def seed_first_sidecars(self, shards: Sequence[int]) -> None:
+        """In a worker: put the carried sidecars of ``shards`` (its first window's) in this
+        process's LRU, and let the carried ones go."""
+        first, self._first = self._first, {}
+        if not first:
+            return
+        indexes, infos = self.indexes, self.manifest.shards
+        for shard in dict.fromkeys(shards):
+            index = first.get(infos[shard])
+            if index is not None:
+                indexes.put(infos[shard], index)
+
     def close(self) -> None:
         """Release this process's storage (the source can still be used)."""
         here = self._here.clear()
@@ -141,9 +195,16 @@ class DatasetSource:
     # -- pickling: configuration and the manifest, never a live client ----------------------
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "options": self.options, "manifest": self._manifest, "fp": self._fingerprint}
+        return {
+            "url": self.url,
+            "options": self.options,
+            "manifest": self._manifest,
+            "fp": self._fingerprint,
+            "first": self._first,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.url, self.options = state["url"], state["options"]
         self._manifest, self._fingerprint = state["manifest"], state["fp"]
+        self._first = state.get("first") or {}
         self._here = PerProcess(self._make_here)

@@ -25,6 +25,7 @@ from shardstream.dataset.iteration import Iteration, window_samples
 from shardstream.dataset.kinds import DatasetKind, OneDataset, Reader
 from shardstream.dataset.mixture import Stream, StreamMixture, mixture_label, streams_of
 from shardstream.dataset.source import DatasetSource
+from shardstream.dataset.startup import by_source, first_window_shards, share_manifests
 from shardstream.errors import StateError, UsageError, shown
 from shardstream.lifecycle import freeze_inherited_heap
 from shardstream.manifest import Manifest
@@ -73,7 +74,10 @@ class StreamingDataset(IterableDataset):
     carries ``__stream__`` (NOTE [ Mixture options ]), and ``sources[i]`` (also
     ``datasets[i]``) is stream ``i``'s dataset: its manifest and storage.
     The manifest (each stream's, for a mixture) is read when the dataset is made, so a
-    URL that is not a dataset fails here; it is carried to workers with the dataset.
+    URL that is not a dataset fails here; it is carried to workers with the dataset. With
+    torch.distributed initialised, rank 0 reads it and broadcasts it, so every rank must
+    make the dataset at the same point of its program; ``share_manifest=False`` for a
+    dataset made on some ranks only (NOTE [ One manifest read per job ] in startup.py).
     """
 
     def __init__(
@@ -86,6 +90,7 @@ class StreamingDataset(IterableDataset):
         rank: int | None = None,
         batch_size: int | None = None,
         topology: Detector | None = None,
+        share_manifest: bool = True,
         **options: Any,
     ) -> None:
         kind: DatasetKind
@@ -113,10 +118,20 @@ class StreamingDataset(IterableDataset):
         self.loader_slot = LoaderSlot()  # the epoch, and what a DataLoader bound to it sets
         self._rank_world: tuple[int, int] | None = None  # resolved in the main process
         self._iteration: Iteration | None = None  # the latest in-process one
+        self._primed_epoch: int | None = None  # the epoch whose first sidecars were read for workers
         self._decoding = WindowDecoding(
             kind.window_decoder, config.decoder, config.transform, config.read.on_error == "skip", config.url
         )
+        if share_manifest and not self._detector.in_worker():
+            share_manifests(kind.sources, self._detected_world())  # NOTE [ One manifest read per job ]
         kind.check()  # last: a URL that is not a dataset, or a mixture that sizes its streams two ways, fails here
+
+    def _detected_world(self) -> int:
+        try:
+            return self.rank_and_world()[1]
+        except UsageError:  # a rank outside its world fails where it is used, as it always did
+            self._rank_world = None
+            return 1
 
     # -- what the dataset is -------------------------------------------------------------
 
@@ -247,8 +262,37 @@ class StreamingDataset(IterableDataset):
             slot.resume = None
         source, config = self.kind.plan_source(self.config.plan)
         if state is None:
-            return make_plan(source, config, epoch=epoch, shape=shape)
-        return make_plan(source, config, state=state.plan, shape=shape)
+            plan = make_plan(source, config, epoch=epoch, shape=shape)
+        else:
+            plan = make_plan(source, config, state=state.plan, shape=shape)
+        if not consume and slot.shape is not None:
+            self._read_first_sidecars(plan)
+        return plan
+
+    def _read_first_sidecars(self, plan: Plan) -> None:
+        """The plan a bound DataLoader's workers will follow, made in the main process
+        before they start: read their first windows' sidecars here, once (NOTE [ First
+        sidecars through the parent ] in startup.py). Only for the first epoch planned:
+        persistent workers started then read their later windows' themselves."""
+        workers = plan.num_workers
+        if workers < 2 or self.config.sequences is not None or self._detector.in_worker():
+            return
+        if self._primed_epoch is not None and self._primed_epoch != self.epoch:
+            return
+        self._primed_epoch = self.epoch
+        rank, _ = self.rank_and_world()
+        shards = [shard for worker in range(workers) for shard in first_window_shards(plan, rank, worker)]
+        sources = self.kind.sources
+        for number, mine in by_source(shards, [len(s.manifest.shards) for s in sources]).items():
+            sources[number].read_first_sidecars(mine)
+
+    def _seed_first_sidecars(self, plan: Plan, rank: int, worker: int) -> None:
+        """In a worker: its first window's sidecars, carried from the main process, into its LRU."""
+        sources = self.kind.sources
+        shards = first_window_shards(plan, rank, worker) if any(s.carries_sidecars for s in sources) else ()
+        grouped = by_source(shards, [len(s.manifest.shards) for s in sources])
+        for number, source in enumerate(sources):
+            source.seed_first_sidecars(grouped.get(number, ()))
 
     def state_dict(self) -> dict[str, Any]:
         """Where the latest in-process iteration stands (iterating the dataset directly;
@@ -318,6 +362,7 @@ class StreamingDataset(IterableDataset):
         iteration = Iteration(plan)
         if self._detector.in_worker():
             freeze_inherited_heap()  # NOTE [ A worker's garbage collector ]
+            self._seed_first_sidecars(plan, rank, worker)
         else:
             self._iteration = iteration
         windows = plan.worker_windows(rank, worker)
