@@ -8,6 +8,11 @@ connection, or sends the headers and only part of the body before closing. Wheth
 request is hit depends only on ``seed``, the request (method, path, Range) and how often
 that same request was seen before, not on thread timing. ``.stats`` counts what it did.
 
+``RateLimitProxy(upstream, rate=..., burst=...)`` forwards requests while the request rate
+stays under ``rate`` (a token bucket of ``burst``), and answers the rest as a throttled
+store does: ``503 SlowDown`` (S3's XML body) or ``429 Too Many Requests`` (no body), by
+turns, each with a ``Retry-After`` (seconds, or an HTTP date when ``http_date``).
+
 Headers are forwarded unchanged (``Host`` included) so SigV4 signatures made for the
 proxy's address stay valid; ``Range`` reaches the server as sent.
 """
@@ -15,13 +20,15 @@ proxy's address stay valid; ``Range`` reaches the server as sent.
 from __future__ import annotations
 
 import collections
+import email.utils
 import hashlib
 import socket
 import struct
+import time
 
 from shardstream.testing.wanproxy import ForwardingProxy, ProxyHandler
 
-__all__ = ["FaultProxy"]
+__all__ = ["FaultProxy", "RateLimitProxy"]
 
 _SLOWDOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n'
@@ -118,3 +125,72 @@ class FaultProxy(ForwardingProxy):
     def faults(self) -> int:
         """How many faults were injected so far."""
         return self.stats["error"] + self.stats["reset"] + self.stats["truncate"]
+
+
+class RateLimitProxy(ForwardingProxy):
+    """A threaded HTTP proxy on 127.0.0.1 that forwards at most ``rate`` requests per
+    second (after a ``burst``) and throttles the rest: 503 SlowDown and 429 by turns, each
+    with ``Retry-After: retry_after`` (or as an HTTP date that far ahead, ``http_date``).
+    ``.stats`` counts the requests, those forwarded, and the throttled ones by status."""
+
+    def __init__(
+        self,
+        upstream_endpoint: str,
+        *,
+        rate: float,
+        burst: float = 1.0,
+        retry_after: int = 1,
+        http_date: bool = False,
+    ) -> None:
+        if rate <= 0 or burst < 1 or retry_after < 0:
+            raise ValueError("rate must be > 0, burst >= 1 and retry_after >= 0")
+        super().__init__(upstream_endpoint)
+        self.rate, self.burst = rate, float(burst)
+        self.retry_after, self.http_date = retry_after, http_date
+        self.stats: collections.Counter[str] = collections.Counter()  # type: ignore[assignment]
+        self._tokens, self._stamp = self.burst, time.monotonic()
+
+    def __enter__(self) -> RateLimitProxy:
+        self.start()
+        return self
+
+    def begin(self, method: str) -> None:
+        pass  # admit() counts
+
+    def end(self, body_bytes: int) -> None:
+        pass
+
+    def throttled(self) -> int:
+        """How many requests were answered 503 or 429 so far."""
+        return self.stats["503"] + self.stats["429"]
+
+    def admit(self) -> int | None:
+        """None: forward this request; else the status to throttle it with."""
+        with self._lock:
+            now = time.monotonic()
+            self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
+            self._stamp = now
+            self.stats["requests"] += 1
+            if self._tokens >= 1:
+                self._tokens -= 1
+                self.stats["forward"] += 1
+                return None
+            status = 503 if self.throttled() % 2 == 0 else 429
+            self.stats[str(status)] += 1
+            return status
+
+    def respond(self, handler: ProxyHandler, body: bytes) -> int:
+        status = self.admit()
+        if status is None:
+            return handler.forward_streaming(body)
+        after = (
+            email.utils.formatdate(time.time() + self.retry_after, usegmt=True)
+            if self.http_date
+            else str(self.retry_after)
+        )
+        payload = _SLOWDOWN if status == 503 else b""
+        headers = [("Retry-After", after)]
+        if payload:
+            headers.append(("Content-Type", "application/xml"))
+        handler.send_whole(status, headers, payload)
+        return len(payload)

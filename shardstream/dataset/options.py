@@ -26,7 +26,9 @@ from shardstream.dataset.fetch import READ_THREADS
 from shardstream.errors import PlanError, UsageError
 from shardstream.plan import PlanConfig
 from shardstream.storage import Storage
+from shardstream.storage.pacing import DEFAULT_START_RATE, StartPacing
 from shardstream.tokens import Packing
+from shardstream.topology import detect
 
 __all__ = [
     "DECODE_OPTIONS",
@@ -54,7 +56,9 @@ class ReadOptions:
     ``cache_dir``, ``cache_limit``, ``local_reads``: NOTE [ Getting the bytes ]), the
     per-read CRC check (``verify_checksums``, NOTE [ Checksummed reads ]), what a sample
     the format cannot read does (``on_error``), and on object storage the bytes fetched
-    ahead and the requests in flight per worker (NOTE [ Read budget ])."""
+    ahead and the requests in flight per worker (NOTE [ Read budget ]) and the request
+    rate of the whole job while its readers start (``start_rate``, requests per second,
+    ``None``: not paced; NOTE [ Paced start ] in storage/pacing.py)."""
 
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     cache_dir: str | None = None
@@ -65,6 +69,7 @@ class ReadOptions:
     read_budget: int = DEFAULT_READ_BUDGET
     read_concurrency: int = READ_THREADS
     prefetch_windows: int = 1
+    start_rate: float | None = DEFAULT_START_RATE
 
     def checked(self, url: str) -> ReadOptions:
         """These options (``storage_options`` as a plain dict), or ``UsageError`` naming ``url``."""
@@ -83,6 +88,11 @@ class ReadOptions:
             )
         if self.local_reads not in LOCAL_READS:
             raise UsageError(f"local_reads must be one of {LOCAL_READS}, got {self.local_reads!r}", url=url)
+        if self.start_rate is not None:
+            try:
+                StartPacing(self.start_rate)
+            except UsageError as error:
+                raise UsageError(error.message, url=url) from None
         return dataclasses.replace(self, storage_options=dict(self.storage_options or {}))
 
     def override(self, url: str, **given: Any) -> ReadOptions:
@@ -90,8 +100,26 @@ class ReadOptions:
         return dataclasses.replace(self, **{k: v for k, v in given.items() if v is not None}).checked(url)
 
     def open_storage(self, url: str) -> Storage:
-        """A new Storage of the dataset at ``url``, with these options and cache (one per process)."""
-        return Storage(url, self.storage_options, cache_dir=self.cache_dir, cache_limit=self.cache_limit)
+        """A new Storage of the dataset at ``url``, with these options and cache (one per
+        process), its first reads paced for this process's share of ``start_rate``."""
+        return Storage(
+            url,
+            self.storage_options,
+            cache_dir=self.cache_dir,
+            cache_limit=self.cache_limit,
+            pacing=self.start_pacing(),
+        )
+
+    def start_pacing(self) -> StartPacing | None:
+        """How this process's first requests are paced: ``start_rate`` shared by every
+        reader of the job, world size x DataLoader workers as this process sees them."""
+        if self.start_rate is None:
+            return None
+        try:
+            here = detect()
+        except UsageError:  # a topology the dataset refuses itself, with its own words
+            return StartPacing(self.start_rate)
+        return StartPacing(self.start_rate, processes=here.world_size * max(1, here.num_workers))
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ from shardstream.storage import local
 from shardstream.storage.backend import Backend, backend_for
 from shardstream.storage.cache import ShardCache
 from shardstream.storage.expect import Expected, SizeChanged
+from shardstream.storage.pacing import StartPacing
 from shardstream.storage.parts import ReadPool, Tell, read_parts
 from shardstream.storage.retried import RetriedIO
 from shardstream.storage.retry import RetryPolicy, is_not_found, permanent_error
@@ -52,6 +53,8 @@ class Storage:
     retry transient errors per ``retry``; writes are atomic. With ``cache_dir`` set,
     remote shards are kept whole on local disk (see NOTE [ Shard cache ]). A
     ``read_only`` Storage refuses every write and delete (pack sources read through one).
+    With ``pacing``, this process's first reads of a remote folder wait their turn
+    (NOTE [ Paced start ] in pacing.py).
     """
 
     def __init__(
@@ -63,6 +66,7 @@ class Storage:
         cache_dir: str | None = None,
         cache_limit: int | None = None,
         read_only: bool = False,
+        pacing: StartPacing | None = None,
     ) -> None:
         if not isinstance(url, str) or not url.strip():
             raise UsageError(f"storage URL must be a non-empty string, not {url!r}")
@@ -79,7 +83,7 @@ class Storage:
         self._backend: Backend
         self._backend, self._root, self.url = backend_for(url, self._options)
         # what long reads and the cache's reads use of this Storage (NOTE [ Reads in parts ])
-        self._io = RetriedIO(self._backend, self._root, self.url, policy)
+        self._io = RetriedIO(self._backend, self._root, self.url, policy, pacing)
         # Local files are already local: caching them would only copy them.
         local_files = self._backend.is_local
         self._cache = ShardCache(cache_dir, cache_limit) if cache_dir and not local_files else None
@@ -94,6 +98,11 @@ class Storage:
     @retry.setter
     def retry(self, policy: RetryPolicy) -> None:
         self._io.policy = policy
+
+    @property
+    def pacing(self) -> StartPacing | None:
+        """How this process's first reads are paced (None: not paced, or a local folder)."""
+        return self._io.pacing
 
     @property
     def local_files(self) -> bool:
@@ -138,7 +147,7 @@ class Storage:
 
     def __reduce__(self):  # configuration only; see NOTE [ Storage across processes ]
         args = (self.url, self._options, self.retry, self.cache_dir, self.cache_limit, self.read_only)
-        return (_rebuild, args)
+        return (_rebuild, (*args, self.pacing))
 
     def __repr__(self) -> str:  # never show storage_options: they may hold secrets
         return f"Storage({self.url!r})"
@@ -409,7 +418,14 @@ def _rebuild(
     cache_dir: str | None,
     cache_limit: int | None,
     read_only: bool = False,
+    pacing: StartPacing | None = None,
 ) -> Storage:
     return Storage(
-        url, options, retry=retry, cache_dir=cache_dir, cache_limit=cache_limit, read_only=read_only
+        url,
+        options,
+        retry=retry,
+        cache_dir=cache_dir,
+        cache_limit=cache_limit,
+        read_only=read_only,
+        pacing=pacing,
     )

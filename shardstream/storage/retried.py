@@ -20,6 +20,7 @@ from shardstream.storage.expect import (
     short_whole_read,
     size_changed_error,
 )
+from shardstream.storage.pacing import StartPacing, gate
 from shardstream.storage.retry import RetryPolicy, call_with_retry
 from shardstream.storage.streams import Body
 from shardstream.types import ByteRange
@@ -31,10 +32,15 @@ R = TypeVar("R")
 
 class RetriedIO:
     """Reads of one dataset folder (``root`` on ``backend``, shown as ``url``), each retried
-    per ``retry`` (``NOTE [ One retry layer ]`` in retry.py)."""
+    per ``retry`` (``NOTE [ One retry layer ]`` in retry.py); the process's first GETs
+    (reads, streams, sizes) paced per ``pacing`` where the folder is not local (NOTE
+    [ Paced start ] in pacing.py)."""
 
-    def __init__(self, backend: Backend, root: str, url: str, retry: RetryPolicy) -> None:
+    def __init__(
+        self, backend: Backend, root: str, url: str, retry: RetryPolicy, pacing: StartPacing | None = None
+    ) -> None:
         self.backend, self.root, self.url, self.policy = backend, root, url, retry
+        self.pacing = None if backend.is_local else pacing
 
     @property
     def streams(self) -> bool:
@@ -66,8 +72,18 @@ class RetriedIO:
 
     # -- operations ----------------------------------------------------------------
 
-    def retry(self, operation: Callable[[], R], what: str, path: str, rng: ByteRange | None = None) -> R:
-        """``operation()``, retried per the policy; errors name ``path``'s URL and ``rng``."""
+    def retry(
+        self,
+        operation: Callable[[], R],
+        what: str,
+        path: str,
+        rng: ByteRange | None = None,
+        *,
+        paced: bool = False,
+    ) -> R:
+        """``operation()``, retried per the policy; errors name ``path``'s URL and ``rng``.
+        ``paced``: each try is one request, one of the process's first ones paced (NOTE
+        [ Paced start ] in pacing.py)."""
         return call_with_retry(
             operation,
             self.policy,
@@ -76,18 +92,24 @@ class RetriedIO:
             rng=rng,
             timeouts=self.backend.timeouts,  # made only for an error that timed out
             bounded=what != "write",  # uploads keep their attempts: NOTE [ Bounded waits ]
+            pace=self.pace if paced and self.pacing is not None else None,
         )
+
+    def pace(self) -> None:
+        """Wait for a request's turn where this process is starting (NOTE [ Paced start ])."""
+        if self.pacing is not None:
+            gate(self.pacing).admit()
 
     def read(self, path: str, rng: ByteRange | None, expect: Expected | None = None) -> bytes:
         """The whole object or exactly ``rng``'s bytes, never through a cache."""
         fspath = self.fspath(path)
         size = expect.size if expect is not None else None
-        return self.retry(lambda: self.read_once(path, fspath, rng, size), "read", path, rng)
+        return self.retry(lambda: self.read_once(path, fspath, rng, size), "read", path, rng, paced=True)
 
     def read_into(self, path: str, rng: ByteRange, size: int | None, out: memoryview) -> None:
         """``rng``'s bytes into ``out`` (``size``: the object's expected size)."""
         fspath = self.fspath(path)
-        self.retry(lambda: self.read_once(path, fspath, rng, size, out), "read", path, rng)
+        self.retry(lambda: self.read_once(path, fspath, rng, size, out), "read", path, rng, paced=True)
 
     def read_once(
         self, path: str, fspath: str, rng: ByteRange | None, size: int | None, out: memoryview | None = None
@@ -110,6 +132,7 @@ class RetriedIO:
 
     def stream(self, path: str, rng: ByteRange | None, size: int | None) -> Body:
         """One GET of ``rng`` (None: a plain GET of the whole object), tried once: its body."""
+        self.pace()  # a request of its caller's try, which is not paced itself
         try:
             return self.backend.stream(self.fspath(path), rng, size)
         except SizeChanged as changed:
@@ -118,7 +141,7 @@ class RetriedIO:
     def size(self, path: str) -> int:
         """The object's size in bytes."""
         fspath = self.fspath(path)
-        return self.retry(lambda: self.backend.size(fspath), "size", path)
+        return self.retry(lambda: self.backend.size(fspath), "size", path, paced=True)
 
     # -- errors --------------------------------------------------------------------
 
