@@ -17,9 +17,13 @@ from shardstream.storage import Prefetcher
 __all__ = ["AHEAD_THREADS", "AHEAD_WINDOWS", "AheadReader", "prefetched"]
 
 # On object storage, windows fetched ahead at most, and the threads fetching them (their
-# GETs share the worker's read_concurrency; NOTE [ Read budget ] bounds their bytes).
+# GETs share the worker's read_concurrency; NOTE [ Read budget ] bounds their bytes). A
+# thread holds a window from its sidecars to its last byte, and pieces of an unshuffled
+# window can be an eighth of the budget (NOTE [ Unshuffled windows in pieces ]): as many
+# threads as windows ahead, so the pieces the budget lets go are never short of a thread,
+# and those waiting for room have their sidecars in before it comes.
 AHEAD_WINDOWS = 8
-AHEAD_THREADS = 4
+AHEAD_THREADS = AHEAD_WINDOWS
 
 F = TypeVar("F")
 

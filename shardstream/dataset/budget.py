@@ -50,6 +50,7 @@ __all__ = [
     "fetch_in_turn",
     "fetched_in_order",
     "in_pieces",
+    "piece_limit",
 ]
 
 F = TypeVar("F")
@@ -208,33 +209,55 @@ def fetched_in_order(
 # (NOTE [ Window size ] in plan/config.py), whatever their bytes, and its samples come
 # only once all of it is in. With ``shuffle=False`` its yield order is its runs' order,
 # so nothing needs all of it at once: the reader takes such a window
-# (``Window.in_run_order``) as consecutive pieces of at most the budget each
-# (``in_pieces``, bytes as the manifest counts a shard's per sample). A run is cut only
-# where it alone is longer than that, evenly, so a shard that fits stays one read (a
-# whole-shard GET where it is all of its shard, NOTE [ Whole shards ] in window_fetch.py); and
-# a piece of less than half the budget joins the one before it (the first, the one
-# after), so a window a little over the budget stays whole (a piece is then at most 1.5
-# budgets; one sample longer than the budget is a piece of its own). The plan, its order
-# and its resume state are unchanged: the caller sees the same samples, and
-# ``state_dict`` counts them as before (a piece is laid out lazily, after its sidecars).
+# (``Window.in_run_order``) as consecutive pieces of at most a piece's bytes each
+# (``in_pieces``, bytes as the manifest counts a shard's per sample), one after another
+# across the windows' ends. A piece is a quarter of the budget (``piece_limit``): the one
+# whose samples are taken and three in flight fit in it, so when the caller lets go of a
+# piece the next piece's reads go at once while two or three others are still arriving,
+# and the wire never drains at a piece's or a window's end, whatever the shards' size
+# next to the budget (a shard of a gigabyte is cut into many pieces, shards of a few
+# megabytes share one). A run is cut only where it alone is longer than a piece, evenly,
+# so a shard that fits stays one read (a whole-shard GET where it is all of its shard,
+# NOTE [ Whole shards ] in window_fetch.py); and a piece of less than half a piece joins
+# the one before it (the first, the one after), so a window a little over a piece stays
+# whole (a piece is then at most 1.5 pieces' bytes; one sample longer than that is a
+# piece of its own). The plan, its order and its resume state are unchanged: the caller
+# sees the same samples, and ``state_dict`` counts them as before (a piece is laid out
+# lazily, after its sidecars).
 # - Why: a window over the budget goes beside one other (NOTE [ Read budget ]), so a
-#   caller as fast as the wire would hold two big windows and the next one's decoding.
-# - Why not smaller pieces: each piece starts its GETs anew behind the one before, where
-#   a window's reads all go at once, so small pieces lose the wire's overlap; joining a
-#   small tail keeps windows a little over the budget whole.
+#   caller as fast as the wire would hold two big windows and the next one's decoding;
+#   and pieces of about the budget leave room for one in flight only, which starts
+#   behind the caller's, so the wire drained at every piece.
+# - Why not smaller pieces still: each piece costs a fetch thread (``AHEAD_THREADS``) and
+#   cuts its shards into more ranged reads, each paying a request's latency; four in the
+#   budget keep the wire busy with the fetch threads there are.
+# - A cached dataset (``cache_dir``) keeps pieces of the budget: a shard's first read
+#   fills all of its cache entry, so pieces of part of a shard would wait on one fill.
 # tools/bench_memory.py measures the RSS, tools/bench_wan.py the rate.
+PIECES_IN_BUDGET = 4
+
+
+def piece_limit(limit: int, *, cached: bool = False) -> int:
+    """The most bytes of a piece of an unshuffled window under a budget of ``limit``
+    (NOTE [ Unshuffled windows in pieces ])."""
+    return limit if cached else max(1, limit // PIECES_IN_BUDGET)
+
+
 def in_pieces(windows: Iterator[Any], shards: Sequence[ShardInfo], limit: int) -> Iterator[Any]:
     """``windows``, each one in run order whose runs' bytes (``shards``' bytes per sample)
-    pass ``limit`` as consecutive windows of about ``limit`` bytes (``_pieces``; NOTE [
-    Unshuffled windows in pieces ])."""
+    pass ``limit`` (``piece_limit``) as consecutive windows of about ``limit`` bytes
+    (``_pieces``; NOTE [ Unshuffled windows in pieces ])."""
     for window in windows:
         runs = window.known_runs if getattr(window, "in_run_order", False) else None
         pieces = _pieces(runs, shards, limit) if runs is not None else []
         if len(pieces) < 2:
             yield window
             continue
-        for piece in pieces:  # laid out once its sidecars are checked, as the window would be
-            shards_of = tuple(dict.fromkeys(run.shard for run in piece))
+        # each laid out once its sidecars are checked, as the window would be; the first
+        # loads those of all the window's shards at once, as the window would: the later
+        # pieces find theirs in the LRU, no round trip ahead of their reads
+        for number, piece in enumerate(pieces):
+            shards_of = window.shards if not number else tuple(dict.fromkeys(run.shard for run in piece))
             yield Window.lazy(shards_of, functools.partial(_in_order, tuple(piece)), piece, in_run_order=True)
 
 

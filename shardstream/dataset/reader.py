@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from shardstream.dataset.ahead import AHEAD_THREADS, AHEAD_WINDOWS, prefetched
-from shardstream.dataset.budget import DEFAULT_READ_BUDGET, ReadBudget, in_pieces
+from shardstream.dataset.budget import DEFAULT_READ_BUDGET, ReadBudget, in_pieces, piece_limit
 from shardstream.dataset.fetch import READ_THREADS, ByteFetcher
 from shardstream.dataset.heal import CacheHealer
 from shardstream.dataset.indexes import INDEX_CACHE_SIZE, IndexCache
@@ -242,11 +242,12 @@ class WindowReader:
         return self.decode(window, fetched, window.order)
 
     def in_pieces(self, windows: Iterator[Any]) -> Iterator[Any]:
-        """``windows``, those in run order larger than the budget in pieces (NOTE [ Unshuffled
-        windows in pieces ] in budget.py)."""
+        """``windows``, those in run order larger than a piece of the budget in pieces (NOTE
+        [ Unshuffled windows in pieces ] in budget.py)."""
         if self.budget is None:
             return windows
-        return in_pieces(windows, self.manifest.shards, self.budget.limit)
+        limit = piece_limit(self.budget.limit, cached=self.storage.cached)
+        return in_pieces(windows, self.manifest.shards, limit)
 
     def check_beside_decoding(self) -> None:
         """From now on check reads in a thread of this reader's own (NOTE [ Checks beside
