@@ -59,7 +59,7 @@ class BatchPlan(PlanBase, Generic[SequenceT]):
     ) -> None:
         super().__init__(view, config, epoch, shape)
         self._sequence, self._taken = sequence, taken
-        self._window, self._hold = config.window_for(view.sizes), config.hold_for(view.sizes)
+        self._window, self._hold = config.window_for(view.window_sizes), config.hold_for(view.window_sizes)
         if taken > sequence.batches:
             raise StateError(
                 f"the state says {taken} global batches were taken, the epoch has {sequence.batches}"
@@ -155,7 +155,7 @@ def check_global(config: PlanConfig, what: str) -> None:
 
 def read_taken(view: ShardView, config: PlanConfig, state: Mapping[str, Any]) -> tuple[int, int]:
     """``(epoch, global batches taken)`` of a state of a plan of global batches over ``view``."""
-    window = config.window_for(view.sizes)
+    window = config.window_for(view.window_sizes)
     return read_global_state(
         view.order_state(state), view.sizes, config, window=window, lanes=lanes_of(config)
     )
@@ -200,4 +200,4 @@ class GlobalPlan(BatchPlan[GlobalSequence]):
 
 def _sequence(view: ShardView, config: PlanConfig, epoch: int) -> GlobalSequence:
     shards = ShardOrder(view.sizes, shuffle=config.shuffle, seed=config.seed, epoch=epoch)
-    return GlobalSequence(shards, config, epoch=epoch, window=config.window_for(view.sizes))
+    return GlobalSequence(shards, config, epoch=epoch, window=config.window_for(view.window_sizes))

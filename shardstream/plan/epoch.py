@@ -35,7 +35,7 @@ class LocalPlan(PlanBase):
         last = records[-1]
         super().__init__(view, config, epoch, Shape(last.world_size, last.num_workers, last.batch_size))
         self._records = records
-        self._window = config.window_for(view.sizes)
+        self._window = config.window_for(view.window_sizes)
         shards = ShardOrder(view.sizes, shuffle=config.shuffle, seed=config.seed, epoch=epoch)
         setup = PassSetup(
             shards,
@@ -43,7 +43,7 @@ class LocalPlan(PlanBase):
             epoch,
             config.shuffle,
             self._window,
-            lanes_for(self._window, view.sizes, config.shuffle),
+            lanes_for(self._window, view.window_sizes, config.shuffle),
         )
         read_from: PassInput = shards
         inputs = shards.total
@@ -74,7 +74,7 @@ class LocalPlan(PlanBase):
             raise PlanError(f"config must be a PlanConfig, not {type(config).__name__}")
         record = _record(shape)
         epoch, records = read_state(
-            view.order_state(state), view.sizes, config, window=config.window_for(view.sizes)
+            view.order_state(state), view.sizes, config, window=config.window_for(view.window_sizes)
         )
         last = records[-1]
         if last.steps > 0 and not last.same_topology(record):

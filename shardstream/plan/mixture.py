@@ -18,7 +18,7 @@ guarantee it has (equal counts per rank, exact resume on any topology, reads of
 contiguous runs); its runs over segments become runs of real shards. ``mix="stratified"``
 and ``"per_stream"`` compose global batches from each stream's own sequence
 (``ComposedPlan``, plan/composed.py). Memory is O(segments + window): O(shards) for each
-stream, times its passes per epoch when it repeats.
+stream, whatever its passes per epoch (NOTE [ Stretched passes ]).
 
 A mixture's state is its plan's, plus the mix and the streams (name, fingerprint, shard
 and sample counts, quota): a state of one mixture refuses to load into another and names
@@ -39,8 +39,8 @@ import numpy as np
 from shardstream.counts import MAX_COUNT, check_int
 from shardstream.errors import PlanError, StateError, shown
 from shardstream.plan.config import PlanConfig, check_count, shard_sizes_array
-from shardstream.plan.randomness import TAG_PASS, permutation
-from shardstream.plan.state import Key
+from shardstream.plan.state import STRETCHED_PASSES, Key
+from shardstream.plan.stream_passes import StreamPasses, budget, stretched
 from shardstream.plan.view import Segments, ShardView
 
 MIXES = ("random", "stratified", "per_stream")
@@ -133,6 +133,11 @@ class Mixture:
         self.sample_offsets = np.concatenate([[0], np.cumsum(totals)]).astype(np.int64)
         self.sizes = np.concatenate([spec.sizes for spec in self.streams])
         self.sizes.setflags(write=False)
+        # NOTE [ Stretched passes ]: by each stream's own quota, the same for every epoch
+        self.stretched = tuple(
+            stretched(spec.sizes, quota, self.total)
+            for spec, quota in zip(self.streams, self.quotas, strict=True)
+        )
 
     def __repr__(self) -> str:
         shares = ", ".join(f"{s.name}: {q}" for s, q in zip(self.streams, self.quotas, strict=True))
@@ -157,35 +162,37 @@ class Mixture:
     # (``N / gcd(N, q)`` epochs), the order ``permutation(shards, (seed, c, TAG_PASS,
     # stream))`` for cycle ``c``: a head and the tail before it then never overlap (``q <=
     # N``) or overlap in exactly ``q mod N`` samples. A fresh order comes every cycle: every
-    # epoch when ``q`` divides or is a multiple of ``N``. Those positions are ``Segments``: runs
-    # of one real shard each, a few per shard of the stream and epoch.
+    # epoch when ``q`` divides or is a multiple of ``N``. Listed, those positions are ``Segments``: runs
+    # of one real shard each, a few per shard of the stream and epoch; a stream of many passes
+    # is laid in stretches instead (NOTE [ Stretched passes ], plan/stream_passes.py).
+    def passes(
+        self, stream: int, epoch: int, *, seed: int, shuffle: bool, quota: int | None = None
+    ) -> StreamPasses:
+        """The passes stream ``stream`` gives its quota (or ``quota``) of in ``epoch``."""
+        take = self.quotas[stream] if quota is None else check_count(quota, "quota")
+        return StreamPasses(
+            self.streams[stream].sizes,
+            stream=stream,
+            offset=int(self.shard_offsets[stream]),
+            seed=seed,
+            shuffle=shuffle,
+            epoch=check_count(epoch, "epoch"),
+            quota=take,
+        )
+
     def segments(
         self, stream: int, epoch: int, *, seed: int, shuffle: bool, quota: int | None = None
     ) -> Segments:
         """The samples stream ``stream`` gives in ``epoch`` (its quota, or ``quota``), in
-        pass order, as runs of mixture shards (NOTE [ A stream's passes ])."""
-        spec, offset = self.streams[stream], int(self.shard_offsets[stream])
-        total = spec.num_samples
-        take = self.quotas[stream] if quota is None else check_count(quota, "quota")
-        lo, hi = check_count(epoch, "epoch") * take, (epoch + 1) * take
-        # passes of one order: an epoch that ends one and starts the next takes each sample
-        # as often as any other, give or take one (NOTE [ Mixtures ])
-        cycle = take // math.gcd(total, take) if take else 1
-        parts = []
-        for number in range(lo // total, -(-hi // total)):
-            if shuffle:
-                order = permutation(spec.sizes.size, (seed, number // cycle, TAG_PASS, stream))
-            else:
-                order = np.arange(spec.sizes.size, dtype=np.int64)
-            ends = np.cumsum(spec.sizes[order])
-            starts = ends - spec.sizes[order]
-            a, b = max(lo - number * total, 0), min(hi - number * total, total)
-            keep = (ends > a) & (starts < b) & (ends > starts)
-            first, last = starts[keep], ends[keep]
-            parts.append(
-                Segments(order[keep] + offset, np.maximum(first, a) - first, np.minimum(last, b) - first)
-            )
-        return Segments.concat(parts)
+        pass order, as runs of mixture shards, or stretches of its passes where it has many
+        (NOTE [ A stream's passes ], NOTE [ Stretched passes ])."""
+        return self.lay(self.passes(stream, epoch, seed=seed, shuffle=shuffle, quota=quota))
+
+    def lay(self, passes: StreamPasses) -> Segments:
+        """A stream's passes of an epoch as segments: listed, or in stretches."""
+        if not self.stretched[passes.stream]:
+            return passes.listed()
+        return passes.stretches(budget(len(passes.nonempty), passes.quota, self.total))
 
     def describe(self) -> list[dict[str, Any]]:
         """The streams as a state records them (JSON-able)."""
@@ -268,13 +275,19 @@ def apportion(total: int, shares: Sequence[Fraction]) -> tuple[int, ...]:
 
 
 def mixture_view(
-    mixture: Mixture, segments: Segments | None = None, quotas: tuple[int, ...] = ()
+    mixture: Mixture,
+    segments: Segments | None = None,
+    quotas: tuple[int, ...] = (),
+    listed: int | None = None,
 ) -> ShardView:
     """The shards a plan of ``mixture`` runs on: its streams' segments (mix="random"), or its
-    shards as they are; its states carry the mix and the streams (NOTE [ Mixtures ])."""
-    state = {Key.MIX: mixture.mix, Key.STREAMS: mixture.describe()}
+    shards as they are; its states carry the mix and the streams, and whether their passes
+    are stretched (NOTE [ Mixtures ], NOTE [ Stretched passes ])."""
+    state: dict[str, Any] = {Key.MIX: mixture.mix, Key.STREAMS: mixture.describe()}
+    if any(mixture.stretched):
+        state[Key.STREAM_PASSES] = STRETCHED_PASSES
     sizes = mixture.sizes if segments is None else segments.sizes
-    return ShardView(sizes, segments, state, quotas or mixture.quotas)
+    return ShardView(sizes, segments, state, quotas or mixture.quotas, listed)
 
 
 def check_mixture(mixture: object, config: PlanConfig) -> Mixture:
@@ -307,16 +320,39 @@ def check_mixture_state(mixture: Mixture, state: object) -> int:
             f"the state was saved with mix={shown(state.get(Key.MIX))}, this mixture has mix={mixture.mix!r}"
         )
     mixture.check(state[Key.STREAMS])
+    _check_layout(mixture, state.get(Key.STREAM_PASSES))
     return check_int(state.get(Key.EPOCH), "plan state field 'epoch'", error=StateError)
+
+
+def _check_layout(mixture: Mixture, saved: object) -> None:
+    """``StateError`` unless a state lays the streams' passes as this mixture does: listed
+    (no ``stream_passes``, as every state before) or stretched (NOTE [ Stretched passes ])."""
+    many = [spec.name for spec, s in zip(mixture.streams, mixture.stretched, strict=True) if s]
+    if (saved is None and not many) or (type(saved) is int and saved == STRETCHED_PASSES and many):
+        return
+    if not many:
+        raise StateError(
+            f"the state was saved with stream_passes={shown(saved)}, and this mixture lists every pass "
+            "of its streams: the state is of another mixture or shardstream; start the epoch again"
+        )
+    was = "lists every pass of its streams" if saved is None else f"has stream_passes={shown(saved)}"
+    raise StateError(
+        f"the state {was}, and this shardstream lays the many passes of stream {many[0]!r} in "
+        f"stretches (stream_passes={STRETCHED_PASSES}, NOTE [ Stretched passes ]): the rest of that "
+        "epoch is not this one's; resume it with the shardstream that saved it, or start the epoch again"
+    )
 
 
 def random_view(mixture: Mixture, config: PlanConfig, epoch: int) -> ShardView:
     """mix="random": every stream's segments of ``epoch`` as the shards of one plan of the
-    config's order, which interleaves the streams (NOTE [ Mixtures ])."""
-    segments = Segments.concat(
-        [
-            mixture.segments(stream, epoch, seed=config.seed, shuffle=config.shuffle)
-            for stream in range(len(mixture.streams))
-        ]
-    )
-    return mixture_view(mixture, segments)
+    config's order, which interleaves the streams (NOTE [ Mixtures ]); where some are
+    stretched, the default window is the listing's (NOTE [ Stretched passes ])."""
+    passes = [
+        mixture.passes(stream, epoch, seed=config.seed, shuffle=config.shuffle)
+        for stream in range(len(mixture.streams))
+    ]
+    segments = Segments.concat([mixture.lay(p) for p in passes])
+    listed = None
+    if any(mixture.stretched):
+        listed = -(-mixture.total // max(1, sum(p.count() for p in passes)))
+    return mixture_view(mixture, segments, listed=listed)

@@ -33,6 +33,10 @@ RESUME_VERSION = 1
 # with the groups on both sides (NOTE [ Lane groups ]); states of 1 carry no such field;
 # the earlier ones resume a sequence this one no longer makes
 GLOBAL_SEQUENCE = 4
+# of a mixture whose streams' many passes are laid in stretches (NOTE [ Stretched passes ]):
+# its epochs take other orders than the listing did, so its states carry this; a mixture
+# that lists every pass writes none (the layout of 1), as before
+STRETCHED_PASSES = 2
 
 
 class Key:
@@ -57,6 +61,7 @@ class Key:
     # a mixture (NOTE [ Mixtures ]): the inner plan's state with these
     MIX = "mix"
     STREAMS = "streams"
+    STREAM_PASSES = "stream_passes"
     # token sequences (plan/tokens.py): how the sequences a state counts were made
     SEQUENCES = "sequences"
     SEQ_LEN = "seq_len"

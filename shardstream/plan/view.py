@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -22,15 +22,37 @@ from shardstream.plan.config import Run, Window, shard_sizes_array
 from shardstream.plan.state import ORDER_KEYS, Key
 
 
+class Stretch(Protocol):
+    """What segments need of a stream whose passes are laid in stretches (NOTE [ Stretched
+    passes ] in plan/stream_passes.py): positions of its epoch as real runs and samples."""
+
+    def runs(self, start: int, stop: int) -> list[Run]:
+        """Positions ``[start, stop)`` of the stream's epoch as runs of mixture shards, in order."""
+        ...
+
+    def shards(self, start: int, stop: int) -> tuple[int, ...]:
+        """The mixture shards positions ``[start, stop)`` read, each once."""
+        ...
+
+    def sample(self, position: int) -> tuple[int, int]:
+        """``(mixture shard, index)`` of one position of the stream's epoch."""
+        ...
+
+
 @dataclass(frozen=True, eq=False)
 class Segments:
     """One stream's samples of one epoch, in order: segment ``i`` is samples
     ``[start[i], stop[i])`` of mixture shard ``shard[i]``; a plan reads the segments as
-    its shards ("virtual shards", NOTE [ Mixtures ])."""
+    its shards ("virtual shards", NOTE [ Mixtures ]). A segment whose ``source`` is ``k >=
+    0`` is instead positions ``[start[i], stop[i])`` of the epoch of ``stretches[k]``, a
+    stream whose many passes are laid in stretches (NOTE [ Stretched passes ]); ``source``
+    ``None``: no such segment."""
 
     shard: np.ndarray
     start: np.ndarray
     stop: np.ndarray
+    source: np.ndarray | None = None
+    stretches: tuple[Stretch, ...] = ()
 
     @property
     def sizes(self) -> np.ndarray:
@@ -39,12 +61,26 @@ class Segments:
     def __len__(self) -> int:
         return int(self.shard.size)
 
+    def _sources(self) -> np.ndarray:
+        return np.full(len(self), -1, dtype=np.int64) if self.source is None else self.source
+
     @staticmethod
     def concat(parts: Sequence[Segments]) -> Segments:
         if not parts:
             empty = np.zeros(0, dtype=np.int64)
             return Segments(empty, empty, empty)
-        return Segments(*(np.concatenate([getattr(p, k) for p in parts]) for k in ("shard", "start", "stop")))
+        shard, start, stop = (
+            np.concatenate([getattr(p, k) for p in parts]) for k in ("shard", "start", "stop")
+        )
+        if all(p.source is None for p in parts):
+            return Segments(shard, start, stop)
+        sources: list[np.ndarray] = []
+        stretches: list[Stretch] = []
+        for part in parts:  # each part's sources counted after the stretches before it
+            own = part._sources()
+            sources.append(np.where(own >= 0, own + len(stretches), -1))
+            stretches += part.stretches
+        return Segments(shard, start, stop, np.concatenate(sources), tuple(stretches))
 
     def split(self, at: int) -> tuple[Segments, Segments]:
         """The first ``at`` samples, and the rest (a segment cut in two if need be)."""
@@ -54,28 +90,80 @@ class Segments:
             return self, Segments.concat([])
         inside = int(at - (ends[cut] - self.sizes[cut]))  # samples of segment `cut` that go first
         middle = int(self.start[cut]) + inside
-        head = Segments(self.shard[: cut + 1], self.start[: cut + 1], self.stop[: cut + 1].copy())
+        source = self.source
+        head = Segments(
+            self.shard[: cut + 1],
+            self.start[: cut + 1],
+            self.stop[: cut + 1].copy(),
+            None if source is None else source[: cut + 1],
+            self.stretches,
+        )
         head.stop[cut] = middle
-        tail = Segments(self.shard[cut:], self.start[cut:].copy(), self.stop[cut:])
+        tail = Segments(
+            self.shard[cut:],
+            self.start[cut:].copy(),
+            self.stop[cut:],
+            None if source is None else source[cut:],
+            self.stretches,
+        )
         tail.start[0] = middle
         return _nonempty(head), _nonempty(tail)
 
     def runs(self, runs: Iterable[Run]) -> tuple[Run, ...]:
         """Runs over the segments (``Run.shard`` a segment number) as runs of mixture shards."""
         shard, start = self.shard, self.start
-        return tuple(
-            Run(int(shard[r.shard]), int(start[r.shard]) + r.start, int(start[r.shard]) + r.stop)
-            for r in runs
-        )
+        if self.source is None:
+            return tuple(
+                Run(int(shard[r.shard]), int(start[r.shard]) + r.start, int(start[r.shard]) + r.stop)
+                for r in runs
+            )
+        found: list[Run] = []
+        for r in runs:
+            first, source = int(start[r.shard]), int(self.source[r.shard])
+            if source < 0:
+                found.append(Run(int(shard[r.shard]), first + r.start, first + r.stop))
+            else:
+                found += self.stretches[source].runs(first + r.start, first + r.stop)
+        return tuple(found)
 
     def shards_of(self, virtual: Iterable[int]) -> tuple[int, ...]:
-        """The mixture shards of segment numbers, each once, in order."""
-        return tuple(dict.fromkeys(int(self.shard[v]) for v in virtual))
+        """The mixture shards of segment numbers, each once, in order (all that a stretch
+        may read: every shard of its stream once it spans a pass)."""
+        if self.source is None:
+            return tuple(dict.fromkeys(int(self.shard[v]) for v in virtual))
+        found: dict[int, None] = {}
+        for v in virtual:
+            source = int(self.source[v])
+            if source < 0:
+                found[int(self.shard[v])] = None
+            else:
+                found.update(
+                    dict.fromkeys(self.stretches[source].shards(int(self.start[v]), int(self.stop[v])))
+                )
+        return tuple(found)
+
+    def sample(self, virtual: int, index: int) -> tuple[int, int]:
+        """``(mixture shard, index)`` of sample ``index`` of segment ``virtual``."""
+        source = -1 if self.source is None else int(self.source[virtual])
+        if source < 0:
+            return int(self.shard[virtual]), int(self.start[virtual]) + index
+        return self.stretches[source].sample(int(self.start[virtual]) + index)
 
 
 def _nonempty(segments: Segments) -> Segments:
     keep = segments.stop > segments.start
-    return Segments(segments.shard[keep], segments.start[keep], segments.stop[keep])
+    source = None if segments.source is None else segments.source[keep]
+    return Segments(
+        segments.shard[keep], segments.start[keep], segments.stop[keep], source, segments.stretches
+    )
+
+
+def _window_shards(segments: Segments, window: Window) -> tuple[int, ...]:
+    """The real shards a window over segments reads: exactly those of its runs where the
+    plan knows them (a stretch spans far more than one window reads), else its segments'."""
+    if segments.source is not None and window.known_runs is not None:
+        return tuple(dict.fromkeys(run.shard for run in segments.runs(window.known_runs)))
+    return segments.shards_of(window.shards)
 
 
 def _mapped_window(segments: Segments, window: Window) -> tuple[tuple[Run, ...], np.ndarray]:
@@ -88,17 +176,28 @@ class ShardView:
     """The shards a plan runs on: ``sizes`` their sample counts; ``segments`` maps them to
     real shards (``None``: they are real); ``state`` the keys its plan's states carry
     beside the order's (checked by the kind that made the view, on resume); ``quotas``
-    the samples each stream gives an epoch (one stream: all of them)."""
+    the samples each stream gives an epoch (one stream: all of them); ``listed`` the
+    mean size of the segments that stretches stand for (NOTE [ Stretched passes ]), which
+    sizes the default window and lanes as the listing did (``None``: ``sizes`` do)."""
 
     sizes: np.ndarray = field(repr=False)
     segments: Segments | None = None
     state: Mapping[str, Any] = field(default_factory=dict)
     quotas: tuple[int, ...] = ()
+    listed: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sizes", shard_sizes_array(self.sizes))
         if not self.quotas:
             object.__setattr__(self, "quotas", (int(self.sizes.sum()),))
+
+    @property
+    def window_sizes(self) -> np.ndarray:
+        """The shard sizes a default window and its lanes are made from (``default_window``,
+        ``lanes_for``: both read only the mean of the non-empty ones)."""
+        if self.listed is None:
+            return self.sizes
+        return np.array([self.listed], dtype=np.int64)
 
     @classmethod
     def of(cls, source: object) -> ShardView:
@@ -113,7 +212,7 @@ class ShardView:
         if segments is None:
             return windows
         return (
-            Window.lazy(segments.shards_of(w.shards), functools.partial(_mapped_window, segments, w))
+            Window.lazy(_window_shards(segments, w), functools.partial(_mapped_window, segments, w))
             for w in windows
         )
 
@@ -121,6 +220,8 @@ class ShardView:
         """``(shard, index)`` over these shards as ``(shard, index)`` of real shards."""
         if self.segments is None:
             return samples
+        if self.segments.source is not None:
+            return (self.segments.sample(virtual, index) for virtual, index in samples)
         shard, start = self.segments.shard.tolist(), self.segments.start.tolist()
         return ((shard[virtual], start[virtual] + index) for virtual, index in samples)
 
