@@ -24,6 +24,7 @@ from typing import Any, cast
 from torch.utils.data import Dataset
 
 from shardstream.counts import check_int
+from shardstream.dataset.batch_reads import BatchReads
 from shardstream.dataset.bulk import decode_samples
 from shardstream.dataset.config import DatasetConfig
 from shardstream.dataset.keys import KeyFinder
@@ -49,14 +50,20 @@ __all__ = ["BATCH_GAP", "BATCH_READ_THREADS", "MapDataset"]
 # costs more than megabytes of its bytes (a ranged GET costs about what a small whole one
 # does, and S3 gives a connection its full rate only after tens of ms to the first byte),
 # so the batch reads each shard it touches once, holes and all (a small shard whole),
-# instead of once per stretch of samples. Only the check blocks of the samples are
-# checked and decoded (runs.Read.spans), not those of the holes. The reads are issued at
-# once, in up to ``BATCH_READ_THREADS`` threads. The threads live for the call only: a
-# dataset held by a DataLoader worker, or a test, keeps none between batches. The samples
-# are decoded together (NOTE [ Bulk decode ]) and returned in the caller's order,
-# duplicates as copies. Batches of one dataset from several threads take turns.
-# tools/bench_access.py measures it (docs/benchmarks.md, claim random-access).
-BATCH_READ_THREADS = 32
+# instead of once per stretch of samples: its floor is one ranged GET per touched shard,
+# from its first wanted byte to its last, all at once. Only the check blocks of the
+# samples are checked and decoded (runs.Read.spans), not those of the holes. The reads are
+# sent at once, in a pool that grows to the batch's reads (``read_threads`` at most) and
+# whose threads wait a while for the next batch, then end (NOTE [ Threads that linger ] in
+# storage/idle_pool.py): a dataset held by a DataLoader worker, or a test, keeps none once
+# its batches stop. Each read is decoded as it lands (NOTE [ Decoding as reads land ] in
+# batch_reads.py), the samples' fields decoded together (NOTE [ Bulk decode ]) and
+# returned in the caller's order, duplicates as copies. Batches of one dataset from
+# several threads take turns. tools/bench_access.py measures it against that floor
+# (docs/benchmarks.md, claim random-access).
+# ``read_threads``: a batch touching more shards than this sends its GETs in waves; as
+# many as a process's S3 clients keep connections (NOTE [ Connections kept ] in s3read.py).
+BATCH_READ_THREADS = 64
 BATCH_GAP = 4 * 1024 * 1024
 # What a MapDataset does not take of StreamingDataset's options: an index gives its sample
 # (no on_error), in the manifest's order (no plan), with its own read threads.
@@ -80,6 +87,7 @@ class _Opened:
     reader: WindowReader
     finder: KeyFinder
     singles: SampleReads
+    batches: BatchReads
     lock: threading.Lock  # batches of one dataset from several threads take turns
 
 
@@ -145,7 +153,8 @@ class MapDataset(Dataset):
             coalesce_gap=BATCH_GAP if not storage.local_files else COALESCE_GAP,
         )
         finder = KeyFinder(reader, self._offsets())
-        return _Opened(reader, finder, SampleReads(reader, self.config.decoder), threading.Lock())
+        batches = BatchReads(reader, self.read_threads)
+        return _Opened(reader, finder, SampleReads(reader, self.config.decoder), batches, threading.Lock())
 
     @property
     def storage(self) -> Storage:
@@ -238,14 +247,13 @@ class MapDataset(Dataset):
         """The samples at ``distinct`` (sorted, no repeats), decoded, in that order."""
         opened = self._opened()
         reader, batch = opened.reader, self._batch(distinct)
-        with opened.lock:  # the read threads are the reader's, made and ended per batch
+        with opened.lock:
             try:
-                got, _ = reader.decode(batch, reader.fetch(batch))
-                raw = cast(list[Any], got)  # a list: the reader is made without columns=True
+                raw = cast(list[Any], opened.batches.read(batch.runs, batch.shards))
             except ShardstreamError as error:
                 raise self._named(error, distinct, batch) from error
             finally:
-                reader.bytes.close()  # no threads kept between batches: NOTE [ Batch fetches ]
+                reader.bytes.close()  # the parts of long reads: no threads kept between batches
         decoder = self.config.decoder
         if decoder is None:
             return raw
@@ -295,6 +303,7 @@ class MapDataset(Dataset):
         """Release this process's connections (the dataset can still be used)."""
         opened = self.source.made_here("map")
         if isinstance(opened, _Opened):
+            opened.batches.close()
             opened.singles.close()
             opened.reader.close()
         self.source.close()
