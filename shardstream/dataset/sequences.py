@@ -19,8 +19,10 @@ around it would change, so it is an error whatever ``on_error`` says.
 from __future__ import annotations
 
 import collections
+import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -38,9 +40,9 @@ from shardstream.tokens import (
     SequenceLayout,
     SequencePieces,
     SequenceRun,
-    build_sequences,
     sequence_layout,
 )
+from shardstream.tokens.build import Rows
 
 __all__ = ["SequenceReader", "TokenShards", "check_token_dataset", "sequence_counts"]
 
@@ -155,45 +157,57 @@ class SequenceReader:
                 raise FormatError(
                     "a document of a token shard could not be read: its sequences cannot be built"
                 )
-            listed = docs.samples() if isinstance(docs, SampleColumns) else docs
-            flats = _flat_tokens(joined, listed)
-            del docs, listed
+            flats = _flat_tokens(joined, docs)
+            del docs
             yield window, WindowSequences(self, window.order, placed, joined, flats), False
-
-    def build(self, seq_run: SequenceRun, run: Run, tokens: np.ndarray) -> list[dict[str, Any]]:
-        """The sequences of ``seq_run`` as samples, from ``tokens``: the tokens of the documents
-        of ``run`` (which holds it), end to end."""
-        ends = doc_ends(self.reader.index(run.shard))
-        token_lo = int(ends[run.start - 1]) if run.start else 0
-        arrays = build_sequences(
-            seq_run,
-            tokens,
-            token_lo,
-            doc_base=self.shards.doc_base[run.shard],
-            pad_id=self.shards.pads[run.shard],
-        )
-        if self.shards.streams is not None:
-            arrays[STREAM_KEY] = np.full(seq_run.count, self.shards.streams[run.shard])
-        names = list(arrays)
-        return [dict(zip(names, row, strict=True)) for row in zip(*arrays.values(), strict=True)]
 
     def close(self) -> None:
         self.reader.close()
 
 
-def _flat_tokens(joined: list[Run], docs: list[Any]) -> list[np.ndarray]:
-    """The tokens of each document run, end to end (the window's documents in run order)."""
+def _flat_tokens(joined: list[Run], docs: Any) -> list[np.ndarray]:
+    """The tokens of each document run, end to end (the window's documents in run order):
+    the one array they are views of where they are consecutive in it, else a copy."""
+    if isinstance(docs, SampleColumns):
+        column = docs.values[len(docs.fields) - 1 - docs.fields[::-1].index("tokens")]
+    else:
+        column = [doc["tokens"] for doc in docs]
     flats, first = [], 0
     for run in joined:
-        parts = [doc["tokens"] for doc in docs[first : first + len(run)]]
+        parts = column[first : first + len(run)]
         first += len(run)
-        flats.append(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
+        flats.append(_consecutive(parts) if parts else np.zeros(0, dtype=np.int64))
     return flats
 
 
+_BASE = operator.attrgetter("base")
+
+
+def _consecutive(parts: list[np.ndarray]) -> np.ndarray:
+    """``parts`` end to end: a view of the buffer they are all views of, where they lie in
+    it one after the other (one read's documents, in order), else a copy."""
+    head, tail = parts[0], parts[-1]
+    base, total = head.base, sum(map(len, parts))
+    if len(parts) == 1:
+        return head
+    if base is None or head.ndim != 1 or not all(map(operator.is_, map(_BASE, parts), repeat(base))):
+        return np.concatenate(parts)
+    try:
+        buffer = np.frombuffer(base, dtype=np.uint8)
+    except (TypeError, ValueError, BufferError):
+        return np.concatenate(parts)
+    step = head.dtype.itemsize
+    offset = head.ctypes.data - buffer.ctypes.data
+    contiguous = head.strides == tail.strides == (step,) and tail.dtype == head.dtype
+    if not contiguous or tail.ctypes.data + tail.nbytes != head.ctypes.data + total * step or offset < 0:
+        return np.concatenate(parts)
+    return np.frombuffer(base, dtype=head.dtype, count=total, offset=offset)
+
+
 class WindowSequences(Sequence[dict[str, Any]]):
-    """A window's sequences in yield order, made ``_BUILT_TOKENS`` tokens at a time from its tokens
-    (the arrays of a window of whole shards at once would be many times its tokens)."""
+    """A window's sequences in yield order, made ``_BUILT_TOKENS`` tokens at a time from its
+    tokens (the arrays of a window of whole shards at once would be many times its tokens),
+    a block of ``_BLOCK_TOKENS`` at a time (NOTE [ Building sequences ])."""
 
     def __init__(
         self,
@@ -203,9 +217,20 @@ class WindowSequences(Sequence[dict[str, Any]]):
         joined: list[Run],
         flats: list[np.ndarray],
     ) -> None:
-        self.reader, self.order, self.placed, self.joined, self.flats = reader, order, placed, joined, flats
+        self.reader, self.order, self.joined, self.flats = reader, order, joined, flats
         counts = np.array([run.count for run, _ in placed], dtype=np.int64)
         self.firsts = np.cumsum(counts) - counts  # where each run's sequences start in the window
+        self.starts = np.array([run.start for run, _ in placed], dtype=np.int64)
+        self.holders = np.array([holder for _, holder in placed], dtype=np.int64)
+        shards = reader.shards
+        self.token_lo = np.array(  # where each document run's tokens start in its shard
+            [int(doc_ends(reader.reader.index(r.shard))[r.start - 1]) if r.start else 0 for r in joined],
+            dtype=np.int64,
+        )
+        self.doc_base = np.array([shards.doc_base[run.shard] for run in joined], dtype=np.int64)
+        self.pads = np.array([shards.pads[run.shard] for run in joined], dtype=np.int64)
+        streams = shards.streams
+        self.streams = None if streams is None else np.array([streams[run.shard] for run in joined])
 
     def __len__(self) -> int:
         return len(self.order)
@@ -217,42 +242,45 @@ class WindowSequences(Sequence[dict[str, Any]]):
         return self.made(np.array([self.order[index]], dtype=np.int64))[0]
 
     def made(self, positions: np.ndarray) -> list[dict[str, Any]]:
-        """The sequences at ``positions`` (of the window's runs end to end), in that order: those
-        of one document run built at once (``_picked``)."""
+        """The sequences at ``positions`` (of the window's runs end to end), in that order."""
+        rows, streams = self.rows(positions)
+        return _samples(rows.build(0, rows.count), streams)
+
+    def rows(self, positions: np.ndarray, block: int | None = None) -> tuple[Rows, np.ndarray | None]:
+        """What the sequences at ``positions`` are made of (a row each, in that order; a repeat
+        is a row of its own), and each one's stream where the window mixes several."""
         numbers = np.searchsorted(self.firsts, positions, side="right") - 1
-        starts = np.array([run.start for run, _ in self.placed], dtype=np.int64)
-        sequences = starts[numbers] + positions - self.firsts[numbers]  # numbered in their shard
-        holders = np.array([self.placed[n][1] for n in numbers.tolist()], dtype=np.int64)
-        out: list[dict[str, Any]] = [{} for _ in range(len(positions))]
+        sequences = self.starts[numbers] + positions - self.firsts[numbers]  # numbered in their shard
+        holders = self.holders[numbers]
+        parts = []
         for at in np.unique(holders).tolist():
             targets = np.flatnonzero(holders == at)
-            run = self.joined[at]
-            wanted, where = np.unique(sequences[targets], return_inverse=True)
-            built = self.reader.build(_picked(self.reader.layout(run.shard), wanted), run, self.flats[at])
-            for target, number in zip(targets.tolist(), where.tolist(), strict=True):
-                out[target] = dict(built[number])  # a repeat (padding) is a sample of its own
-        return out
+            p = self.reader.layout(self.joined[at].shard).take(sequences[targets])
+            parts.append((targets[p.seq], p.doc + self.doc_base[at], p.lo, p.hi, p.more, np.full(len(p), at)))
+        if parts:
+            row, doc, lo, hi, more, source = (np.concatenate(column) for column in zip(*parts, strict=True))
+            ordered = np.argsort(row, kind="stable")  # a row's pieces come from one holder, in order
+            row, doc, lo, hi, more, source = (a[ordered] for a in (row, doc, lo, hi, more, source))
+        else:
+            row = doc = lo = hi = source = np.zeros(0, dtype=np.int64)
+            more = row > 0
+        pieces = SequencePieces(row, doc, lo, hi, more)
+        size = self.reader.packing.seq_len
+        offset, pads = self.token_lo[source], self.pads[holders]
+        rows = Rows.of(len(positions), size, pieces, self.flats, source, offset, pads, block=block)
+        return rows, None if self.streams is None else self.streams[holders]
 
 
-def _picked(layout: SequenceLayout, wanted: np.ndarray) -> SequenceRun:
-    """Sequences ``wanted`` (ascending, of one shard) as one run of them, in that order: the
-    pieces of the stretch that spans them, those of other sequences left out."""
-    lo, hi = int(wanted[0]), int(wanted[-1]) + 1
-    stretch = layout.run(lo, hi)
-    rank = np.full(hi - lo, -1, dtype=np.int64)
-    rank[wanted - lo] = np.arange(len(wanted), dtype=np.int64)
-    seq = rank[stretch.pieces.seq]
-    keep = seq >= 0
-    p = stretch.pieces
-    pieces = SequencePieces(seq[keep], p.doc[keep], p.lo[keep], p.hi[keep], p.more[keep])
-    if not len(pieces):
-        return SequenceRun(0, len(wanted), stretch.seq_len, (0, 0), (0, 0), pieces)
-    tokens = (int(pieces.lo.min()), int((pieces.hi + pieces.more).max()))
-    docs = (int(pieces.doc.min()), int(pieces.doc.max()) + 1)
-    return SequenceRun(0, len(wanted), stretch.seq_len, docs, tokens, pieces)
+def _samples(arrays: dict[str, np.ndarray], streams: np.ndarray | None) -> list[dict[str, Any]]:
+    """A dict per row of ``arrays`` (views of its rows), with its stream where it has one."""
+    if streams is not None:
+        arrays[STREAM_KEY] = streams
+    names = list(arrays)
+    return [dict(zip(names, row, strict=True)) for row in zip(*arrays.values(), strict=True)]
 
 
-_BUILT_TOKENS = 1 << 22  # a window's sequences are built about this many tokens at a time
+_BUILT_TOKENS = 1 << 22  # a window's sequences are laid out about this many tokens at a time
+_BLOCK_TOKENS = 1 << 16  # and built this many at a time, in one allocation
 
 
 class _Built:
@@ -262,6 +290,11 @@ class _Built:
     def __init__(self, sequences: WindowSequences) -> None:
         self.sequences, self.at, self.given = sequences, 0, 0
         self.ready: collections.deque[dict[str, Any]] = collections.deque()
+        self.rows: Rows | None = None
+        self.streams: np.ndarray | None = None
+        self.row = 0
+        size = sequences.reader.packing.seq_len
+        self.chunk, self.block = max(1, _BUILT_TOKENS // size), max(1, _BLOCK_TOKENS // size)
 
     def __iter__(self) -> _Built:
         return self
@@ -271,14 +304,22 @@ class _Built:
 
     def __next__(self) -> dict[str, Any]:
         if not self.ready:
-            many = max(1, _BUILT_TOKENS // self.sequences.reader.packing.seq_len)
-            positions = self.sequences.order[self.at : self.at + many]
+            self._fill()
+        self.given += 1
+        return self.ready.popleft()
+
+    def _fill(self) -> None:
+        if self.rows is None or self.row == self.rows.count:
+            positions = self.sequences.order[self.at : self.at + self.chunk]
             if not len(positions):
                 raise StopIteration
             self.at += len(positions)
-            self.ready.extend(self.sequences.made(np.asarray(positions, dtype=np.int64)))
-        self.given += 1
-        return self.ready.popleft()
+            self.rows, self.streams = self.sequences.rows(np.asarray(positions, dtype=np.int64), self.block)
+            self.row = 0
+        start, stop = self.row, min(self.row + self.block, self.rows.count)
+        self.row = stop
+        streams = None if self.streams is None else self.streams[start:stop]
+        self.ready.extend(_samples(self.rows.build(start, stop), streams))
 
 
 def _joined(runs: list[tuple[int, SequenceRun]]) -> tuple[list[Run], list[tuple[SequenceRun, int]]]:

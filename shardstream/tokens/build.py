@@ -1,18 +1,22 @@
-"""Packed sequences as arrays, from the tokens that hold a run of them (NOTE [ Building sequences ])."""
+"""Packed sequences as arrays, from the tokens that hold them (NOTE [ Building sequences ])."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from shardstream.errors import UsageError
 from shardstream.tokens.layout import SequenceRun
-from shardstream.tokens.pieces import SequencePieces
+from shardstream.tokens.pieces import SequencePieces, ragged_arange
 
 IGNORE_INDEX = -100  # a label nothing is predicted at: torch's cross_entropy default
 
 # NOTE [ Building sequences ]
-# A run of n sequences of S tokens becomes n rows of each array, with no Python per token:
-# - The row is cut into segments: the run's pieces in order, then the row's padding, if
+# n sequences of S tokens are n rows, laid end to end (row r is [r*S, (r+1)*S)), built a
+# block of rows at a time with no Python per token, from a table made once for all n:
+# - The rows are cut into segments: each row's pieces in order, then its padding, if
 #   any, as a segment of its own. position_ids count from 0 in every segment, document_ids
 #   are the dataset's document numbers (-1 over padding), and cu_seqlens (S + 1 int32) are
 #   the segments' starts, then S, repeated to the end (zero-length segments, as varlen
@@ -20,8 +24,182 @@ IGNORE_INDEX = -100  # a label nothing is predicted at: torch's cross_entropy de
 #   document_id, and position_ids are 0 exactly at their starts: the three agree.
 # - labels are input_ids shifted by one, patched at each piece's last token: the next
 #   token of its document where the document goes on, else IGNORE_INDEX; and IGNORE_INDEX
-#   over padding. Where the run's pieces are the run's tokens in order with no padding
-#   (concat), input_ids are one slice of the tokens; else a gather by piece.
+#   over padding. input_ids are copied a span at a time, a span being pieces that follow
+#   each other in the same tokens (concat's rows, and its consecutive rows, are one each);
+#   short spans are gathered at once instead.
+# - A block's five arrays are views of one fresh allocation, and a row is a view of them:
+#   nothing yielded is ever written again, and one allocation per block is what the
+#   allocator hands back warm (five per block, or five per row, cost it page faults).
+
+# Spans at least this long on average are copied a slice each; shorter ones by one gather
+# (a Python step per span would cost more than the gather's index arrays).
+_SLICED_TOKENS = 256
+_FIELDS = ("input_ids", "labels", "position_ids", "document_ids", "cu_seqlens")
+
+
+@dataclass(frozen=True, slots=True)
+class Rows:
+    """What ``count`` rows of ``seq_len`` tokens are made of (NOTE [ Building sequences ]),
+    flat offsets counted from row 0. Made by :meth:`of`; :meth:`build` makes a block of them.
+
+    Segments (pieces and padding, in order): ``seg_dst``, ``seg_len``, ``seg_doc``, and
+    where each is in cu_seqlens, flat: ``cu_at``, ``cu_value``. Spans of input_ids:
+    ``copy_dst``, ``copy_end``, ``copy_src`` (the offset in ``sources[copy_from]``). Labels:
+    ``patch_at``, ``patch_value``. Padding: ``pad_dst``, ``pad_len``, ``pad_value``.
+    ``firsts`` holds, for each table, where its entries of each row start (a row's spans:
+    the first that ends past the row's start), ``ramp`` is 0, 1, ... for a block's positions."""
+
+    count: int
+    seq_len: int
+    sources: tuple[np.ndarray, ...]
+    seg_dst: np.ndarray
+    seg_len: np.ndarray
+    seg_doc: np.ndarray
+    cu_at: np.ndarray
+    cu_value: np.ndarray
+    copy_dst: np.ndarray
+    copy_end: np.ndarray
+    copy_src: np.ndarray
+    copy_from: np.ndarray
+    patch_at: np.ndarray
+    patch_value: np.ndarray
+    pad_dst: np.ndarray
+    pad_len: np.ndarray
+    pad_value: np.ndarray
+    firsts: tuple[list[int], list[int], list[int], list[int], list[int]]  # segments, spans (2), patches, pads
+    ramp: np.ndarray
+
+    @classmethod
+    def of(
+        cls,
+        count: int,
+        seq_len: int,
+        pieces: SequencePieces,
+        sources: Sequence[np.ndarray],
+        source: np.ndarray,
+        offset: np.ndarray,
+        pads: np.ndarray,
+        *,
+        block: int | None = None,
+    ) -> Rows:
+        """The rows of ``pieces`` (``pieces.seq`` their rows, non-decreasing; ``pieces.doc``
+        the document_ids), piece ``k`` holding tokens ``[lo[k], hi[k])`` of
+        ``sources[source[k]]`` counted from ``offset[k]`` (which holds the token at ``hi[k]``
+        too where ``more[k]``); row ``r`` padded with ``pads[r]``; built at most ``block``
+        rows at a time (default: all)."""
+        size, p = seq_len, pieces
+        lengths = p.hi - p.lo
+        excl = np.cumsum(lengths) - lengths
+        dst = p.seq * size + excl - excl[np.searchsorted(p.seq, p.seq, side="left")]
+        fill = np.bincount(p.seq, weights=lengths, minlength=count).astype(np.int64)[:count]
+        padded = np.flatnonzero(fill < size)
+        pad_dst, pad_len = padded * size + fill[padded], size - fill[padded]
+        at = np.searchsorted(dst, pad_dst)
+        seg_dst = np.insert(dst, at, pad_dst)
+        row = seg_dst // size
+        rank = np.arange(len(seg_dst)) - np.searchsorted(row, row, side="left")
+        src = p.lo - offset
+        patch = np.full(len(p), IGNORE_INDEX, dtype=np.int64)
+        for number, tokens in enumerate(sources):
+            mine = np.flatnonzero((source == number) & p.more)
+            patch[mine] = tokens[src[mine] + lengths[mine]]
+        # a span goes on where the piece before it ends at this one's start, in both places
+        starts = np.ones(len(p), dtype=bool)
+        starts[1:] = (source[1:] != source[:-1]) | (src[1:] != src[:-1] + lengths[:-1])
+        starts[1:] |= dst[1:] != dst[:-1] + lengths[:-1]
+        first = np.flatnonzero(starts)
+        copy_dst = dst[first]
+        copy_end = copy_dst + (np.add.reduceat(lengths, first) if len(first) else 0)
+        bounds = np.arange(count + 1, dtype=np.int64) * size
+        ends = dst + lengths - 1
+        firsts = (
+            np.searchsorted(seg_dst, bounds).tolist(),
+            np.searchsorted(copy_end, bounds, side="right").tolist(),
+            np.searchsorted(copy_dst, bounds).tolist(),
+            np.searchsorted(ends, bounds).tolist(),
+            np.searchsorted(pad_dst, bounds).tolist(),
+        )
+        return cls(
+            count,
+            size,
+            tuple(sources),
+            seg_dst,
+            np.insert(lengths, at, pad_len),
+            np.insert(p.doc, at, -1),
+            row * (size + 1) + rank,
+            (seg_dst - row * size).astype(np.int32),
+            copy_dst,
+            copy_end,
+            src[first],
+            source[first],
+            ends,
+            patch,
+            pad_dst,
+            pad_len,
+            np.asarray(pads, dtype=np.int64)[padded],
+            firsts,
+            np.arange(min(count, count if block is None else block) * size, dtype=np.int64),
+        )
+
+    def build(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        """Rows ``[start, stop)`` (at most ``block`` of them): ``input_ids``, ``labels``,
+        ``position_ids`` and ``document_ids`` (n, S) int64, ``cu_seqlens`` (n, S + 1) int32."""
+        size, n = self.seq_len, stop - start
+        lo, flat = start * size, n * size
+        segs, spans, spans_end, patches, pads = self.firsts
+        whole = np.empty(3 * flat * 8 + n * (size + 1) * 4, dtype=np.uint8)
+        input_ids, labels, positions = (
+            whole[i * flat * 8 : (i + 1) * flat * 8].view(np.int64) for i in range(3)
+        )
+        cu = whole[3 * flat * 8 :].view(np.int32)
+        self._input_ids(input_ids, lo, flat, spans[start], spans_end[stop])
+        p0, p1 = pads[start], pads[stop]
+        padding = list(zip((self.pad_dst[p0:p1] - lo).tolist(), self.pad_len[p0:p1].tolist(), strict=True))
+        for (at, length), value in zip(padding, self.pad_value[p0:p1].tolist(), strict=True):
+            input_ids[at : at + length] = value
+        if flat:
+            labels[:-1] = input_ids[1:]
+            a, b = patches[start], patches[stop]
+            labels[self.patch_at[a:b] - lo] = self.patch_value[a:b]
+        for at, length in padding:
+            labels[at : at + length] = IGNORE_INDEX
+        s0, s1 = segs[start], segs[stop]
+        seg_len = self.seg_len[s0:s1]
+        np.subtract(self.ramp[:flat], np.repeat(self.seg_dst[s0:s1] - lo, seg_len), out=positions)
+        docs = np.repeat(self.seg_doc[s0:s1], seg_len)
+        cu.fill(size)
+        cu[self.cu_at[s0:s1] - start * (size + 1)] = self.cu_value[s0:s1]
+        rows = (input_ids.reshape(n, size), labels.reshape(n, size), positions.reshape(n, size))
+        return dict(zip(_FIELDS, (*rows, docs.reshape(n, size), cu.reshape(n, size + 1)), strict=True))
+
+    def _input_ids(self, out: np.ndarray, lo: int, flat: int, c0: int, c1: int) -> None:
+        """The tokens of flat offsets ``[lo, lo + flat)`` (spans ``[c0, c1)``) into ``out``
+        (padding left as it comes)."""
+        if c0 >= c1:
+            return
+        hi = lo + flat
+        dst = self.copy_dst[c0:c1]
+        src = self.copy_src[c0:c1]
+        end = self.copy_end[c0:c1]
+        if dst[0] < lo or end[-1] > hi:  # spans that go on past the block: only their part in it
+            clipped = np.maximum(dst, lo)
+            dst, end, src = clipped, np.minimum(end, hi), src + (clipped - dst)
+        froms = self.copy_from[c0:c1]
+        if (c1 - c0) * _SLICED_TOKENS <= flat:
+            sources = self.sources
+            for at, stop, begin, number in zip(
+                (dst - lo).tolist(), (end - lo).tolist(), src.tolist(), froms.tolist(), strict=True
+            ):
+                out[at:stop] = sources[number][begin : begin + stop - at]
+            return
+        lengths = end - dst
+        within = ragged_arange(lengths)
+        place = np.repeat(dst - lo, lengths) + within
+        take = np.repeat(src, lengths) + within
+        by = np.repeat(froms, lengths)
+        for number, tokens in enumerate(self.sources):
+            mine = by == number
+            out[place[mine]] = tokens[take[mine]]
 
 
 def build_sequences(
@@ -31,99 +209,14 @@ def build_sequences(
     ``labels``, ``position_ids`` and ``document_ids`` (n, S) int64 and ``cu_seqlens``
     (n, S + 1) int32. ``tokens`` are the shard's tokens from offset ``token_lo`` on and must
     hold ``run.tokens``; ``doc_base`` is the dataset's number of the shard's first document."""
-    size, n = run.seq_len, run.count
+    n = run.count
     t0, t1 = run.tokens
     if n and (token_lo > t0 or token_lo + len(tokens) < t1):
         raise UsageError(
             f"tokens [{token_lo}, {token_lo + len(tokens)}) do not hold the run's tokens [{t0}, {t1})"
         )
     p = run.pieces
-    lengths = p.hi - p.lo
-    excl = np.cumsum(lengths) - lengths
-    dst = p.seq * size + excl - excl[np.searchsorted(p.seq, p.seq, side="left")]  # flat starts
-    fill = np.bincount(p.seq, weights=lengths, minlength=n).astype(np.int64)
-    padded = np.flatnonzero(fill < size)
-    seg_dst, seg_len, seg_doc = _segments(p, dst, lengths, padded, fill, size, doc_base)
-    input_ids = _input_ids(p, dst, lengths, tokens, token_lo, n * size, contiguous=not len(padded))
-    labels = np.empty(n * size, dtype=np.int64)
-    labels[:-1] = input_ids[1:]
-    if len(p):
-        after = np.take(tokens, p.hi - token_lo, mode="clip").astype(np.int64)
-        labels[dst + lengths - 1] = np.where(p.more, after, IGNORE_INDEX)
-    rows_in, rows_labels = input_ids.reshape(n, size), labels.reshape(n, size)
-    for row, filled in zip(padded.tolist(), fill[padded].tolist(), strict=True):
-        rows_in[row, filled:] = pad_id
-        rows_labels[row, filled:] = IGNORE_INDEX
-    return {
-        "input_ids": rows_in,
-        "labels": rows_labels,
-        "position_ids": _positions(seg_dst, seg_len, n * size).reshape(n, size),
-        "document_ids": np.repeat(seg_doc, seg_len).reshape(n, size),
-        "cu_seqlens": _cu_seqlens(seg_dst, n, size),
-    }
-
-
-# Pieces of at least this many tokens on average are copied one slice each; shorter ones
-# by one gather (a Python step per piece would cost more than the gather's index arrays).
-_SLICED_PIECES = 16
-
-
-def _input_ids(
-    p: SequencePieces,
-    dst: np.ndarray,
-    lengths: np.ndarray,
-    tokens: np.ndarray,
-    token_lo: int,
-    flat: int,
-    *,
-    contiguous: bool,
-) -> np.ndarray:
-    """The rows' tokens, flat (padding left as it comes: the caller sets it)."""
-    if contiguous and (len(p) < 2 or bool((p.lo[1:] == p.hi[:-1]).all())):
-        start = int(p.lo[0]) - token_lo if len(p) else 0
-        return tokens[start : start + flat].astype(np.int64)
-    out = np.empty(flat, dtype=np.int64)  # every place a piece's or, set by the caller, padding
-    if len(p) * _SLICED_PIECES <= flat:
-        for at, lo, length in zip(dst.tolist(), (p.lo - token_lo).tolist(), lengths.tolist(), strict=True):
-            out[at : at + length] = tokens[lo : lo + length]
-    elif len(p):
-        within = _positions(np.cumsum(lengths) - lengths, lengths, int(lengths.sum()))
-        out[np.repeat(dst, lengths) + within] = tokens[np.repeat(p.lo - token_lo, lengths) + within]
-    return out
-
-
-def _positions(seg_dst: np.ndarray, seg_len: np.ndarray, flat: int) -> np.ndarray:
-    """0, 1, ... from the start of each segment (the segments tile ``[0, flat)``)."""
-    steps = np.ones(flat, dtype=np.int64)
-    if len(seg_dst):
-        steps[seg_dst[1:]] = 1 - seg_len[:-1]
-        steps[0] = 0
-    return np.cumsum(steps, out=steps)
-
-
-def _segments(
-    p: SequencePieces,
-    dst: np.ndarray,
-    lengths: np.ndarray,
-    padded: np.ndarray,
-    fill: np.ndarray,
-    size: int,
-    doc_base: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The rows' segments in order: ``(flat start, length, document_id)``."""
-    docs = p.doc + doc_base
-    if not len(padded):
-        return dst, lengths, docs
-    pad_dst = padded * size + fill[padded]
-    at = np.searchsorted(dst, pad_dst)
-    return np.insert(dst, at, pad_dst), np.insert(lengths, at, size - fill[padded]), np.insert(docs, at, -1)
-
-
-def _cu_seqlens(seg_dst: np.ndarray, n: int, size: int) -> np.ndarray:
-    """(n, S + 1) int32: each row's segment starts, then S repeated."""
-    cu = np.full((n, size + 1), size, dtype=np.int32)
-    if len(seg_dst):
-        row = seg_dst // size
-        rank = np.arange(len(seg_dst)) - np.searchsorted(row, row, side="left")
-        cu[row, rank] = seg_dst - row * size
-    return cu
+    pieces = SequencePieces(p.seq, p.doc + doc_base, p.lo, p.hi, p.more)
+    none = np.zeros(len(p), dtype=np.int64)
+    rows = Rows.of(n, run.seq_len, pieces, (tokens,), none, none + token_lo, np.full(n, pad_id))
+    return rows.build(0, n)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -11,7 +11,7 @@ from shardstream.errors import FormatError, PlanError, UsageError
 from shardstream.tokens.bestfit import best_fit
 from shardstream.tokens.fitfile import BestFit
 from shardstream.tokens.packing import Packing
-from shardstream.tokens.pieces import SequencePieces, check_ends, split_documents
+from shardstream.tokens.pieces import SequencePieces, check_ends, ragged_arange, split_documents
 
 # NOTE [ Packed sequences ]
 # A packed sequence of seq_len tokens is the plan's sample: the plan runs over the
@@ -66,6 +66,10 @@ class SequenceLayout(Protocol):
 
     def run(self, start: int, stop: int) -> SequenceRun:
         """Sequences ``[start, stop)``: where they are and their pieces."""
+
+    def take(self, sequences: np.ndarray) -> SequencePieces:
+        """The pieces of ``sequences`` (of the shard; any order, repeats too), those of
+        ``sequences[i]`` placed in sequence ``i``: the pieces ``run`` gives each of them."""
 
 
 def sequence_layout(
@@ -143,6 +147,13 @@ def _empty(packing: Packing, start: int) -> SequenceRun:
     )
 
 
+def _check_taken(sequences: np.ndarray, count: int) -> np.ndarray:
+    wanted = np.asarray(sequences, dtype=np.int64)
+    if len(wanted) and (int(wanted.min()) < 0 or int(wanted.max()) >= count):
+        raise PlanError(f"sequences {int(wanted.min())}..{int(wanted.max())} are outside the shard's {count}")
+    return wanted
+
+
 def _run(packing: Packing, ends: np.ndarray, start: int, stop: int, pieces: SequencePieces) -> SequenceRun:
     """The run of ``pieces`` with its token and document ranges."""
     if not len(pieces):
@@ -161,6 +172,13 @@ class ConcatLayout:
     packing: Packing
     ends: np.ndarray
     offset: int = 0
+    cuts: np.ndarray = field(init=False, repr=False)  # the distinct document ends
+
+    def __post_init__(self) -> None:
+        ends = self.ends
+        distinct = np.ones(len(ends), dtype=bool)
+        distinct[1:] = ends[1:] != ends[:-1]
+        object.__setattr__(self, "cuts", ends[distinct])
 
     @property
     def count(self) -> int:
@@ -178,16 +196,28 @@ class ConcatLayout:
         _check_run(start, stop, self.count)
         if start == stop:
             return _empty(self.packing, start)
-        size, ends = self.packing.seq_len, self.ends
-        lo_tok, hi_tok = self.offset + start * size, self.offset + stop * size
-        inside = ends[
-            np.searchsorted(ends, lo_tok, side="right") : np.searchsorted(ends, hi_tok, side="left")
-        ]
-        bounds = np.union1d(inside, np.arange(lo_tok + size, hi_tok + 1, size, dtype=np.int64))
-        lo = np.concatenate([[lo_tok], bounds[:-1]]).astype(np.int64)
+        return _run(
+            self.packing, self.ends, start, stop, self._pieces(np.arange(start, stop, dtype=np.int64))
+        )
+
+    def take(self, sequences: np.ndarray) -> SequencePieces:
+        return self._pieces(_check_taken(sequences, self.count))
+
+    def _pieces(self, wanted: np.ndarray) -> SequencePieces:
+        """Sequence ``wanted[i]`` is tokens ``[lo, lo + S)``, cut at every document end inside."""
+        size, ends, cuts = self.packing.seq_len, self.ends, self.cuts
+        lo_tok = self.offset + wanted * size
+        inner = np.searchsorted(cuts, lo_tok, side="right")
+        count = np.searchsorted(cuts, lo_tok + size, side="left") - inner + 1  # pieces of each
+        seq = np.repeat(np.arange(len(wanted), dtype=np.int64), count)
+        nth = ragged_arange(count)
+        cut = np.repeat(inner, count) + nth  # the end of each piece but the last of its sequence
+        last = np.zeros(len(seq), dtype=bool)
+        last[np.cumsum(count) - 1] = True
+        hi = np.where(last, np.repeat(lo_tok + size, count), np.take(cuts, cut, mode="clip"))
+        lo = np.where(nth == 0, np.repeat(lo_tok, count), np.take(cuts, cut - 1, mode="clip"))
         doc = np.searchsorted(ends, lo, side="right")
-        pieces = SequencePieces((lo - lo_tok) // size, doc, lo, bounds, bounds < ends[doc])
-        return _run(self.packing, ends, start, stop, pieces)
+        return SequencePieces(seq, doc, lo, hi, hi < ends[doc])
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -228,6 +258,15 @@ class PieceLayout:
         _check_run(start, stop, self.count)
         index = self.order[self.first[start] : self.first[stop]]
         seq = np.repeat(np.arange(stop - start, dtype=np.int64), np.diff(self.first[start : stop + 1]))
+        return _run(self.packing, self.ends, start, stop, self._pieces(index, seq))
+
+    def take(self, sequences: np.ndarray) -> SequencePieces:
+        wanted = _check_taken(sequences, self.count)
+        firsts = self.first[wanted]
+        count = self.first[wanted + 1] - firsts
+        index = self.order[np.repeat(firsts, count) + ragged_arange(count)]
+        return self._pieces(index, np.repeat(np.arange(len(wanted), dtype=np.int64), count))
+
+    def _pieces(self, index: np.ndarray, seq: np.ndarray) -> SequencePieces:
         doc, hi = self.doc[index], self.hi[index]
-        pieces = SequencePieces(seq, doc, self.lo[index], hi, hi < self.ends[doc])
-        return _run(self.packing, self.ends, start, stop, pieces)
+        return SequencePieces(seq, doc, self.lo[index], hi, hi < self.ends[doc])
