@@ -40,7 +40,7 @@ from shardstream.counts import MAX_COUNT, check_int
 from shardstream.errors import PlanError, StateError, shown
 from shardstream.plan.config import PlanConfig, check_count, shard_sizes_array
 from shardstream.plan.state import STRETCHED_PASSES, Key
-from shardstream.plan.stream_passes import StreamPasses, budget, stretched
+from shardstream.plan.stream_passes import StreamPasses, Stretches, budget, stretched
 from shardstream.plan.view import Segments, ShardView
 
 MIXES = ("random", "stratified", "per_stream")
@@ -192,7 +192,11 @@ class Mixture:
         """A stream's passes of an epoch as segments: listed, or in stretches."""
         if not self.stretched[passes.stream]:
             return passes.listed()
-        return passes.stretches(budget(len(passes.nonempty), passes.quota, self.total))
+        return Stretches([passes], self.budget(passes), 1).segments()
+
+    def budget(self, passes: StreamPasses) -> int:
+        """The segments a stream's passes of an epoch may take (NOTE [ Stretched passes ])."""
+        return budget(len(passes.nonempty), passes.quota, self.total)
 
     def describe(self) -> list[dict[str, Any]]:
         """The streams as a state records them (JSON-able)."""
@@ -351,8 +355,12 @@ def random_view(mixture: Mixture, config: PlanConfig, epoch: int) -> ShardView:
         mixture.passes(stream, epoch, seed=config.seed, shuffle=config.shuffle)
         for stream in range(len(mixture.streams))
     ]
-    segments = Segments.concat([mixture.lay(p) for p in passes])
-    listed = None
-    if any(mixture.stretched):
-        listed = -(-mixture.total // max(1, sum(p.count() for p in passes)))
-    return mixture_view(mixture, segments, listed=listed)
+    listed = [p for p, stretched in zip(passes, mixture.stretched, strict=True) if not stretched]
+    parts = [p.listed() for p in listed]
+    if len(listed) == len(passes):
+        return mixture_view(mixture, Segments.concat(parts))
+    # the stretched streams interleaved in rounds of a mean listed segment (NOTE [ Stretched passes ])
+    mean = -(-mixture.total // max(1, sum(p.count() for p in passes)))
+    stretched = [p for p in passes if mixture.stretched[p.stream]]
+    parts.append(Stretches(stretched, sum(mixture.budget(p) for p in stretched), mean).segments())
+    return mixture_view(mixture, Segments.concat(parts), listed=mean)

@@ -4,18 +4,22 @@ NOTE [ Stretched passes ]
 An epoch takes positions ``[e q, (e + 1) q)`` of a stream's endless sequence of passes
 (NOTE [ A stream's passes ], at ``Mixture.segments``). Listed, they are one segment per
 shard and pass: O(shards x passes), which a stream repeated millions of times cannot
-hold. So a stream whose listing would be longer than its budget (``LISTED_PASSES`` passes
-of its shards, or its share ``q / total`` of ``SPREAD`` segments, whichever is more) has
-its epoch cut into that many equal *stretches* of consecutive positions instead, each one
-segment of the plan (``Segments.source``); a run over a stretch becomes runs of real
-shards only when a window is read, by bisecting the pass orders it crosses. Those are
-O(shards) each and few: passes keep one order for a cycle of at least ``q / N`` passes,
-so an epoch crosses at most three cycles. Planning is then O(streams + shards + window)
-whatever the passes, and an epoch gives exactly the samples the listing gives (the same
-positions of the same passes), in another order.
-- The budget takes many segments (``SPREAD`` over all streams) so that a worker's slice,
-  and each lane of it, crosses many stretches: the streams stay mixed within a rank and
-  within a window as they were.
+hold. So a stream whose listing may be longer than its budget (``LISTED_PASSES`` passes
+of its shards, or its share ``q / total`` of ``SPREAD`` segments, whichever is more) is
+*stretched*: the stretched streams of an epoch together become as many virtual shards as
+their budgets add up to (``Stretches``), shard ``j`` holding the ``j``-th equal part of
+each stream's positions, laid in rounds of one mean listed segment, each round a piece
+of every stream in proportion. A run over a virtual shard becomes runs of real shards
+only when a window is read, by bisecting the rounds and the pass orders it crosses; those
+are O(shards) each and few, as passes keep one order for a cycle of at least ``q / N``
+passes, so an epoch crosses at most three cycles. Planning is O(streams + shards +
+window) whatever the passes, and an epoch gives exactly the samples the listing gives
+(the same positions of the same passes), in another order.
+- Why rounds: the plan's lanes read a virtual shard front to back, a window at a time.
+  Stretches of one stream each would keep a lane on one stream for a whole stretch (an
+  epoch over the budget's count), so a rank's mix would drift far from the weights for
+  millions of samples; in rounds, a lane crosses every stream about as often as it
+  crossed listed segments, and a rank's mix stays at the weights.
 - The default window and its lanes stay the listing's (``ShardView.listed``: the mean
   listed segment), so a worker holds what it held; the listing's length is counted, not
   made.
@@ -23,6 +27,8 @@ positions of the same passes), in another order.
   config, so a state says by one key whether its mixture was (``Key.STREAM_PASSES``):
   states of mixtures that stay listed are those of before, and a listed state never
   resumes a stretched epoch, nor the reverse.
+- mix="stratified" and "per_stream" lay each stream alone (its own ``Stretches``, one
+  round per shard), as their parts are of one stream each.
 """
 
 from __future__ import annotations
@@ -137,16 +143,7 @@ class StreamPasses:
             return 0
         return sum(count * self._pass(number, a, b)[0].size for number, count, a, b in self._groups())
 
-    def stretches(self, count: int) -> Segments:
-        """The epoch as ``count`` stretches of equal size (give or take one), in order."""
-        count = max(1, min(count, self.quota))
-        whole, rest = divmod(self.quota, count)
-        index = np.arange(count + 1, dtype=np.int64)
-        cuts = index * whole + index * rest // count  # i q // count, without a product past 2**63
-        marks = np.full(count, -1, dtype=np.int64)
-        return Segments(marks, cuts[:-1], cuts[1:], np.zeros(count, dtype=np.int64), (self,))
-
-    # -- what a stretch reads (view.Stretch) -------------------------------------------------
+    # -- positions of the epoch, as stretches read them ---------------------------------------
 
     def runs(self, start: int, stop: int) -> list[Run]:
         """Positions ``[start, stop)`` of the epoch as runs of mixture shards, in order."""
@@ -175,3 +172,94 @@ class StreamPasses:
         order, starts, ends = self.order(number)
         slot = int(np.searchsorted(ends, within, side="right"))
         return int(order[slot]) + self.offset, within - int(starts[slot])
+
+
+def _cuts(quota: int, count: int) -> np.ndarray:
+    """``i * quota // count`` for ``i`` in ``[0, count]``, without a product past 2**63."""
+    whole, rest = divmod(quota, count)
+    index = np.arange(count + 1, dtype=np.int64)
+    return index * whole + index * rest // count
+
+
+class Stretches:
+    """The epochs of the stretched streams of a mixture as ``count`` virtual shards of
+    rounds (NOTE [ Stretched passes ]); implements ``view.Stretch`` over offsets of them
+    laid end to end. Shard ``j`` holds positions ``[c_s(j), c_s(j + 1))`` of each stream
+    ``s`` (``c_s(j) = j q_s // count``), in rounds of about ``size`` samples, each round a
+    piece of every stream in proportion, in stream order."""
+
+    def __init__(self, passes: list[StreamPasses], count: int, size: int) -> None:
+        self.passes = passes
+        count = max(1, min(count, max(p.quota for p in passes)))  # no shard empty
+        self.cuts = np.stack([_cuts(p.quota, count) for p in passes])
+        self.offsets = self.cuts.sum(axis=0)
+        self.size = max(1, size)
+
+    def segments(self) -> Segments:
+        """The virtual shards, for a plan to run on."""
+        count = self.offsets.size - 1
+        marks = np.full(count, -1, dtype=np.int64)
+        return Segments(marks, self.offsets[:-1], self.offsets[1:], np.zeros(count, dtype=np.int64), (self,))
+
+    def _shard(self, offset: int) -> tuple[int, int, list[int], int]:
+        """``(shard, its first offset, its samples of each stream, its rounds)``."""
+        shard = int(np.searchsorted(self.offsets, offset, side="right")) - 1
+        counts = [int(c[shard + 1] - c[shard]) for c in self.cuts]
+        rounds = 1 if len(counts) == 1 else max(1, sum(counts) // self.size)
+        return shard, int(self.offsets[shard]), counts, rounds
+
+    @staticmethod
+    def _round(counts: list[int], rounds: int, x: int) -> int:
+        """The round of a shard that holds its offset ``x``."""
+        lo, hi = 0, rounds - 1
+        while lo < hi:  # the last round starting at or before x
+            mid = (lo + hi + 1) // 2
+            if sum(mid * n // rounds for n in counts) <= x:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _pieces(self, offset: int, stop: int) -> list[tuple[int, int, int]]:
+        """``(stream, start, stop)``: offsets ``[offset, stop)`` (within one shard) as
+        positions of the streams' epochs, in order."""
+        shard, base, counts, rounds = self._shard(offset)
+        x, y = offset - base, stop - base
+        number, found = self._round(counts, rounds, x), []
+        at = sum(number * n // rounds for n in counts)
+        while at < y:
+            for stream, n in enumerate(counts):
+                lo, hi = number * n // rounds, (number + 1) * n // rounds
+                u, v = max(x, at), min(y, at + hi - lo)
+                if v > u:
+                    first = int(self.cuts[stream, shard]) + lo - at
+                    found.append((stream, first + u, first + v))
+                at += hi - lo
+            number += 1
+        return found
+
+    def _spans(self, start: int, stop: int) -> list[tuple[int, int, int]]:
+        found = []
+        while start < stop:
+            end = min(stop, int(self.offsets[int(np.searchsorted(self.offsets, start, side="right"))]))
+            found += self._pieces(start, end)
+            start = end
+        return found
+
+    def runs(self, start: int, stop: int) -> list[Run]:
+        return [run for s, a, b in self._spans(start, stop) for run in self.passes[s].runs(a, b)]
+
+    def shards(self, start: int, stop: int) -> tuple[int, ...]:
+        """Every shard the streams' positions in the virtual shards ``[start, stop)`` touch
+        may read (each stream's whole part of those shards: a superset, found in O(streams))."""
+        first = int(np.searchsorted(self.offsets, start, side="right")) - 1
+        last = int(np.searchsorted(self.offsets, stop, side="left"))
+        found: dict[int, None] = {}
+        for stream, passes in enumerate(self.passes):
+            a, b = int(self.cuts[stream, first]), int(self.cuts[stream, last])
+            found.update(dict.fromkeys(passes.shards(a, b)))
+        return tuple(found)
+
+    def sample(self, position: int) -> tuple[int, int]:
+        stream, a, _ = self._pieces(position, position + 1)[0]
+        return self.passes[stream].sample(a)

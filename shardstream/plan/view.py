@@ -23,19 +23,19 @@ from shardstream.plan.state import ORDER_KEYS, Key
 
 
 class Stretch(Protocol):
-    """What segments need of a stream whose passes are laid in stretches (NOTE [ Stretched
-    passes ] in plan/stream_passes.py): positions of its epoch as real runs and samples."""
+    """What segments need of streams whose passes are laid in stretches (NOTE [ Stretched
+    passes ] in plan/stream_passes.py): their offsets as real runs and samples."""
 
     def runs(self, start: int, stop: int) -> list[Run]:
-        """Positions ``[start, stop)`` of the stream's epoch as runs of mixture shards, in order."""
+        """Offsets ``[start, stop)`` as runs of mixture shards, in order."""
         ...
 
     def shards(self, start: int, stop: int) -> tuple[int, ...]:
-        """The mixture shards positions ``[start, stop)`` read, each once."""
+        """The mixture shards offsets ``[start, stop)`` may read, each once."""
         ...
 
     def sample(self, position: int) -> tuple[int, int]:
-        """``(mixture shard, index)`` of one position of the stream's epoch."""
+        """``(mixture shard, index)`` of one offset."""
         ...
 
 
@@ -44,8 +44,8 @@ class Segments:
     """One stream's samples of one epoch, in order: segment ``i`` is samples
     ``[start[i], stop[i])`` of mixture shard ``shard[i]``; a plan reads the segments as
     its shards ("virtual shards", NOTE [ Mixtures ]). A segment whose ``source`` is ``k >=
-    0`` is instead positions ``[start[i], stop[i])`` of the epoch of ``stretches[k]``, a
-    stream whose many passes are laid in stretches (NOTE [ Stretched passes ]); ``source``
+    0`` is instead offsets ``[start[i], stop[i])`` of ``stretches[k]``, the epochs of
+    streams whose many passes are laid in stretches (NOTE [ Stretched passes ]); ``source``
     ``None``: no such segment."""
 
     shard: np.ndarray
