@@ -27,6 +27,7 @@ if __name__ == "__main__":  # run by torchrun: import the tree this file is in
     sys.path.insert(0, str(ROOT))
 
 import shardstream  # noqa: E402
+from shardstream.dataset.startup import by_source, first_window_shards  # noqa: E402
 from shardstream.testing.wanproxy import ForwardingProxy, ProxyHandler  # noqa: E402
 
 SIZES = [9, 13, 7, 11, 10, 8, 12, 10]  # 80 samples, 8 shards: no padding for 1, 2 or 4 ranks
@@ -127,6 +128,101 @@ def test_workers_share_the_first_sidecars_and_follow_the_plan(counted, start):
     assert proxy.of(MANIFEST) == 1  # the workers never read it
     assert proxy.per_sidecar(), "no sidecar was read"
     assert max(proxy.per_sidecar().values()) == 1, proxy.per_sidecar()
+
+
+def test_a_mixtures_workers_share_each_streams_first_sidecars(s3, moto_server, tmp_path, monkeypatch):
+    from tests.resume_harness import write_dataset
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the node's copies of the manifests
+
+    base, options = s3
+    for name in ("a", "b"):
+        write_dataset(f"{base}/{name}", SIZES[:5] if name == "a" else SIZES[3:], storage_options=options)
+    with CountingProxy(moto_server.endpoint) as proxy:
+        proxied = dict(options, endpoint_url=proxy.endpoint)
+        streams = [shardstream.Stream(f"{base}/a"), shardstream.Stream(f"{base}/b")]
+        dataset = shardstream.StreamingDataset(
+            streams, num_replicas=2, rank=0, shuffle=True, seed=5, decode=False, storage_options=proxied
+        )
+        loader = shardstream.DataLoader(
+            dataset, batch_size=BATCH, num_workers=2, collate_fn=lambda b: [f"{s['__stream__']}/{s['__key__']}" for s in b]
+        )  # fmt: skip
+        counts = [len(source.manifest.shards) for source in dataset.sources]
+        plan = dataset.make_plan(consume=False)
+        expected = []
+        for shard, index in plan.rank_samples(0):
+            stream = 0 if shard < counts[0] else 1
+            expected.append(f"{stream}/s{shard - stream * counts[0]:03d}-{index:04d}")
+        firsts = {shard for worker in (0, 1) for shard in first_window_shards(plan, 0, worker)}
+        assert [key for batch in loader for key in batch] == expected
+    assert proxy.of(MANIFEST) == 2  # one per stream
+    for stream, shards in by_source(sorted(firsts), counts).items():
+        for shard in shards:  # later windows' sidecars are each worker's own to read
+            assert proxy.of(f"/{'ab'[stream]}/shard-{shard:06d}.tar.idx") == 1, proxy.per_sidecar()
+
+
+# -- the broadcast's rule, with torch.distributed's calls stood in for -----------------------
+
+
+class FakeGroup:
+    """torch.distributed as a rank other than 0 of a gloo group of 2 sees it; rank 0 sent ``sent``."""
+
+    def __init__(self, sent):
+        self.sent = sent
+
+    def install(self, monkeypatch):
+        import torch.distributed as dist
+
+        monkeypatch.setattr(dist, "is_initialized", lambda: True)
+        monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+        monkeypatch.setattr(dist, "get_rank", lambda group=None: 1)
+        monkeypatch.setattr(dist, "get_backend", lambda group=None: "gloo")
+        monkeypatch.setattr(dist, "broadcast_object_list", self.broadcast)
+
+    def broadcast(self, objects, src=0, group=None):
+        objects[0] = self.sent
+
+
+@pytest.fixture
+def two_local(tmp_path):
+    from tests.resume_harness import write_dataset
+
+    write_dataset(str(tmp_path / "one"), SIZES)
+    write_dataset(str(tmp_path / "other"), SIZES[::-1])  # the same shard sizes, other contents
+    return str(tmp_path / "one"), str(tmp_path / "other")
+
+
+def sent_by_rank_0(url):
+    from shardstream.dataset.source import DatasetSource
+    from shardstream.dataset.startup import source_key
+
+    source = DatasetSource(url, shardstream.StreamingDataset(url).config.read)
+    return source_key(source), source.manifest, source.fingerprint
+
+
+def test_a_rank_takes_the_broadcast_manifest_of_its_own_dataset(two_local, monkeypatch):
+    one, _ = two_local
+    sent = sent_by_rank_0(one)
+    FakeGroup([sent]).install(monkeypatch)
+    dataset = shardstream.StreamingDataset(one)
+    assert dataset.manifest is sent[1]
+
+
+def test_a_rank_never_takes_the_manifest_of_another_dataset(two_local, monkeypatch):
+    one, other = two_local
+    key, manifest, fingerprint = sent_by_rank_0(other)
+    own_key = sent_by_rank_0(one)[0]
+    for sent in (
+        [(key, manifest, fingerprint)],  # rank 0 was given another dataset
+        [
+            (own_key, manifest, sent_by_rank_0(one)[2])
+        ],  # this name, but not the dataset the fingerprint sent names
+        None,  # rank 0's read failed: read our own (and fail with our own error, if any)
+    ):
+        FakeGroup(sent).install(monkeypatch)
+        dataset = shardstream.StreamingDataset(one)
+        assert dataset.manifest is not manifest
+        assert dataset.fingerprint == sent_by_rank_0(one)[2]
 
 
 # -- real ranks: torchrun ------------------------------------------------------------------

@@ -174,13 +174,14 @@ class DatasetSource:
         """Whether first sidecars read by the main process are carried (not yet seeded)."""
         return bool(self._first)
 
-    def seed_first_sidecars(self, shards: Sequence[int]) -> None:
-        """In a worker: put the carried sidecars of ``shards`` (its first window's) in this
-        process's LRU, and let the carried ones go."""
+    def seed_first_sidecars(self, shards: Sequence[int], indexes: IndexCache | None = None) -> None:
+        """In a worker: put the carried sidecars of ``shards`` (its first window's) in the
+        LRU its readers use (default: this process's of this source), and let the carried
+        ones go."""
         first, self._first = self._first, {}
         if not first:
             return
-        indexes, infos = self.indexes, self.manifest.shards
+        indexes, infos = self.indexes if indexes is None else indexes, self.manifest.shards
         for shard in dict.fromkeys(shards):
             index = first.get(infos[shard])
             if index is not None:

@@ -193,6 +193,21 @@ def _write_copy(path: str, key: str, manifest: Manifest, fingerprint: str) -> No
     except OSError:
         with contextlib.suppress(OSError):
             os.unlink(temp)
+    _drop_stale(os.path.dirname(path), keep=path)
+
+
+def _drop_stale(folder: str, keep: str) -> None:
+    """Delete the copies of earlier starts (stale ones serve no reader), so the folder holds
+    only the manifests of recent starts. A lock file goes with its copy: a reader holding
+    it meanwhile reads or writes a copy that the next reader checks anyway."""
+    now = time.time()
+    with contextlib.suppress(OSError), os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.path in (keep, keep + ".lock") or not entry.name.startswith("manifest-"):
+                continue
+            with contextlib.suppress(OSError):
+                if now - entry.stat().st_mtime > 2 * FRESH_SECONDS:
+                    os.unlink(entry.path)
 
 
 # -- the first window's sidecars --------------------------------------------------------

@@ -291,8 +291,9 @@ class StreamingDataset(IterableDataset):
         sources = self.kind.sources
         shards = first_window_shards(plan, rank, worker) if any(s.carries_sidecars for s in sources) else ()
         grouped = by_source(shards, [len(s.manifest.shards) for s in sources])
+        shared = sources[0].indexes  # a mixture's streams read through the first's LRU (mixture.py)
         for number, source in enumerate(sources):
-            source.seed_first_sidecars(grouped.get(number, ()))
+            source.seed_first_sidecars(grouped.get(number, ()), shared)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the latest in-process iteration stands (iterating the dataset directly;
