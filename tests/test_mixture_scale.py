@@ -209,6 +209,23 @@ def test_stretched_passes_take_exactly_the_samples_the_listing_takes(mixture, se
         assert max(mine) - min(mine) <= 1
 
 
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_a_stretched_stream_beside_a_listed_one_gives_the_listings_samples(shuffle):
+    streams = [StreamSpec("a", [5, 0, 3], "fa", repeat=40), StreamSpec("b", [4], "fb", repeat=1.5)]
+    config = PlanConfig(seed=9, shuffle=shuffle)
+    listed = Mixture(streams)
+    whole = random_view(listed, config, 3)
+    with mock.patch.object(stream_passes, "SPREAD", 4):
+        mixture = Mixture(streams)
+        plan = MixturePlan(mixture, config, epoch=3, world_size=1, num_workers=3, batch_size=2)
+        samples = collections.Counter(plan.rank_samples(0))
+    assert mixture.stretched == (True, False)
+    assert not any(listed.stretched)
+    indices = ((v, i) for v, n in enumerate(whole.sizes.tolist()) for i in range(n))
+    assert samples == collections.Counter(whole.samples(indices))
+    assert plan.shuffle_window == MixturePlan(listed, config, epoch=3, world_size=1).shuffle_window
+
+
 @pytest.mark.parametrize("kind", ["mixture", "composed"])
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
