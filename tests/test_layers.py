@@ -486,11 +486,6 @@ def reach_ins(source: str, module: str, is_package: bool = False) -> set[str]:
 
 # Reach-ins of dataset/, storage/ and the sampler: "module: what it touches".
 REACH_INS_ALLOWED: dict[str, str] = {
-    "dataset/bulk.py: from shardstream.dataset.decode import _BYTES": "bulk decode shares decode's table; the reader refactor",
-    "dataset/bulk.py: from shardstream.dataset.decode import _integer": "bulk decode shares decode's codecs; the reader refactor",
-    "dataset/bulk.py: from shardstream.dataset.decode import _json": "bulk decode shares decode's codecs; the reader refactor",
-    "dataset/bulk.py: from shardstream.dataset.decode import _pickle": "bulk decode shares decode's codecs; the reader refactor",
-    "dataset/bulk.py: from shardstream.dataset.decode import _text": "bulk decode shares decode's codecs; the reader refactor",
     "dataset/loader.py: iterator._num_yielded": "torch's DataLoader iterator has no public resume; the dataset refactor",
     "dataset/loader.py: iterator._shutdown_workers": "torch's DataLoader iterator has no public shutdown; the dataset refactor",
     "storage/backend.py: fs._s3": "s3fs's client, for ranged GETs; the storage refactor",

@@ -32,21 +32,13 @@ import copy
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import chain, repeat
 from operator import itemgetter
 from typing import Any
 
+from shardstream.dataset.columns import ColumnDecoding, Errors, decode_column, raw_column
 from shardstream.dataset.decode import (
-    _BYTES,
-    Decoder,
     SampleDecoder,
-    _integer,
-    _json,
-    _json_column,
-    _pickle,
-    _text,
-    failed,
-    refused,
 )
 from shardstream.dataset.mixture_reader import STREAM_KEY
 from shardstream.dataset.reader import report_skip
@@ -69,16 +61,7 @@ __all__ = [
 # that holds the whole window; bigger chunks decode markedly slower
 # (tools/bench_stream.py measures decode=True against decode=False).
 CHUNK = 64
-Errors = dict[int, ShardstreamError]  # position in the samples -> the error of that sample
 _first = itemgetter(0)
-
-
-# The built-ins' column forms (same values, same exceptions); see NOTE [ Bulk decode ].
-_COLUMNS: dict[Decoder, Callable[[list[bytes]], list[Any]]] = {
-    _text: lambda values: list(map(bytes.decode, values)),
-    _integer: lambda values: list(map(int, values)),
-    _json: _json_column,
-}
 
 
 @dataclass(frozen=True)
@@ -163,9 +146,9 @@ def _decode_group(
     for number, name in enumerate(fields):
         function = decoder.lookup(name)
         if function is None:
-            columns[number] = _raw(columns[number])
+            columns[number] = raw_column(columns[number])
             continue
-        columns[number] = _column(decoder, function, name, columns[number], key_of, errors, url, shard)
+        columns[number] = decode_column(decoder, function, name, columns[number], key_of, errors, url, shard)
     if fields and fields[0] == "__key__":
         decoded = list(map(sample_builder(fields[1:]), *columns))
     else:
@@ -183,66 +166,7 @@ def decode_columns(
     """``decode_samples(decoder, columns.samples())`` without building the undecoded
     samples: each column decoded, then each sample's dict built once. The columns'
     field names are distinct (``SampleColumns.samples`` keeps a repeated one's last value)."""
-    errors: Errors = {}
-    decoded = []
-    for name, values in zip(columns.fields, columns.values, strict=True):
-        function = decoder.lookup(name)
-        if function is None:
-            decoded.append(_raw(values))
-        else:
-            decoded.append(
-                _column(decoder, function, name, values, columns.keys.__getitem__, errors, url, shard)
-            )
-    return list(map(sample_builder(columns.fields), columns.keys, *decoded)), errors
-
-
-def _raw(values: list[Any]) -> list[Any]:
-    """A field without a decoder: its values as they are, a memoryview as bytes."""
-    if memoryview not in set(map(type, values)):
-        return values
-    return [bytes(value) if isinstance(value, memoryview) else value for value in values]
-
-
-def _column(
-    decoder: SampleDecoder,
-    function: Decoder,
-    name: str,
-    values: list[Any],
-    key_of: Callable[[int], object],
-    errors: Errors,
-    url: str | None,
-    shard: str | None,
-) -> list[Any]:
-    """One field's values decoded (``key_of(position)``: the key of the sample at that
-    position); the errors of failing samples go into ``errors`` (a sample's first error is kept)."""
-    kinds = set(map(type, values))
-    if kinds.isdisjoint(_BYTES) and not any(issubclass(kind, _BYTES) for kind in kinds):
-        return values  # typed values (a Parquet column): nothing to decode
-    refuse = function is _pickle and not decoder.allow_pickle
-    fast = _COLUMNS.get(function)
-    if fast is not None and kinds == {bytes} and not refuse:
-        try:
-            return fast(values)
-        except Exception:  # redone one by one below, to find the sample
-            pass
-    out: list[Any] = []
-    for position, value in enumerate(values):
-        if not isinstance(value, _BYTES):
-            out.append(value)
-            continue
-        try:
-            if refuse:
-                raise refused(name, key_of(position), url=url, shard=shard)
-            out.append(function(value))
-            continue
-        except ShardstreamError as error:
-            errors.setdefault(position, error)
-        except Exception as error:
-            made = failed(name, key_of(position), error, url=url, shard=shard)
-            made.__cause__ = error
-            errors.setdefault(position, made)
-        out.append(None)
-    return out
+    return ColumnDecoding.of(decoder, columns.fields, url, shard)(columns.keys, columns.values)
 
 
 @dataclass(slots=True)
@@ -315,17 +239,16 @@ def _column_chunks(
     window: Any,
     reader: Any,
 ) -> Iterator[Any]:
-    transform = decoding.transform
-    fields, keys, values = columns.fields, columns.keys, columns.values
-    for lo in range(0, len(keys), CHUNK):
-        part = SampleColumns(fields, keys[lo : lo + CHUNK], [column[lo : lo + CHUNK] for column in values])
-        decoded, errors = decode_columns(decoder, part, url=decoding.url)
-        taken = itertools.islice(ordered, len(decoded))
-        if not errors:  # the hot path: C code only, but the transform
-            out = map(_first, zip(decoded, taken, strict=True))
-            yield from out if transform is None else map(transform, out)
-        else:
-            yield from _with_errors(decoding, decoded, errors, taken, window, reader, lo)
+    keys, values = columns.keys, columns.values
+    decode = ColumnDecoding.of(decoder, columns.fields, decoding.url, None)  # once per window
+
+    def chunk(lo: int) -> Iterator[Any]:
+        decoded, errors = decode(keys[lo : lo + CHUNK], [column[lo : lo + CHUNK] for column in values])
+        return _yielded(
+            decoding, decoded, errors, itertools.islice(ordered, len(decoded)), window, reader, lo
+        )
+
+    return chain.from_iterable(map(chunk, range(0, len(keys), CHUNK)))
 
 
 def _chunks(
@@ -337,16 +260,38 @@ def _chunks(
     reader: Any,
 ) -> Iterator[Any]:
     """The window's samples decoded ``CHUNK`` at a time (NOTE [ Bulk decode ])."""
-    transform = decoding.transform
-    for lo in range(0, len(samples), CHUNK):
+
+    def chunk(lo: int) -> Iterator[Any]:
         part = samples[lo : lo + CHUNK]
         decoded, errors = decode_samples(decoder, part, url=decoding.url)
         taken = itertools.islice(ordered, len(part))
-        if not errors and None not in part:  # the hot path: C code only, but the transform
-            out = map(_first, zip(decoded, taken, strict=True))
-            yield from out if transform is None else map(transform, out)
-        else:
-            yield from _with_errors(decoding, decoded, errors, taken, window, reader, lo)
+        if None in part:  # a sample the format could not read: skipped, and counted
+            return _with_errors(decoding, decoded, errors, taken, window, reader, lo)
+        return _yielded(decoding, decoded, errors, taken, window, reader, lo)
+
+    return chain.from_iterable(map(chunk, range(0, len(samples), CHUNK)))
+
+
+# NOTE [ Chunks chained ]
+# A window's chunks are decoded one at a time, as its samples are taken, and chained by
+# ``itertools.chain``, not yielded by a generator of their own: every sample then passes
+# through C code alone between the decoded chunk and the dataset's generator (a generator
+# here would resume once per sample, a cost the undecoded stream does not pay).
+def _yielded(
+    decoding: WindowDecoding,
+    decoded: list[Any],
+    errors: Errors,
+    taken: Iterator[Any],
+    window: Any,
+    reader: Any,
+    base: int,
+) -> Iterator[Any]:
+    """One decoded chunk's samples, ``taken`` (its part of the window's iterator) advanced
+    in step (NOTE [ Chunks chained ])."""
+    if errors:
+        return _with_errors(decoding, decoded, errors, taken, window, reader, base)
+    out = map(_first, zip(decoded, taken, strict=True))  # the hot path: C code only, but the transform
+    return out if decoding.transform is None else map(decoding.transform, out)
 
 
 def _with_errors(

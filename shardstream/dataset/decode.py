@@ -52,6 +52,7 @@ __all__ = [
 Decoder = Callable[[Any], Any]  # bytes (or a memoryview of them) -> value
 PICKLE_EXTENSIONS = frozenset({"pkl", "pickle", "pyd"})
 _BYTES = (bytes, bytearray, memoryview)
+BYTES_TYPES = _BYTES  # what a decoder is given; any other value (typed, None) passes through
 
 
 class PickleRefusedError(UsageError, FormatError):
@@ -142,6 +143,25 @@ def _json_column(values: list[bytes]) -> list[Any]:
         if list(map(_end, parsed)) == ends:  # a StopIteration ends the map early: no match
             return list(map(_first, parsed))
     return list(map(_json, values))
+
+
+# The built-ins' column forms: the same values and exceptions (NOTE [ Bulk decode ] in bulk.py).
+_COLUMN_FORMS: dict[Decoder, Callable[[list[bytes]], list[Any]]] = {
+    _text: lambda values: list(map(bytes.decode, values)),
+    _integer: lambda values: list(map(int, values)),
+    _json: _json_column,
+}
+
+
+def column_form(decoder: Decoder) -> Callable[[list[bytes]], list[Any]] | None:
+    """``values -> [decoder(v) for v in values]`` for a built-in decoder, in one C-level
+    pass where it can (the same values, the same exception type); None for the others."""
+    return _COLUMN_FORMS.get(decoder)
+
+
+def is_pickle(decoder: Decoder) -> bool:
+    """Whether ``decoder`` is the built-in pickle decoder (refused without ``allow_pickle``)."""
+    return decoder is _pickle
 
 
 def _npy(data: bytes) -> Any:
