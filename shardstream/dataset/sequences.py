@@ -273,10 +273,19 @@ class WindowSequences(Sequence[dict[str, Any]]):
 
 def _samples(arrays: dict[str, np.ndarray], streams: np.ndarray | None) -> list[dict[str, Any]]:
     """A dict per row of ``arrays`` (views of its rows), with its stream where it has one."""
-    if streams is not None:
-        arrays[STREAM_KEY] = streams
-    names = list(arrays)
-    return [dict(zip(names, row, strict=True)) for row in zip(*arrays.values(), strict=True)]
+    columns = zip(
+        *(arrays[name] for name in ("input_ids", "labels", "position_ids", "document_ids", "cu_seqlens")),
+        strict=True,
+    )
+    if streams is None:
+        return [
+            {"input_ids": a, "labels": b, "position_ids": c, "document_ids": d, "cu_seqlens": e}
+            for a, b, c, d, e in columns
+        ]
+    return [
+        {"input_ids": a, "labels": b, "position_ids": c, "document_ids": d, "cu_seqlens": e, STREAM_KEY: f}
+        for (a, b, c, d, e), f in zip(columns, streams, strict=True)
+    ]
 
 
 _BUILT_TOKENS = 1 << 22  # a window's sequences are laid out about this many tokens at a time

@@ -89,20 +89,24 @@ class Rows:
         rows at a time (default: all)."""
         size, p = seq_len, pieces
         lengths = p.hi - p.lo
+        counts = np.bincount(p.seq, minlength=count)[:count]  # pieces of each row
+        piece_firsts = np.concatenate([[0], np.cumsum(counts)])
         excl = np.cumsum(lengths) - lengths
-        dst = p.seq * size + excl - excl[np.searchsorted(p.seq, p.seq, side="left")]
+        dst = p.seq * size + excl - excl[piece_firsts[p.seq]]
         fill = np.bincount(p.seq, weights=lengths, minlength=count).astype(np.int64)[:count]
-        padded = np.flatnonzero(fill < size)
+        short = fill < size
+        padded = np.flatnonzero(short)
         pad_dst, pad_len = padded * size + fill[padded], size - fill[padded]
         at = np.searchsorted(dst, pad_dst)
         seg_dst = np.insert(dst, at, pad_dst)
+        seg_firsts = np.concatenate([[0], np.cumsum(counts + short)])
         row = seg_dst // size
-        rank = np.arange(len(seg_dst)) - np.searchsorted(row, row, side="left")
+        rank = np.arange(len(seg_dst)) - seg_firsts[row]
         src = p.lo - offset
         patch = np.full(len(p), IGNORE_INDEX, dtype=np.int64)
-        for number, tokens in enumerate(sources):
+        for number in np.unique(source[p.more]).tolist():
             mine = np.flatnonzero((source == number) & p.more)
-            patch[mine] = tokens[src[mine] + lengths[mine]]
+            patch[mine] = sources[number][src[mine] + lengths[mine]]
         # a span goes on where the piece before it ends at this one's start, in both places
         starts = np.ones(len(p), dtype=bool)
         starts[1:] = (source[1:] != source[:-1]) | (src[1:] != src[:-1] + lengths[:-1])
@@ -111,14 +115,14 @@ class Rows:
         copy_dst = dst[first]
         copy_end = copy_dst + (np.add.reduceat(lengths, first) if len(first) else 0)
         bounds = np.arange(count + 1, dtype=np.int64) * size
-        ends = dst + lengths - 1
         firsts = (
-            np.searchsorted(seg_dst, bounds).tolist(),
+            seg_firsts.tolist(),
             np.searchsorted(copy_end, bounds, side="right").tolist(),
             np.searchsorted(copy_dst, bounds).tolist(),
-            np.searchsorted(ends, bounds).tolist(),
-            np.searchsorted(pad_dst, bounds).tolist(),
+            piece_firsts.tolist(),
+            np.concatenate([[0], np.cumsum(short)]).tolist(),
         )
+        ends = dst + lengths - 1
         return cls(
             count,
             size,
@@ -197,9 +201,9 @@ class Rows:
         place = np.repeat(dst - lo, lengths) + within
         take = np.repeat(src, lengths) + within
         by = np.repeat(froms, lengths)
-        for number, tokens in enumerate(self.sources):
+        for number in np.unique(froms).tolist():
             mine = by == number
-            out[place[mine]] = tokens[take[mine]]
+            out[place[mine]] = self.sources[number][take[mine]]
 
 
 def build_sequences(
