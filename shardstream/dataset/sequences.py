@@ -19,7 +19,9 @@ around it would change, so it is an error whatever ``on_error`` says.
 from __future__ import annotations
 
 import collections
+import functools
 import operator
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
@@ -120,46 +122,56 @@ class SequenceReader:
     def __init__(self, reader: Any, packing: Packing, shards: TokenShards) -> None:
         self.reader, self.packing, self.shards = reader, packing, shards
         self._layouts: collections.OrderedDict[int, SequenceLayout] = collections.OrderedDict()
+        self._lock = threading.Lock()  # windows are laid out in the reader's fetch threads
 
     def layout(self, shard: int) -> SequenceLayout:
         """The sequences of ``shard`` (its sidecar read once, the layout kept a while)."""
-        found = self._layouts.get(shard)
-        if found is None:
-            name, fit_name = self.shards.paths[shard], self.shards.fits[shard]
-            fit = (
-                None
-                if fit_name is None
-                else BestFit.from_bytes(self.reader.sidecar(shard, fit_name), name=fit_name)
-            )
-            found = sequence_layout(self.packing, doc_ends(self.reader.index(shard)), fit=fit, shard=name)
+        with self._lock:
+            found = self._layouts.get(shard)
+            if found is not None:
+                self._layouts.move_to_end(shard)
+                return found
+        name, fit_name = self.shards.paths[shard], self.shards.fits[shard]
+        fit = (
+            None
+            if fit_name is None
+            else BestFit.from_bytes(self.reader.sidecar(shard, fit_name), name=fit_name)
+        )
+        found = sequence_layout(self.packing, doc_ends(self.reader.index(shard)), fit=fit, shard=name)
+        with self._lock:
             self._layouts[shard] = found
             while len(self._layouts) > _LAYOUTS:
                 self._layouts.popitem(last=False)
-        self._layouts.move_to_end(shard)
         return found
 
     def stream(self, windows: Iterator[Window]) -> Iterator[tuple[Window, WindowSequences, bool]]:
         """``(window, sequences, False)`` for each window of sequences, in yield order."""
-        pending: collections.deque[tuple[Window, list[tuple[SequenceRun, int]], list[Run]]] = (
-            collections.deque()
-        )
+        pending: collections.deque[tuple[Window, Window, dict[str, Any]]] = collections.deque()
 
         def documents() -> Iterator[Window]:
             for window in windows:
-                runs = [(run.shard, self.layout(run.shard).run(run.start, run.stop)) for run in window.runs]
-                joined, placed = _joined(runs)
-                pending.append((window, placed, joined))
-                yield Window(joined, np.arange(sum(len(r) for r in joined), dtype=np.int64))
+                made: dict[str, Any] = {}
+                laid = Window.lazy(window.shards, functools.partial(self._documents, window, made))
+                pending.append((window, laid, made))
+                yield laid
 
         for _, docs, holes in self.reader.stream(documents()):
-            window, placed, joined = pending.popleft()
+            window, laid, made = pending.popleft()
             if holes:
                 raise FormatError(
                     "a document of a token shard could not be read: its sequences cannot be built"
                 )
+            joined = list(laid.runs)  # laid out by its fetch
             flats = _flat_tokens(joined, docs)
             del docs
-            yield window, WindowSequences(self, window.order, placed, joined, flats), False
+            yield window, WindowSequences(self, window.order, made["placed"], joined, flats), False
+
+    def _documents(self, window: Window, made: dict[str, Any]) -> tuple[tuple[Run, ...], np.ndarray]:
+        """The document runs of ``window`` in run order (``made["placed"]``: where each of its
+        sequence runs is among them)."""
+        runs = [(run.shard, self.layout(run.shard).run(run.start, run.stop)) for run in window.runs]
+        joined, made["placed"] = _joined(runs)
+        return tuple(joined), np.arange(sum(len(r) for r in joined), dtype=np.int64)
 
     def close(self) -> None:
         self.reader.close()
