@@ -34,7 +34,6 @@ window) whatever the passes, and an epoch gives exactly the samples the listing 
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 
 import numpy as np
 
@@ -86,24 +85,25 @@ class StreamPasses:
         # as often as any other, give or take one (NOTE [ Mixtures ])
         self.cycle = quota // math.gcd(self.total, quota) if quota else 1
         self.nonempty = tuple((np.flatnonzero(sizes) + offset).tolist())
-        self._orders: OrderedDict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = OrderedDict()
+        self._orders: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def order(self, number: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(order, starts, ends)`` of pass ``number``: its shards in pass order, and where
         each starts and ends in the pass."""
         key = number // self.cycle
-        if key in self._orders:
-            self._orders.move_to_end(key)
-            return self._orders[key]
+        found = self._orders.get(key)
+        if found is not None:
+            return found
         if self.shuffle:
             order = permutation(self.sizes.size, (self.seed, key, TAG_PASS, self.stream))
         else:
             order = np.arange(self.sizes.size, dtype=np.int64)
         ends = np.cumsum(self.sizes[order])
-        self._orders[key] = (order, ends - self.sizes[order], ends)
-        while len(self._orders) > _CACHED_ORDERS:
-            self._orders.popitem(last=False)
-        return self._orders[key]
+        found = (order, ends - self.sizes[order], ends)
+        if len(self._orders) >= _CACHED_ORDERS:  # single dict operations: safe for reader threads
+            self._orders.clear()
+        self._orders[key] = found
+        return found
 
     def _groups(self) -> list[tuple[int, int, int, int]]:
         """``(pass, count, a, b)``: the epoch as groups of ``count`` passes of one order from
@@ -176,6 +176,8 @@ class StreamPasses:
 
 def _cuts(quota: int, count: int) -> np.ndarray:
     """``i * quota // count`` for ``i`` in ``[0, count]``, without a product past 2**63."""
+    if count >= 1 << 31:  # i * (quota % count) could pass 2**63: Python's integers
+        return np.array([i * quota // count for i in range(count + 1)], dtype=np.int64)
     whole, rest = divmod(quota, count)
     index = np.arange(count + 1, dtype=np.int64)
     return index * whole + index * rest // count
