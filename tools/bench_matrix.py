@@ -1,0 +1,337 @@
+"""The benchmark matrix: shardstream against the wire, cell by cell, on every shape.
+
+    python tools/bench_matrix.py [--quick] [--where local,s3,wan] [--samples 250B,100KB,1MB,16MB]
+        [--shards 8MB,32MB,128MB,512MB] [--shuffle no,yes] [--workers 1,2] [--corpus 256MB]
+        [--repeat 3] [--latency 0.03] [--bandwidth 40e6] [--record]
+
+A cell is a sample size x a shard size x shuffle or not x DataLoader workers (1: the
+dataset iterated in the process itself; 2 or more: ``shardstream.DataLoader`` with that
+many workers), on one storage:
+
+- local: tar shards in a temp folder on local disk;
+- s3: the same shards on moto's S3 server on 127.0.0.1 (loopback, a process of its own);
+- wan: that server behind ``shardstream.testing.wanproxy`` (``--latency`` seconds before
+  each request, each response at most ``--bandwidth`` bytes/s), as tools/bench_wan.py.
+
+Each cell's corpus holds ``--corpus`` bytes of samples (at least two shards); a sample is
+one binary field of its size. In each cell shardstream (``decode=False``, default read
+options) is measured against its wire references, each reading every byte of the same shard
+files: "whole files", each shard in one read (``get_object`` on S3, ``open().read()`` on
+disk) in as many threads as shards, up to 16, and "ranged parts", the shards cut into
+parts of at most 8 MB read in 16 threads (ranged GETs, ``os.pread``), and against
+``litdata.StreamingDataset`` on the same samples in its own format where litdata is
+installed. Rates are MB/s of sample bytes; each contender runs once untimed, then
+``--repeat`` rounds in rotating order, and a ratio is the median of per-round ratios (as
+in tools/bench_stream.py). ``--quick`` runs a small subset in a few minutes on a 2-core
+machine. ``--record`` keeps the cells' ratios in docs/benchmarks.json (claim ``matrix``;
+tools/bench_report.py draws them into docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import itertools
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+from bench_stream import MotoProcess, Rates, measure, write_litdata, write_tar
+
+import shardstream
+
+MB = 1 << 20
+BUCKET = "bench"
+PART = 8 * MB  # the ranged-parts reference's largest part
+THREADS = 16
+_UNITS = {"B": 1, "KB": 1000, "MB": MB, "GB": 1 << 30}
+
+
+def size(text: str) -> int:
+    """``"250B"``, ``"100KB"``, ``"16MB"`` -> bytes (KB: 1000 bytes; MB: 2**20)."""
+    number = text.rstrip("BKMGbkmg")
+    unit = text[len(number) :].upper() or "B"
+    if unit not in _UNITS or not number:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (say 250B, 100KB, 1MB)")
+    return int(float(number) * _UNITS[unit])
+
+
+def shown(count: int) -> str:
+    for unit in ("GB", "MB", "KB"):
+        if count >= _UNITS[unit] and count % _UNITS[unit] == 0:
+            return f"{count // _UNITS[unit]}{unit}"
+    return f"{count}B"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One shape of the matrix, on one storage."""
+
+    where: str
+    sample: int
+    shard: int
+    shuffle: bool
+    workers: int
+
+    @property
+    def name(self) -> str:
+        order = "shuffled" if self.shuffle else "in order"
+        return f"{self.where} {shown(self.sample)}/{shown(self.shard)} {order} w{self.workers}"
+
+
+@dataclass
+class Store:
+    """Where a corpus lives: a local folder, or a bucket behind an endpoint."""
+
+    where: str
+    root: str
+    options: dict | None = None  # what reads go through
+    endpoint: str = ""
+    env: dict | None = None
+    direct: dict | None = None  # what the corpus is written through (not the WAN proxy)
+
+    def client(self):  # type: ignore[no-untyped-def]
+        import boto3
+        from botocore.config import Config
+
+        assert self.env is not None
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=self.env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=self.env["AWS_SECRET_ACCESS_KEY"],
+            region_name="us-east-1",
+            config=Config(max_pool_connections=THREADS * 2),
+        )
+
+
+# -- the corpus -------------------------------------------------------------------------------
+
+
+def samples(count: int, sample: int) -> Iterator[dict]:
+    block = os.urandom(min(sample, 4 * MB))
+    body = (block * (sample // len(block) + 1))[:sample]
+    for i in range(count):
+        yield {"__key__": f"{i:09d}", "bin": body}
+
+
+def corpus(store: Store, cell: Cell, total: int, work: str, written: dict[str, dict]) -> dict:
+    """The cell's shards, written once per sample and shard size on each storage (S3 and
+    the WAN proxy read the same objects)."""
+    per_shard = max(1, cell.shard // cell.sample)
+    count = max(2 * per_shard, total // cell.sample)
+    name = f"{shown(cell.sample)}-{shown(cell.shard)}"
+    url = f"{store.root}/{name}"
+    if url in written:
+        return written[url]
+    write_tar(url, samples(count, cell.sample), per_shard, store.direct or store.options)
+    shards = shardstream.StreamingDataset(url, storage_options=store.options).manifest.shards
+    spec = {"url": url, "count": count, "paths": [s.path for s in shards], "sizes": [s.bytes for s in shards]}
+    litdata = os.path.join(work, f"litdata-{name}")
+    if store.where == "local" and write_litdata(litdata, samples(count, cell.sample)):
+        spec["litdata"] = litdata
+    written[url] = spec
+    return spec
+
+
+# -- the contenders ---------------------------------------------------------------------------
+
+
+def shardstream_epoch(store: Store, cell: Cell, spec: dict) -> int:
+    dataset = shardstream.StreamingDataset(
+        spec["url"], shuffle=cell.shuffle, seed=0, decode=False, storage_options=store.options
+    )
+    if cell.workers <= 1:
+        return sum(len(sample["bin"]) for sample in dataset)
+    loader = shardstream.DataLoader(dataset, batch_size=8, num_workers=cell.workers, collate_fn=list)
+    return sum(len(sample["bin"]) for batch in loader for sample in batch)
+
+
+def parts(spec: dict, largest: int) -> list[tuple[str, int, int]]:
+    return [
+        (path, start, min(start + largest, total))
+        for path, total in zip(spec["paths"], spec["sizes"], strict=True)
+        for start in range(0, total, largest)
+    ]
+
+
+def wire_epoch(store: Store, spec: dict, ranged: bool) -> int:
+    """Every byte of the shards: whole files, or ranged parts (see the docstring)."""
+    items = (
+        parts(spec, PART)
+        if ranged
+        else [(p, 0, n) for p, n in zip(spec["paths"], spec["sizes"], strict=True)]
+    )
+    threads = THREADS if ranged else min(THREADS, len(items))
+    if store.where == "local":
+
+        def get(item: tuple[str, int, int]) -> int:
+            path, start, stop = item
+            fd = os.open(os.path.join(spec["url"], path), os.O_RDONLY)
+            try:
+                return len(os.pread(fd, stop - start, start))
+            finally:
+                os.close(fd)
+
+    else:
+        client, prefix = store.client(), spec["url"].removeprefix(f"s3://{BUCKET}/")
+
+        def get(item: tuple[str, int, int]) -> int:
+            path, start, stop = item
+            key = f"{prefix}/{path}"
+            if not ranged:
+                return len(client.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+            got = client.get_object(Bucket=BUCKET, Key=key, Range=f"bytes={start}-{stop - 1}")
+            return len(got["Body"].read())
+
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        return sum(pool.map(get, items))
+
+
+def litdata_epoch(cell: Cell, spec: dict) -> int:
+    import litdata
+
+    dataset = litdata.StreamingDataset(spec["litdata"], shuffle=cell.shuffle, seed=0)
+    if cell.workers <= 1:
+        return sum(len(sample["bin"]) for sample in dataset)
+    loader = litdata.StreamingDataLoader(dataset, batch_size=8, num_workers=cell.workers, collate_fn=list)
+    return sum(len(sample["bin"]) for batch in loader for sample in batch)
+
+
+def contenders(store: Store, cell: Cell, spec: dict) -> dict[str, Callable[[], int]]:
+    """Each contender's epoch, giving the sample bytes it read (MB/s: bytes / 2**20 / s)."""
+    out: dict[str, Callable[[], int]] = {
+        "shardstream": lambda: shardstream_epoch(store, cell, spec) / MB,
+        "whole files": lambda: wire_epoch(store, spec, ranged=False) / MB,
+        "ranged parts": lambda: wire_epoch(store, spec, ranged=True) / MB,
+    }
+    if "litdata" in spec:
+        out["litdata"] = lambda: litdata_epoch(cell, spec) / MB
+    return out
+
+
+# -- the matrix -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Result:
+    cell: Cell
+    rates: Rates
+
+    def ratio(self, others: list[str]) -> float:
+        present = [o for o in others if o in self.rates.names]
+        return statistics.median(self.rates.ratios(present)) if present else float("nan")
+
+    def line(self) -> str:
+        wire = self.ratio(["whole files", "ranged parts"])
+        text = (
+            f"  {self.cell.name:<34} {self.rates.rate('shardstream'):>9,.0f} MB/s   / best wire {wire:.2f}x"
+        )
+        if "litdata" in self.rates.names:
+            text += f"   / litdata {self.ratio(['litdata']):.2f}x"
+        return text
+
+
+def stores(where: list[str], work: str, latency: float, bandwidth: float, stack: list) -> dict[str, Store]:
+    out = {}
+    if "local" in where:
+        out["local"] = Store("local", os.path.join(work, "local"))
+    if "s3" in where or "wan" in where:
+        server = MotoProcess(BUCKET)
+        stack.append(server)
+        endpoint = server.env["AWS_ENDPOINT_URL"]
+        if "s3" in where:
+            out["s3"] = Store("s3", f"s3://{BUCKET}/corpus", server.options(), endpoint, server.env)
+        if "wan" in where:
+            from bench_wan import ProxyProcess
+
+            proxy = ProxyProcess(endpoint, latency, bandwidth)
+            stack.append(proxy)
+            options = dict(server.options(), endpoint_url=proxy.endpoint)
+            out["wan"] = Store(
+                "wan", f"s3://{BUCKET}/corpus", options, proxy.endpoint, server.env, server.options()
+            )
+    return out
+
+
+def run(args: argparse.Namespace) -> list[Result]:
+    work = tempfile.mkdtemp(prefix="bench-matrix-")
+    stack: list = []
+    results = []
+    try:
+        where = stores(args.where, work, args.latency, args.bandwidth, stack)
+        written: dict[str, dict] = {}
+        for place, sample, shard in itertools.product(args.where, args.samples, args.shards):
+            for shuffle, workers in itertools.product(args.shuffle, args.workers):
+                cell = Cell(place, sample, shard, shuffle, workers)
+                spec = corpus(where[place], cell, args.corpus, work, written)
+                result = Result(cell, measure(contenders(where[place], cell, spec), args.repeat))
+                print(result.line(), flush=True)
+                results.append(result)
+    finally:
+        for process in reversed(stack):
+            process.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return results
+
+
+def recorded(results: list[Result], command: str) -> None:
+    from results import record
+
+    ratios = {r.cell.name: r.ratio(["whole files", "ranged parts"]) for r in results}
+    litdata = {
+        f"{r.cell.name} / litdata": r.ratio(["litdata"]) for r in results if "litdata" in r.rates.names
+    }
+    figures = {r.cell.name: r.rates.rate("shardstream") for r in results}
+    record("matrix", command, {}, ratios={**ratios, **litdata}, note=f"shardstream MB/s by cell: {figures}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    listed = lambda kind: lambda text: [kind(part) for part in text.split(",")]  # noqa: E731
+    yes = lambda text: text in ("yes", "true", "1", "shuffled")  # noqa: E731
+    parser.add_argument("--quick", action="store_true", help="a subset: a few minutes on 2 cores")
+    parser.add_argument("--where", type=listed(str), default=["local", "s3", "wan"])
+    parser.add_argument("--samples", type=listed(size), default=[250, 100_000, MB, 16 * MB])
+    parser.add_argument("--shards", type=listed(size), default=[8 * MB, 32 * MB, 128 * MB, 512 * MB])
+    parser.add_argument("--shuffle", type=listed(yes), default=[False, True])
+    parser.add_argument("--workers", type=listed(int), default=[1, 2])
+    parser.add_argument(
+        "--corpus", type=size, default=256 * MB, help="sample bytes per cell (2 shards at least)"
+    )
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--latency", type=float, default=0.03)
+    parser.add_argument("--bandwidth", type=float, default=40e6)
+    parser.add_argument("--record", action="store_true", help="keep the ratios in docs/benchmarks.json")
+    args = parser.parse_args()
+    if args.quick:
+        args.samples, args.shards, args.shuffle, args.workers = [250, MB], [8 * MB], [False], [1]
+        args.corpus, args.repeat = 24 * MB, 1
+    unknown = set(args.where) - {"local", "s3", "wan"}
+    if unknown:
+        parser.error(f"--where: unknown storage {sorted(unknown)} (local, s3, wan)")
+    if args.record and args.quick:
+        parser.error("--record keeps a run's figures as the current ones: not those of a --quick run")
+    print(
+        f"cells: shardstream MB/s, and its paired ratio to the best wire reference (median of {args.repeat})"
+    )
+    results = run(args)
+    if args.record:
+        from results import command_line
+
+        recorded(results, command_line())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
