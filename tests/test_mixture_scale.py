@@ -115,6 +115,22 @@ def test_every_mix_plans_a_huge_epoch_in_bounded_memory(mix):
     assert len(streams) == 2 or mix == "per_stream"  # the streams mix within a batch
 
 
+@pytest.mark.parametrize("order", ["local", "global"])
+def test_a_window_over_stretches_names_exactly_the_shards_it_reads(order):
+    streams = [StreamSpec("a", [5] * 300, "fa", repeat=10**6), StreamSpec("b", [7, 9], "fb", choose=10**8)]
+    mixture = Mixture(streams)
+    extra = {"order": "global", "global_batch_size": 64} if order == "global" else {}
+    config = PlanConfig(seed=5, **extra)
+    plan = make_plan(mixture, config, epoch=1, shape=_shape(config, 2, 2))
+    state = plan.state_dict(3)  # resumed part way into a window: its runs are laid out again
+    resumed = make_plan(mixture, config, state=state, shape=_shape(config, 2, 2))
+    assert all(mixture.stretched)
+    for current in (plan, resumed):
+        for window in itertools.islice(current.worker_windows(1, 0), 3):
+            assert set(window.shards) == {run.shard for run in window.runs}
+            assert len(window.shards) < 48  # what a reader's sidecar cache holds
+
+
 def test_a_listed_mixture_refuses_a_state_of_stretched_passes():
     mixture = Mixture([StreamSpec("a", [5, 3], "fa", repeat=2), StreamSpec("b", [4], "fb")])
     assert not any(mixture.stretched)

@@ -158,12 +158,19 @@ def _nonempty(segments: Segments) -> Segments:
     )
 
 
-def _window_shards(segments: Segments, window: Window) -> tuple[int, ...]:
-    """The real shards a window over segments reads: exactly those of its runs where the
-    plan knows them (a stretch spans far more than one window reads), else its segments'."""
-    if segments.source is not None and window.known_runs is not None:
-        return tuple(dict.fromkeys(run.shard for run in segments.runs(window.known_runs)))
-    return segments.shards_of(window.shards)
+def _mapped(segments: Segments, window: Window) -> Window:
+    """A window over segments as a window over real shards, laid out lazily. Its shards
+    are exact: a stretch spans far more shards than one window reads (NOTE [ Stretched
+    passes ]), so a window over stretches whose runs the plan does not know up front is
+    laid out here, else it would name (and fetch the sidecars of) every shard of a stream."""
+    build = functools.partial(_mapped_window, segments, window)
+    if segments.source is None:
+        return Window.lazy(segments.shards_of(window.shards), build)
+    runs = window.known_runs
+    if runs is None:
+        made = build()
+        return Window.lazy(tuple(dict.fromkeys(run.shard for run in made[0])), lambda: made)
+    return Window.lazy(tuple(dict.fromkeys(run.shard for run in segments.runs(runs))), build)
 
 
 def _mapped_window(segments: Segments, window: Window) -> tuple[tuple[Run, ...], np.ndarray]:
@@ -211,10 +218,7 @@ class ShardView:
         segments = self.segments
         if segments is None:
             return windows
-        return (
-            Window.lazy(_window_shards(segments, w), functools.partial(_mapped_window, segments, w))
-            for w in windows
-        )
+        return (_mapped(segments, w) for w in windows)
 
     def samples(self, samples: Iterator[tuple[int, int]]) -> Iterator[tuple[int, int]]:
         """``(shard, index)`` over these shards as ``(shard, index)`` of real shards."""
