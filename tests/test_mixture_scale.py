@@ -306,7 +306,12 @@ def _sized(
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(sizing=_sizings(), world=st.integers(1, 9), workers=st.integers(1, 4), epoch=st.integers(0, 10**6))
+@given(
+    sizing=_sizings(),
+    world=st.integers(1, 9),
+    workers=st.integers(1, 4),
+    epoch=st.integers(0, 10**6) | st.integers(0, 2**80),
+)
 def test_any_sizing_plans_equal_ranks_in_bounded_segments_or_is_refused_clearly(
     sizing, world, workers, epoch
 ):
@@ -316,13 +321,15 @@ def test_any_sizing_plans_equal_ranks_in_bounded_segments_or_is_refused_clearly(
         assert any(word in str(mixture) for word in ("stream", "epoch", "weight"))  # says which number
         return
     assert sum(mixture.quotas) == mixture.total
-    view = random_view(mixture, PlanConfig(seed=epoch), epoch)
+    view = random_view(mixture, PlanConfig(seed=epoch % 2**64), epoch)
     shards = sum(int(np.count_nonzero(s.sizes)) for s in mixture.streams)
     assert len(view.sizes) <= stream_passes.LISTED_PASSES * shards + stream_passes.SPREAD + 2 * len(
         mixture.streams
     )
     assert int(view.sizes.sum()) == mixture.total
-    plan = MixturePlan(mixture, PlanConfig(seed=epoch), epoch=epoch, world_size=world, num_workers=workers)
+    plan = MixturePlan(
+        mixture, PlanConfig(seed=epoch % 2**64), epoch=epoch, world_size=world, num_workers=workers
+    )
     per_rank = [sum(plan.worker_num_samples(r, w) for w in range(workers)) for r in range(world)]
     assert per_rank == [plan.samples_per_rank()] * world
     assert 0 <= per_rank[0] * world - mixture.total < world
