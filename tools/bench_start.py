@@ -16,8 +16,10 @@ S3's 5,500 GET/s per prefix) times ``ranks run / --full-ranks``, so the time to 
 batch is the full job's. Where the library has ``start_rate``, the ranks pass it scaled
 the same way.
 
-It prints, per variant (this tree; with ``--base REV`` also that revision, run from a
-temp git worktree: the figure before the change), the GETs to the first batches by kind,
+Two phases: ``counts`` (no limit, not paced: the requests each reader makes) and
+``storm`` (the scaled limit, ``start_rate`` where the library has it). Each prints, per
+variant (this tree; with ``--base REV`` also that revision, run from a temp git
+worktree: the figure before the change), the GETs to the first batches by kind,
 GETs per reader, the bound ``nodes x (1 + the node's first-window sidecars) + data GETs``
 (and the same per rank: without ``--cache-dir`` a rank's workers share its sidecars, a
 node's ranks do not), the 503s the proxy sent and those that reached a user (a rank that
@@ -32,6 +34,7 @@ import contextlib
 import hashlib
 import io
 import json
+import math
 import os
 import pathlib
 import shutil
@@ -76,8 +79,8 @@ def child(args: argparse.Namespace) -> int:
         options: dict[str, Any] = {"shuffle": True, "seed": SEED, "decode": False}
         if args.cache_dir:
             options["cache_dir"] = args.cache_dir
-        if args.start_rate and _has_start_rate(shardstream):
-            options["start_rate"] = args.start_rate
+        if _has_start_rate(shardstream):  # 0: not paced
+            options["start_rate"] = args.start_rate or None
         dataset = shardstream.StreamingDataset(args.url, **options)
         loader = shardstream.DataLoader(dataset, batch_size=BATCH, num_workers=args.workers, collate_fn=len)
         for count, _ in enumerate(loader, 1):
@@ -120,6 +123,8 @@ def rate_limited_proxy(upstream: str, rate: float) -> Any:
                 self._tokens, self._at = max(1.0, rate), time.monotonic()
 
         def _admit(self) -> bool:
+            if rate <= 0:  # no limit: the requests as they come
+                return True
             with self._bucket:
                 now = time.monotonic()
                 self._tokens = min(max(1.0, rate), self._tokens + (now - self._at) * rate)
@@ -276,7 +281,6 @@ def summary(
     times += [float("inf")] * missing  # a reader that never got a batch is the slowest
     p50 = times[len(times) // 2]
     p99 = times[min(len(times) - 1, int(0.99 * len(times)))]
-    scale = FULL_RANKS / ranks
     print(f"{name}")
     print(
         f"  GETs to first batches     {total:8d}  manifest {manifest}, sidecars {sidecars}, data {data}, other {other}"
@@ -295,8 +299,10 @@ def summary(
     print(
         f"  time to first batch (s)   p50 {p50:.2f}  p99 {p99:.2f}  (scaled run: the full job's rate per reader)"
     )
-    print(f"  full job ({FULL_RANKS} x {args.workers})   {total * scale:10.0f} GETs, {total * scale / max(p99, 1e-9):.0f} GET/s "
-          f"over the p99 start against {args.limit:.0f} GET/s")  # fmt: skip
+    full = total * args.full_ranks / ranks
+    print(
+        f"  full job ({args.full_ranks} x {args.workers})  {full:8.0f} GETs: {full / args.limit:.1f} s at {args.limit:.0f} GET/s at best"
+    )
     return {
         "gets_per_reader": total / readers,
         "p99_s": p99,
@@ -314,9 +320,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=FULL_WORKERS)
     parser.add_argument("--shards-per-rank", type=int, default=1)
     parser.add_argument("--full-ranks", type=int, default=FULL_RANKS)
-    parser.add_argument("--limit", type=float, default=S3_LIMIT, help="the store's GET/s at full scale")
     parser.add_argument(
-        "--start-rate", type=float, default=5000.0, help="start_rate at full scale, if the library has it"
+        "--limit", type=float, default=S3_LIMIT, help="the store's GET/s at full scale (0: none)"
+    )
+    parser.add_argument(
+        "--start-rate",
+        type=float,
+        default=5000.0,
+        help="start_rate at full scale, where the library has it (0: None)",
+    )
+    parser.add_argument(
+        "--phases",
+        default="counts,storm",
+        help="counts (no limit, not paced) and/or storm (the scaled limit)",
     )
     parser.add_argument("--base", default=None, help="also run this git revision (today's figure)")
     parser.add_argument("--cache-dir", action="store_true", help="a cache_dir per node")
@@ -335,8 +351,6 @@ def bench(args: argparse.Namespace) -> int:
 
     ranks = args.nodes * args.ranks_per_node
     scale = ranks / args.full_ranks
-    rate = args.limit * scale
-    args.start_rate_scaled = args.start_rate * scale
     server = MotoServer()
     server.start()
     try:
@@ -346,36 +360,61 @@ def bench(args: argparse.Namespace) -> int:
         options = server.storage_options()
         write_dataset(url, ranks * args.shards_per_rank, options)
         firsts = first_window_sidecars(url, options, ranks, args.workers)
-        print(f"{ranks} ranks ({args.nodes} nodes) x {args.workers} workers, {ranks * args.shards_per_rank} shards; "
-              f"{rate:.2f} GET/s = {args.limit:.0f} x {ranks}/{args.full_ranks} (scaled run)")  # fmt: skip
-        with rate_limited_proxy(server.endpoint, rate) as proxy:
-            env = dict(os.environ, **server.env())
-            env["AWS_ENDPOINT_URL"] = proxy.endpoint
-            figures = {}
-            if args.base:
-                with worktree(args.base) as tree:
-                    before = summary(f"before ({args.base})", run(tree, url, proxy, env, args), firsts, args)
-                figures["before"] = before
-            after = summary("this tree", run(str(ROOT), url, proxy, env, args), firsts, args)
-            figures["after"] = after
-        if "before" in figures:
+        print(
+            f"{ranks} ranks ({args.nodes} nodes) x {args.workers} workers, {ranks * args.shards_per_rank} shards"
+        )
+        figures: dict[str, dict[str, float]] = {}
+        for phase in args.phases.split(","):
+            storm = phase == "storm"
+            rate = args.limit * scale if storm else 0.0
+            args.start_rate_scaled = args.start_rate * scale if storm else 0.0
             print(
-                f"GETs per reader, before / this tree: {figures['before']['gets_per_reader'] / after['gets_per_reader']:.2f}x"
+                f"{phase}: "
+                + (
+                    f"{rate:.2f} GET/s = {args.limit:.0f} x {ranks}/{args.full_ranks}, start_rate "
+                    f"{args.start_rate_scaled:.2f} (scaled run)"
+                    if storm
+                    else "no rate limit, not paced: the requests each reader makes"
+                )
             )
-        if args.record and "before" in figures:
-            sys.path.insert(0, str(ROOT / "tools"))
-            from results import command_line, record
-
-            record(
-                "start-storm",
-                command_line(),
-                {"GETs per reader": after["gets_per_reader"], "GETs per reader before": figures["before"]["gets_per_reader"],
-                 "p99 first batch s": after["p99_s"], "503s reaching a user": after["user_503s"]},
-                ratios={"GETs per reader, before / after": figures["before"]["gets_per_reader"] / after["gets_per_reader"]},
-            )  # fmt: skip
+            with rate_limited_proxy(server.endpoint, rate) as proxy:
+                env = {**os.environ, **server.env(), "AWS_ENDPOINT_URL": proxy.endpoint}
+                if args.base:
+                    with worktree(args.base) as tree:
+                        result = run(tree, url, proxy, env, args)
+                    figures[f"{phase} before"] = summary(f"  before ({args.base})", result, firsts, args)
+                result = run(str(ROOT), url, proxy, env, args)
+                figures[phase] = summary("  this tree", result, firsts, args)
+            if args.base:
+                ratio = figures[f"{phase} before"]["gets_per_reader"] / figures[phase]["gets_per_reader"]
+                print(f"  GETs per reader, before / this tree: {ratio:.2f}x")
+        if args.record and args.base and {"counts", "storm"} <= {p.split()[0] for p in figures}:
+            record(args, figures)
     finally:
         server.stop()
     return 0
+
+
+def record(args: argparse.Namespace, figures: dict[str, dict[str, float]]) -> None:
+    """With ``--record``: this run in docs/benchmarks.json (tools/results.py), claim start-storm:
+    GETs per reader from the counts phase, 503s and times from the storm phase."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from results import command_line
+    from results import record as append
+
+    counts, before = figures["counts"], figures["counts before"]
+    storm, storm_before = figures["storm"], figures["storm before"]
+    row = {
+        "GETs per reader": counts["gets_per_reader"],
+        "storm: p99 s to first batch": storm["p99_s"],
+        "storm: ranks failed by 503s": storm["user_503s"],
+        f"before ({args.base}): GETs per reader": before["gets_per_reader"],
+        f"before ({args.base}) storm: ranks failed by 503s": storm_before["user_503s"],
+    }
+    if math.isfinite(storm_before["p99_s"]):
+        row[f"before ({args.base}) storm: p99 s to first batch"] = storm_before["p99_s"]
+    ratios = {"GETs per reader, before / this tree": before["gets_per_reader"] / counts["gets_per_reader"]}
+    append("start-storm", command_line(), row, ratios=ratios)
 
 
 if __name__ == "__main__":
