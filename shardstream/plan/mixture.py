@@ -21,8 +21,8 @@ and ``"per_stream"`` compose global batches from each stream's own sequence
 stream, whatever its passes per epoch (NOTE [ Stretched passes ]).
 
 A mixture's state is its plan's, plus the mix and the streams (name, fingerprint, shard
-and sample counts, quota): a state of one mixture refuses to load into another and names
-the stream that differs.
+and sample counts, quota), and ``stream_passes`` where their passes are stretched: a state
+of one mixture refuses to load into another and names the stream that differs.
 """
 
 from __future__ import annotations
@@ -162,9 +162,9 @@ class Mixture:
     # (``N / gcd(N, q)`` epochs), the order ``permutation(shards, (seed, c, TAG_PASS,
     # stream))`` for cycle ``c``: a head and the tail before it then never overlap (``q <=
     # N``) or overlap in exactly ``q mod N`` samples. A fresh order comes every cycle: every
-    # epoch when ``q`` divides or is a multiple of ``N``. Listed, those positions are ``Segments``: runs
-    # of one real shard each, a few per shard of the stream and epoch; a stream of many passes
-    # is laid in stretches instead (NOTE [ Stretched passes ], plan/stream_passes.py).
+    # epoch when ``q`` divides or is a multiple of ``N``. Listed, those positions are
+    # ``Segments``: runs of one real shard each, a few per shard of the stream and epoch; a
+    # stream of many passes is laid in stretches instead (NOTE [ Stretched passes ]).
     def passes(
         self, stream: int, epoch: int, *, seed: int, shuffle: bool, quota: int | None = None
     ) -> StreamPasses:
