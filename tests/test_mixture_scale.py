@@ -299,7 +299,7 @@ def _sized(
     streams: list[tuple[list[int], dict[str, object]]], epoch_size: int | None
 ) -> Mixture | ShardstreamError:
     try:
-        specs = [StreamSpec(f"s{i}", s, **how) for i, (s, how) in enumerate(streams)]  # type: ignore[arg-type]
+        specs = [StreamSpec(f"s{i}", s, **how) for i, (s, how) in enumerate(streams)]
         return Mixture(specs, epoch_size=epoch_size)
     except ShardstreamError as error:
         return error
