@@ -123,9 +123,12 @@ class StreamPasses:
         """Positions ``[a, b)`` of pass ``number`` as ``(shards, starts, stops)`` of its
         non-empty shards, in pass order."""
         order, starts, ends = self.order(number)
-        keep = (ends > a) & (starts < b) & (ends > starts)
-        first, last = starts[keep], ends[keep]
-        return order[keep] + self.offset, np.maximum(first, a) - first, np.minimum(last, b) - first
+        # the shards ending after a and starting before b: one slice (both rise), O(log shards)
+        lo, hi = int(np.searchsorted(ends, a, side="right")), int(np.searchsorted(starts, b, side="left"))
+        first, last = starts[lo:hi], ends[lo:hi]
+        keep = last > first
+        first, last = first[keep], last[keep]
+        return order[lo:hi][keep] + self.offset, np.maximum(first, a) - first, np.minimum(last, b) - first
 
     def listed(self) -> Segments:
         """The epoch as one segment per shard and pass (NOTE [ A stream's passes ])."""
