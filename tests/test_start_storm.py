@@ -97,7 +97,7 @@ def test_ranks_on_one_node_share_one_manifest_read_without_a_process_group(count
     # a node's copy that is not the dataset it names (its fingerprint does not match) is read again
     (copy,) = (node_b / f"shardstream-start-{os.getuid()}").glob("manifest-*.json")
     record = json.loads(copy.read_text())
-    record["fingerprint"] = "0" * 32
+    record["digest"] = "0" * 32
     copy.write_text(json.dumps(record))
     third = shardstream.StreamingDataset(url, num_replicas=4, rank=3, storage_options=options)
     assert proxy.of(MANIFEST) == 3

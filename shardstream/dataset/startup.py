@@ -178,13 +178,13 @@ def _fresh_copy(path: str, key: str) -> tuple[Manifest, str] | None:
             kept: Mapping[str, Any] = json.load(f)
         if kept.get("key") != key:
             return None
-        return Manifest.from_json(kept["manifest"], url=key), str(kept["fingerprint"])
+        return Manifest.from_json(kept["manifest"], url=key), str(kept["digest"])
     except Exception:  # gone, half written by a crashed reader, or no manifest: read it again
         return None
 
 
 def _write_copy(path: str, key: str, manifest: Manifest, fingerprint: str) -> None:
-    record = {"key": key, "fingerprint": fingerprint, "manifest": manifest.to_json()}
+    record = {"key": key, "digest": fingerprint, "manifest": manifest.to_json()}
     temp = f"{path}.{os.getpid()}.tmp"
     try:
         with open(temp, "w", encoding="utf-8") as f:
