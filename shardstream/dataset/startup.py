@@ -30,9 +30,12 @@
 # ``begin``), so it reads the sidecars of every worker's first window there, once and
 # concurrently, and the dataset carries them to the workers (pickled for spawn, inherited
 # by fork): a shard read by several workers costs one GET, and a worker seeds its sidecar
-# LRU with its first window's before it reads. Where ``cache_dir`` is set, sidecars go
-# through the node's shard cache instead (one fill per node, under its entry lock), and
-# local files cost no request: neither is read ahead here.
+# LRU (a mixture's: the one its streams' readers share) with its first window's before it
+# reads. Only the first epoch a DataLoader plans is read ahead: persistent workers started
+# then read their later windows' sidecars themselves, and reading those again in the
+# parent would double them. Where ``cache_dir`` is set, sidecars go through the node's
+# shard cache instead (one fill per node, under its entry lock), and local files cost no
+# request: neither is read ahead here, nor (for now) a token dataset read as sequences.
 """
 
 from __future__ import annotations
