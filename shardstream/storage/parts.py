@@ -32,6 +32,7 @@ from shardstream.types import ByteRange
 __all__ = [
     "FAST_CONNECTION",
     "GETS_IN_FLIGHT",
+    "NEVER_CUT",
     "PARTS",
     "PART_MAX",
     "PART_MIN",
@@ -77,6 +78,9 @@ PROBE = 2 * CHUNK  # its bytes before it may be cut (NOTE [ Reads in parts ])
 FAST_CONNECTION = 256 * 2**20  # bytes/s: a GET this fast is never cut
 PART_LATENCIES = 2  # a part lasts about this many latencies at the measured rate
 GETS_IN_FLIGHT = 24  # a pool's long reads are cut only while they have fewer GETs in flight
+# A streamed read shorter than this is never cut (its rest after the probe is shorter than
+# two parts), so it is one plain GET read at once: no chunks, no probe, no buffer to fill.
+NEVER_CUT = PROBE + 2 * PART_MIN
 
 T = TypeVar("T")
 
@@ -180,6 +184,11 @@ def read_parts(
     whole = ByteRange(0, size) if rng is None and size is not None else rng
     if whole is None or not whole.length:
         return io.read(path, rng, expect) if whole is None or rng is None else b""
+    if io.streams and whole.length < NEVER_CUT:  # one GET read whole, as its probe would read it
+        data = io.read(path, rng, expect)
+        if tell is not None:
+            tell(len(data))
+        return data
     sink = MemorySink(whole)
     read_long(io, path, whole, size, pool, sink, whole_object=rng is None, tell=tell)
     return sink.buffer
