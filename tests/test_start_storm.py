@@ -251,12 +251,15 @@ def check_exact(out: pathlib.Path, ranks: range) -> None:
 
 
 @pytest.mark.slow
-def test_storm_one_job_with_a_process_group(counted, tmp_path):
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+def test_storm_one_job_with_a_process_group(counted, tmp_path, backend):
+    """``nccl``: the default group's backend is said to be NCCL (no GPU here), so the
+    manifest goes over a gloo group made for it."""
     url, options, proxy = counted
     env = dict(os.environ, AWS_ENDPOINT_URL=options["endpoint_url"])
     out = tmp_path / "out"
     out.mkdir()
-    finished(torchrun(url, out, env, "--group", "--cache-dir", str(tmp_path / "cache")))
+    finished(torchrun(url, out, env, "--group", backend, "--cache-dir", str(tmp_path / "cache")))
     check_exact(out, range(2))
     assert proxy.of(MANIFEST) == 1  # 2 ranks x 2 workers: one read for the job
     assert max(proxy.per_sidecar().values()) == 1, proxy.per_sidecar()  # one node: its cache dir
@@ -299,7 +302,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("url")
     parser.add_argument("out")
-    parser.add_argument("--group", action="store_true")
+    parser.add_argument("--group", default=None, help="the backend the default group is said to have")
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--host", type=int, default=0)  # a simulated node (torchrun owns --node*)
     parser.add_argument("--hosts", type=int, default=1)
@@ -310,6 +313,8 @@ def main() -> int:
         import torch.distributed as dist
 
         dist.init_process_group("gloo")
+        if args.group == "nccl":  # what an NCCL job's default group says of itself
+            dist.get_backend = lambda group=None: "nccl" if group is None else "gloo"
     options = {} if args.cache_dir is None else {"cache_dir": args.cache_dir}
     dataset = shardstream.StreamingDataset(
         args.url, num_replicas=world, rank=rank, shuffle=True, seed=7, decode=False, **options
