@@ -112,20 +112,20 @@ def _cpu_group() -> Iterator[Any]:
 def _broadcast(sources: Sequence[DatasetSource]) -> None:
     import torch.distributed as dist
 
-    keys = [source_key(source) for source in sources]
     sent: list[Any] = [None]
     failed: BaseException | None = None
-    if dist.get_rank() == 0:
-        try:
+    keys: list[str] = []
+    try:  # a rank that fails here still joins the broadcast, so no other rank waits on it
+        keys = [source_key(source) for source in sources]
+        if dist.get_rank() == 0:  # where this read fails, the others read their own and fail alike
             sent[0] = [(key, s.manifest, s.fingerprint) for key, s in zip(keys, sources, strict=True)]
-        except Exception as error:  # the others read their own and fail with their own error
-            failed = error
+    except Exception as error:
+        failed = error
     with _cpu_group() as cpu:
         dist.broadcast_object_list(sent, src=0, group=cpu)
     if failed is not None:
         raise failed
-    received = sent[0] or []
-    by_key = {key: (manifest, fingerprint) for key, manifest, fingerprint in received}
+    by_key = {key: (manifest, fingerprint) for key, manifest, fingerprint in sent[0] or []}
     for key, source in zip(keys, sources, strict=True):
         got = by_key.get(key)
         if got is not None and isinstance(got[0], Manifest):
