@@ -10,8 +10,8 @@
 # samples: the epoch's first window, and any window the caller catches up with. Every read
 # is still checked before any of its bytes is decoded, a failed check is the same error,
 # raised where the window is decoded, and a window's samples come only once all its reads
-# are decoded. ``MapDataset``'s batches check inline (no thread kept between batches:
-# NOTE [ Batch fetches ] in random_access.py). tools/bench_stream.py --only small measures
+# are decoded. ``MapDataset``'s batches check each read in the thread that read it (NOTE
+# [ Decoding as reads land ] in batch_reads.py). tools/bench_stream.py --only small measures
 # checked against unchecked epochs (docs/benchmarks.md, claim checks-cost).
 """
 
