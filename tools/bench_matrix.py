@@ -290,8 +290,8 @@ def recorded(results: list[Result], command: str) -> None:
     litdata = {
         f"{r.cell.name} / litdata": r.ratio(["litdata"]) for r in results if "litdata" in r.rates.names
     }
-    figures = {r.cell.name: r.rates.rate("shardstream") for r in results}
-    record("matrix", command, {}, ratios={**ratios, **litdata}, note=f"shardstream MB/s by cell: {figures}")
+    rates = "; ".join(f"{r.cell.name} {r.rates.rate('shardstream'):,.0f}" for r in results)
+    record("matrix", command, {}, ratios={**ratios, **litdata}, note=f"shardstream MB/s by cell: {rates}.")
 
 
 def main() -> int:
