@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from shardstream.dataset.sequences import _flat_tokens
 from shardstream.plan import Run
 from shardstream.tokens import Packing, SequencePieces, build_sequences, sequence_layout
+from shardstream.tokens import build as building
 from shardstream.tokens.build import Rows
 
 PROPERTY = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -72,12 +73,14 @@ def test_rows_of_several_shards_in_any_order_built_in_blocks_equal_each_sequence
     rows = Rows.of(
         len(picked), size, pieces, tokens, source, source * 0, np.array(pads)[shard_of], block=block
     )
-    built = []
-    for start in range(0, len(picked), block):
-        arrays = rows.build(start, min(start + block, len(picked)))
-        built += [
-            dict(zip(arrays, row_arrays, strict=True)) for row_arrays in zip(*arrays.values(), strict=True)
-        ]
+    built, before = [], building._SLICED_TOKENS
+    building._SLICED_TOKENS = data.draw(st.sampled_from([1, 1 << 30]))  # spans sliced each, or gathered
+    try:
+        for start in range(0, len(picked), block):
+            arrays = rows.build(start, min(start + block, len(picked)))
+            built += [dict(zip(arrays, one, strict=True)) for one in zip(*arrays.values(), strict=True)]
+    finally:
+        building._SLICED_TOKENS = before
     for (shard, k), got in zip(picked, built, strict=True):
         run = layouts[shard].run(k, k + 1)
         alone = build_sequences(run, tokens[shard], 0, doc_base=bases[shard], pad_id=pads[shard])

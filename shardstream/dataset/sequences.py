@@ -8,12 +8,17 @@ shard. Each such window is read as a window of documents: a run of sequences nee
 documents that hold its tokens (``SequenceLayout.run``; with concat, best-fit blocks and
 pad these are consecutive), the runs of a shard are joined where their documents touch,
 and the document window goes through the ``WindowReader`` as any window does (ranged
-reads, the read budget, prefetch, checks, the cache). Its documents in run order are one
-flat token array per joined run, the sequences are built from it (``build_sequences``)
-and yielded in the sequence window's order. The document window keeps its documents in
-run order and is never cut in pieces, so every window read gives back one window of
-sequences, in turn. A document the format cannot read cannot be skipped: the sequences
-around it would change, so it is an error whatever ``on_error`` says.
+reads, the read budget, prefetch, checks, the cache). It is a lazy window of the sequence
+window's shards: laid out in its fetch, once the reader has loaded all those shards'
+sidecars at once, so a window's sidecars cost one round trip, taken in a fetch thread
+(one sidecar after another in the caller's thread left the wire idle that long). Its
+documents in run order are one flat token array per joined run (a view of the read where
+they lie one after another in it), and its sequences are built from those a block of
+rows at a time, in the sequence window's order (NOTE [ Building sequences ] in
+tokens/build.py). The document window keeps its documents in run order and is never cut
+in pieces, so every window read gives back one window of sequences, in turn. A document
+the format cannot read cannot be skipped: the sequences around it would change, so it is
+an error whatever ``on_error`` says.
 """
 
 from __future__ import annotations

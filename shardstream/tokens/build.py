@@ -9,7 +9,7 @@ import numpy as np
 
 from shardstream.errors import UsageError
 from shardstream.tokens.layout import SequenceRun
-from shardstream.tokens.pieces import SequencePieces, ragged_arange
+from shardstream.tokens.pieces import SequencePieces
 
 IGNORE_INDEX = -100  # a label nothing is predicted at: torch's cross_entropy default
 
@@ -27,13 +27,15 @@ IGNORE_INDEX = -100  # a label nothing is predicted at: torch's cross_entropy de
 #   over padding. input_ids are copied a span at a time, a span being pieces that follow
 #   each other in the same tokens (concat's rows, and its consecutive rows, are one each);
 #   short spans are gathered at once instead.
-# - A block's five arrays are views of one fresh allocation, and a row is a view of them:
-#   nothing yielded is ever written again, and one allocation per block is what the
-#   allocator hands back warm (five per block, or five per row, cost it page faults).
+# - A block's arrays are fresh (input_ids, labels, position_ids and cu_seqlens views of one
+#   allocation, document_ids np.repeat's own), and a row is a view of them: nothing yielded
+#   is ever written again. A few allocations per block of a few rows are what the
+#   allocator hands back warm; an array per row, or one per array of a whole window, cost
+#   it page faults and cache misses.
 
 # Spans at least this long on average are copied a slice each; shorter ones by one gather
 # (a Python step per span would cost more than the gather's index arrays).
-_SLICED_TOKENS = 256
+_SLICED_TOKENS = 64
 _FIELDS = ("input_ids", "labels", "position_ids", "document_ids", "cu_seqlens")
 
 
@@ -197,11 +199,16 @@ class Rows:
                 out[at:stop] = sources[number][begin : begin + stop - at]
             return
         lengths = end - dst
-        within = ragged_arange(lengths)
-        place = np.repeat(dst - lo, lengths) + within
-        take = np.repeat(src, lengths) + within
+        excl = np.cumsum(lengths) - lengths
+        ramp = self.ramp[: int(excl[-1] + lengths[-1])]
+        take = ramp + np.repeat(src - excl, lengths)
+        place = ramp + np.repeat(dst - lo - excl, lengths)
+        numbers = np.unique(froms).tolist()
+        if len(numbers) == 1:
+            out[place] = self.sources[numbers[0]][take]
+            return
         by = np.repeat(froms, lengths)
-        for number in np.unique(froms).tolist():
+        for number in numbers:
             mine = by == number
             out[place[mine]] = self.sources[number][take[mine]]
 
