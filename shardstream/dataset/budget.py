@@ -229,8 +229,9 @@ def fetched_in_order(
 #   and pieces of about the budget leave room for one in flight only, which starts
 #   behind the caller's, so the wire drained at every piece.
 # - Why not smaller pieces still: each piece costs a fetch thread (``AHEAD_THREADS``) and
-#   cuts its shards into more ranged reads, each paying a request's latency; four in the
-#   budget keep the wire busy with the fetch threads there are.
+#   cuts its shards into more ranged reads, each paying a request's latency (and, on a
+#   server that copies the whole object for every ranged GET, moto's copy: NOTE [ Whole
+#   shards ]); four in the budget keep the wire busy with the fetch threads there are.
 # - A cached dataset (``cache_dir``) keeps pieces of the budget: a shard's first read
 #   fills all of its cache entry, so pieces of part of a shard would wait on one fill.
 # tools/bench_memory.py measures the RSS, tools/bench_wan.py the rate.
