@@ -24,6 +24,7 @@ an error whatever ``on_error`` says.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import functools
 import operator
 import threading
@@ -53,6 +54,7 @@ from shardstream.tokens.build import Rows
 
 __all__ = ["SequenceReader", "TokenShards", "check_token_dataset", "sequence_counts"]
 
+_FIT_READS = 8  # best-fit sidecars read at once (the GETs of a window's shards)
 # Shard layouts kept per reader (a window touches a few shards; best-fit layouts hold a
 # table of the shard's pieces).
 _LAYOUTS = 64
@@ -128,26 +130,57 @@ class SequenceReader:
         self.reader, self.packing, self.shards = reader, packing, shards
         self._layouts: collections.OrderedDict[int, SequenceLayout] = collections.OrderedDict()
         self._lock = threading.Lock()  # windows are laid out in the reader's fetch threads
+        self._making: dict[int, concurrent.futures.Future[SequenceLayout]] = {}
 
     def layout(self, shard: int) -> SequenceLayout:
-        """The sequences of ``shard`` (its sidecar read once, the layout kept a while)."""
+        """The sequences of ``shard`` (its sidecar read once, the layout kept a while; laid
+        out once where several threads ask at the same time)."""
         with self._lock:
             found = self._layouts.get(shard)
             if found is not None:
                 self._layouts.move_to_end(shard)
                 return found
+            making = self._making.get(shard)
+            if making is None:
+                making = self._making[shard] = concurrent.futures.Future()
+                mine = True
+            else:
+                mine = False
+        if not mine:
+            return making.result()
+        try:
+            found = self._laid_out(shard)
+        except BaseException as error:
+            with self._lock:
+                del self._making[shard]
+            making.set_exception(error)
+            raise
+        with self._lock:
+            self._layouts[shard] = found
+            while len(self._layouts) > _LAYOUTS:
+                self._layouts.popitem(last=False)
+            del self._making[shard]
+        making.set_result(found)
+        return found
+
+    def _laid_out(self, shard: int) -> SequenceLayout:
         name, fit_name = self.shards.paths[shard], self.shards.fits[shard]
         fit = (
             None
             if fit_name is None
             else BestFit.from_bytes(self.reader.sidecar(shard, fit_name), name=fit_name)
         )
-        found = sequence_layout(self.packing, doc_ends(self.reader.index(shard)), fit=fit, shard=name)
+        return sequence_layout(self.packing, doc_ends(self.reader.index(shard)), fit=fit, shard=name)
+
+    def _fit_sidecars(self, shards: Sequence[int]) -> None:
+        """Lay out those of ``shards`` whose best-fit sidecars are to be read, their GETs at
+        once (the reader loads a window's sample indexes at once, not its other sidecars)."""
         with self._lock:
-            self._layouts[shard] = found
-            while len(self._layouts) > _LAYOUTS:
-                self._layouts.popitem(last=False)
-        return found
+            fitted = [shard for shard in shards if self.shards.fits[shard] is not None]
+            missing = [shard for shard in fitted if shard not in self._layouts][:_LAYOUTS]
+        if len(missing) > 1:
+            with concurrent.futures.ThreadPoolExecutor(min(len(missing), _FIT_READS)) as pool:
+                list(pool.map(self.layout, missing))
 
     def stream(self, windows: Iterator[Window]) -> Iterator[tuple[Window, WindowSequences, bool]]:
         """``(window, sequences, False)`` for each window of sequences, in yield order."""
@@ -174,6 +207,7 @@ class SequenceReader:
     def _documents(self, window: Window, made: dict[str, Any]) -> tuple[tuple[Run, ...], np.ndarray]:
         """The document runs of ``window`` in run order (``made["placed"]``: where each of its
         sequence runs is among them)."""
+        self._fit_sidecars(window.shards)
         runs = [(run.shard, self.layout(run.shard).run(run.start, run.stop)) for run in window.runs]
         joined, made["placed"] = _joined(runs)
         return tuple(joined), np.arange(sum(len(r) for r in joined), dtype=np.int64)
