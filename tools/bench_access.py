@@ -1,6 +1,6 @@
 """Random access: ``shardstream.MapDataset`` against the alternatives, measured in the same run.
 
-    python tools/bench_access.py [--quick] [--only local,s3,seaweedfs,wan] [--repeat 5]
+    python tools/bench_access.py [--quick] [--only local,s3,seaweedfs,wan] [--repeat 5] [--record]
 
 - local: ``dataset[i]`` for random ``i`` (the same indices for everyone), one process, on
   the small-sample corpus of tools/bench_stream.py (~300 B, three fields, decoded:
@@ -120,7 +120,7 @@ def lookups(get: Callable[[int], object], indices: list[int]) -> Callable[[], in
     return run
 
 
-def bench_local(work: str, count: int, reads: int, repeat: int) -> None:
+def bench_local(work: str, count: int, reads: int, repeat: int, recorded: dict[str, float]) -> None:
     url = os.path.join(work, "small")
     write_tar(url, map(small_sample, range(count)), 10_000)
     indices = [random.Random(0).randrange(count) for _ in range(reads)]
@@ -157,6 +157,7 @@ def bench_local(work: str, count: int, reads: int, repeat: int) -> None:
         # against the faster of MosaicML's two paths in each round
         ratios = rates.ratios(["mosaicml", "mosaicml get_item"])
         met = "met" if sorted(ratios)[len(ratios) // 2] >= 2 else "MISSED"
+        recorded["dataset[i] / MosaicML's, checked"] = round(sorted(ratios)[len(ratios) // 2], 2)
         print(
             f"  shardstream / fastest mosaicml = {rates.ratio(['mosaicml', 'mosaicml get_item'])}; "
             f"target >= 2x: {met}"
@@ -214,12 +215,13 @@ WHERE = {
     "wan": "moto behind a 30 ms, 40 MB/s proxy",
 }
 SERVERS = {"moto": MotoProcess, "seaweedfs": SeaweedProcess, "wan": WanMotoProcess}
+LABELS = {"moto": "moto", "seaweedfs": "SeaweedFS", "wan": "WAN proxy"}  # in --record's ratios
 
 
-def bench_s3(name: str, count: int, repeat: int) -> None:
+def bench_s3(name: str, count: int, repeat: int, recorded: dict[str, float]) -> None:
     import boto3
 
-    server = SERVERS[name]("bench")
+    server_name, server = name, SERVERS[name]("bench")
     try:
         options, url = server.options(), "s3://bench/small"
         write_tar(url, map(small_sample, range(count)), 1_000, options)
@@ -288,26 +290,35 @@ def bench_s3(name: str, count: int, repeat: int) -> None:
             rates,
             unit="batches/s",
         )
+        where = LABELS[server_name]
         for name, which in (("shardstream", dataset), ("shardstream unchecked", unchecked)):
             ratios = rates.ratios(["one read"], name)
             median = sorted(ratios)[len(ratios) // 2]
             met = "met" if median >= 0.5 else "MISSED"
             print(f"  {name}: batch time / one read's time = {1 / median:.1f}x; target <= 2x: {met}")
+            if name == "shardstream":
+                recorded[f"batch of {BATCH} / one read, {where}"] = round(1 / median, 2)
             ratios = rates.ratios(["floor: a GET per shard"], name)
             median = sorted(ratios)[len(ratios) // 2]
             met = "met" if median >= 1 / 1.5 else "MISSED"
             print(f"  {name}: batch time / the floor's time = {1 / median:.2f}x; target <= 1.5x: {met}")
+            suffix = "" if name == "shardstream" else " unchecked"
+            recorded[f"batch of {BATCH}{suffix} / its floor, {where}"] = round(1 / median, 2)
             _requests(which, batches[0], sample_bytes)
         touched = len(spans[0])
         floor_bytes = sum(rng.length for _, rng in spans[0])
-        for row, what in (
-            ("floor: a GET per shard", f"one GET for each of the {touched} shards, {floor_bytes:,} bytes"),
-            ("one small GET per shard", f"one small GET for each of the {touched} shards"),
+        for row, what, key in (
+            (
+                "floor: a GET per shard",
+                f"one GET for each of the {touched} shards, {floor_bytes:,} bytes",
+                "floor",
+            ),
+            ("one small GET per shard", f"one small GET for each of the {touched} shards", "small GETs"),
         ):
             ratios = rates.ratios(["one read"], row)
-            print(
-                f"  {row}: {what}, at once, takes {1 / sorted(ratios)[len(ratios) // 2]:.1f}x one read's time"
-            )
+            median = sorted(ratios)[len(ratios) // 2]
+            print(f"  {row}: {what}, at once, takes {1 / median:.1f}x one read's time")
+            recorded[f"{key} / one read, {where}"] = round(1 / median, 2)
         floor_pool.shutdown()
         storage.close()
         dataset.close()
@@ -375,22 +386,32 @@ def main() -> int:
         "--only", default="local,s3", help="sections: local, s3 (moto), seaweedfs, wan (moto behind a proxy)"
     )
     parser.add_argument("--repeat", type=int, default=5, help="timed rounds after the warm-up")
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="append the ratios to docs/benchmarks.json (claim random-access)",
+    )
     args = parser.parse_args()
+    recorded: dict[str, float] = {}
     only = set(args.only.split(","))
     repeat = 1 if args.quick else args.repeat
     count, reads, s3_count = (20_000, 2_000, 5_000) if args.quick else (100_000, 20_000, 20_000)
     work = tempfile.mkdtemp(prefix="bench-access-")
     try:
         if "local" in only:
-            bench_local(work, count, reads, repeat)
+            bench_local(work, count, reads, repeat, recorded)
         if "s3" in only:
-            bench_s3("moto", s3_count, repeat)
+            bench_s3("moto", s3_count, repeat, recorded)
         if "seaweedfs" in only:
-            bench_s3("seaweedfs", s3_count, repeat)
+            bench_s3("seaweedfs", s3_count, repeat, recorded)
         if "wan" in only:
-            bench_s3("wan", s3_count, repeat)
+            bench_s3("wan", s3_count, repeat, recorded)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    if args.record and recorded:
+        from results import command_line, record
+
+        record("random-access", command_line(), {}, ratios=recorded)
     return 0
 
 
