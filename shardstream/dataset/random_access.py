@@ -32,11 +32,13 @@ from shardstream.dataset.options import PLAN_OPTIONS, TOKEN_OPTIONS
 from shardstream.dataset.reader import COALESCE_GAP, WindowReader
 from shardstream.dataset.sample_reads import SampleReads
 from shardstream.dataset.source import DatasetSource
+from shardstream.dataset.startup import share_detected
 from shardstream.errors import FormatError, ShardstreamError
 from shardstream.manifest import Manifest
 from shardstream.plan import Run
 from shardstream.sampler import ShardSampler
 from shardstream.storage import Storage
+from shardstream.topology import Detector
 
 __all__ = ["BATCH_GAP", "BATCH_READ_THREADS", "MapDataset"]
 
@@ -111,10 +113,21 @@ class MapDataset(Dataset):
     its URL and the byte offset (there is no ``on_error="skip"``: an index must give its
     sample). The dataset pickles as its configuration (and the manifest), so DataLoader
     workers started by fork, spawn or forkserver each open their own storage.
+    The manifest is read when the dataset is made, once per job as a
+    ``StreamingDataset``'s is: with torch.distributed initialised, rank 0 reads it and
+    broadcasts it, so every rank must make the dataset at the same point of its program;
+    without a process group the ranks of a node (``WORLD_SIZE`` > 1) share one read.
+    ``share_manifest=False`` for a dataset made on some ranks only (an evaluation set on
+    rank 0): each reads its own (NOTE [ One manifest read per job ] in startup.py).
     """
 
     def __init__(
-        self, url: str | os.PathLike[str], *, read_threads: int = BATCH_READ_THREADS, **options: Any
+        self,
+        url: str | os.PathLike[str],
+        *,
+        read_threads: int = BATCH_READ_THREADS,
+        share_manifest: bool = True,
+        **options: Any,
     ) -> None:
         """``options``: ``ReadOptions``' storage and checks, ``DecodeOptions``."""
         self.config = DatasetConfig.build(os.fspath(url), options, owner="MapDataset", refused=_NOT_MAPPED)
@@ -123,6 +136,8 @@ class MapDataset(Dataset):
         self._ends: list[int] | None = None  # prefix sums of the shards' sample counts
         self._starts: list[int] | None = None  # the index of each shard's first sample
         self._length: int | None = None
+        if share_manifest:
+            share_detected([self.source], Detector())  # NOTE [ One manifest read per job ]
         _ = self.source.manifest  # read now: a URL that is not a dataset fails here
 
     # -- what the dataset is -------------------------------------------------------------

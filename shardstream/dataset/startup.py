@@ -49,13 +49,22 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from shardstream.errors import UsageError
 from shardstream.manifest import MANIFEST_NAME, Manifest
 
 if TYPE_CHECKING:
     from shardstream.dataset.source import DatasetSource
     from shardstream.plan import Plan
+    from shardstream.topology import Detector
 
-__all__ = ["FRESH_SECONDS", "by_source", "first_window_shards", "share_manifests", "source_key"]
+__all__ = [
+    "FRESH_SECONDS",
+    "by_source",
+    "first_window_shards",
+    "share_detected",
+    "share_manifests",
+    "source_key",
+]
 
 # How long a node's copy of a manifest serves other readers of the same start.
 FRESH_SECONDS = 120.0
@@ -79,6 +88,19 @@ def share_manifests(sources: Sequence[DatasetSource], world: int) -> None:
         for source in sources:
             if source.storage.local_root is None:  # remote: a read is a request
                 _node_shared(source)
+
+
+def share_detected(sources: Sequence[DatasetSource], detector: Detector) -> None:
+    """:func:`share_manifests` in the world ``detector`` finds, for a dataset that takes no
+    rank of its own (a ``MapDataset``); nothing in a DataLoader worker, which has the
+    manifest from its parent. A rank outside its world reads its own manifest here."""
+    if detector.in_worker():
+        return
+    try:
+        _, world = detector.rank()
+    except UsageError:
+        world = 1
+    share_manifests(sources, world)
 
 
 # -- with a process group -----------------------------------------------------------------
