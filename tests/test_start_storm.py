@@ -113,8 +113,9 @@ def test_one_rank_alone_keeps_no_node_copy(counted, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("start", ["fork", "spawn"])
-def test_workers_share_the_first_sidecars_and_follow_the_plan(counted, start):
+def test_workers_share_the_first_sidecars_and_follow_the_plan(counted, start, tmp_path, monkeypatch):
     url, options, proxy = counted
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the node's copies of the first sidecars
     dataset = shardstream.StreamingDataset(
         url, num_replicas=2, rank=1, shuffle=True, seed=3, decode=False, storage_options=options,
         share_manifest=False,

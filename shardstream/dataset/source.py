@@ -22,6 +22,7 @@ from shardstream.dataset.fetch import expectations
 from shardstream.dataset.indexes import IndexCache
 from shardstream.dataset.options import ReadOptions
 from shardstream.dataset.reader import WindowReader
+from shardstream.dataset.startup import node_first_sidecars
 from shardstream.formats.base import SampleIndex
 from shardstream.lifecycle import PerProcess
 from shardstream.manifest import Manifest, ShardInfo, dataset_fingerprint
@@ -149,11 +150,12 @@ class DatasetSource:
             coalesce_gap=coalesce_gap,
         )
 
-    def read_first_sidecars(self, shards: Sequence[int]) -> None:
+    def read_first_sidecars(self, shards: Sequence[int], world: int = 1) -> None:
         """In the main process: read the sidecars of ``shards`` (its workers' first windows)
         once, all at once, and carry them to its workers; those carried already are kept,
         others let go. Not for local files or a shard cache (NOTE [ First sidecars through
-        the parent ] in startup.py)."""
+        the parent ] in startup.py); once per node where ``world`` > 1 (NOTE [ First
+        sidecars once per node ])."""
         if self.storage.local_files:
             return
         infos = self.manifest.shards
@@ -163,7 +165,7 @@ class DatasetSource:
         if missing:
             reader = self.window_reader()
             try:
-                loaded = reader.sidecars.load(missing)
+                loaded = node_first_sidecars(self, missing, reader.sidecars.load, world)
             finally:
                 reader.close()
             kept.update((infos[shard], index) for shard, index in loaded.items())

@@ -3,8 +3,8 @@
 # NOTE [ One manifest read per job ]
 # Thousands of readers that start in the same second must not each GET the manifest:
 # on a fresh prefix S3 answers that with 503 SlowDown. So:
-# - With torch.distributed initialised (world > 1), making a StreamingDataset is a
-#   collective, as making a DDP model is: rank 0 reads the manifests (a mixture's, each
+# - With torch.distributed initialised (world > 1), making a StreamingDataset (or a
+#   MapDataset) is a collective, as making a DDP model is: rank 0 reads the manifests (a mixture's, each
 #   stream's) and broadcasts them with ``broadcast_object_list`` over the default group
 #   (over a gloo group made for it, and destroyed after, where the default backend has no
 #   CPU transport, as NCCL has not). Every rank must therefore make the dataset at the same
@@ -36,6 +36,19 @@
 # parent would double them. Where ``cache_dir`` is set, sidecars go through the node's
 # shard cache instead (one fill per node, under its entry lock), and local files cost no
 # request: neither is read ahead here, nor (for now) a token dataset read as sequences.
+#
+# NOTE [ First sidecars once per node ]
+# Neighbouring ranks of a node share the shards at the edges of their slices (a window
+# of order="global" shares many more), and without ``cache_dir`` each rank's main process
+# would GET those sidecars itself. So where a launcher started several ranks, the main
+# processes keep copies of the first sidecars they read in the node's folder of manifest
+# copies (NOTE [ One manifest read per job ]), named by the dataset (endpoint, manifest
+# URL and fingerprint: a rewritten dataset names other copies), the sidecar's path and
+# the job, and take each other's while fresh. A rank locks the copies of its shards (one
+# lock each, taken in one order by every rank, so ranks with no shard in common never
+# wait for each other and none waits in a cycle), takes those there, reads the others at
+# once and copies them. A copy taken is checked as a sidecar read is (its sample count,
+# and the shard its checks were written for); one that fails is read again.
 """
 
 from __future__ import annotations
@@ -46,21 +59,25 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from shardstream.errors import UsageError
+from shardstream.formats import get_format
 from shardstream.manifest import MANIFEST_NAME, Manifest
 
 if TYPE_CHECKING:
-    from shardstream.dataset.source import DatasetSource
+    from shardstream.dataset.options import ReadOptions
+    from shardstream.formats.base import SampleIndex
     from shardstream.plan import Plan
+    from shardstream.storage import Storage
     from shardstream.topology import Detector
 
 __all__ = [
     "FRESH_SECONDS",
     "by_source",
     "first_window_shards",
+    "node_first_sidecars",
     "share_detected",
     "share_manifests",
     "source_key",
@@ -68,17 +85,34 @@ __all__ = [
 
 # How long a node's copy of a manifest serves other readers of the same start.
 FRESH_SECONDS = 120.0
+# What the node's copies are named by: a manifest's, a first-window sidecar's.
+_COPIES = ("manifest-", "sidecar-")
 # Environment variables that name a launched job, where the launcher sets one.
 _JOB_VARIABLES = ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "LSB_JOBID", "PBS_JOBID")
 
 
-def source_key(source: DatasetSource) -> str:
+class _Starting(Protocol):
+    """What starting reads of a dataset source (``source.DatasetSource``, which imports
+    this module for its first sidecars)."""
+
+    @property
+    def options(self) -> ReadOptions: ...
+    @property
+    def storage(self) -> Storage: ...
+    @property
+    def manifest(self) -> Manifest: ...
+    @property
+    def fingerprint(self) -> str: ...
+    def adopt_manifest(self, manifest: Manifest, fingerprint: str) -> bool: ...
+
+
+def source_key(source: _Starting) -> str:
     """What names a source's manifest across processes: endpoint and manifest URL."""
     storage = source.storage
     return f"{storage.endpoint_url}|{storage.full_url(MANIFEST_NAME)}"
 
 
-def share_manifests(sources: Sequence[DatasetSource], world: int) -> None:
+def share_manifests(sources: Sequence[_Starting], world: int) -> None:
     """Give each of ``sources`` its manifest with one read per job (NOTE [ One manifest
     read per job ]); ``world``: the world size the dataset detected. Call in the main
     process, where every rank makes the dataset."""
@@ -90,7 +124,7 @@ def share_manifests(sources: Sequence[DatasetSource], world: int) -> None:
                 _node_shared(source)
 
 
-def share_detected(sources: Sequence[DatasetSource], detector: Detector) -> None:
+def share_detected(sources: Sequence[_Starting], detector: Detector) -> None:
     """:func:`share_manifests` in the world ``detector`` finds, for a dataset that takes no
     rank of its own (a ``MapDataset``); nothing in a DataLoader worker, which has the
     manifest from its parent. A rank outside its world reads its own manifest here."""
@@ -131,7 +165,7 @@ def _cpu_group() -> Iterator[Any]:
         dist.destroy_process_group(group)
 
 
-def _broadcast(sources: Sequence[DatasetSource]) -> None:
+def _broadcast(sources: Sequence[_Starting]) -> None:
     import torch.distributed as dist
 
     sent: list[Any] = [None]
@@ -157,14 +191,13 @@ def _broadcast(sources: Sequence[DatasetSource]) -> None:
 # -- without one: a node-local copy under a file lock -------------------------------------
 
 
-def _node_shared(source: DatasetSource) -> None:
+def _node_shared(source: _Starting) -> None:
     try:
         import fcntl
     except ImportError:  # no flock (Windows): every reader reads its own
         return
     key = source_key(source)
-    job = next((os.environ[name] for name in _JOB_VARIABLES if os.environ.get(name)), "")
-    name = hashlib.sha256(f"{key}|{job}".encode()).hexdigest()[:32]
+    name = _copy_name(key)
     folder = _node_folder(source)
     if folder is None:
         return
@@ -184,7 +217,13 @@ def _node_shared(source: DatasetSource) -> None:
         os.close(fd)  # releases the lock
 
 
-def _node_folder(source: DatasetSource) -> str | None:
+def _copy_name(key: str) -> str:
+    """The name of a node's copy of what ``key`` names, for this job (where one is named)."""
+    job = next((os.environ[name] for name in _JOB_VARIABLES if os.environ.get(name)), "")
+    return hashlib.sha256(f"{key}|{job}".encode()).hexdigest()[:32]
+
+
+def _node_folder(source: _Starting) -> str | None:
     base = source.options.cache_dir or tempfile.gettempdir()
     folder = os.path.join(base, f"shardstream-start-{os.getuid() if hasattr(os, 'getuid') else 0}")
     try:
@@ -210,15 +249,20 @@ def _fresh_copy(path: str, key: str) -> tuple[Manifest, str] | None:
 
 def _write_copy(path: str, key: str, manifest: Manifest, fingerprint: str) -> None:
     record = {"key": key, "digest": fingerprint, "manifest": manifest.to_json()}
+    _write_bytes(path, json.dumps(record).encode())
+    _drop_stale(os.path.dirname(path), keep=path)
+
+
+def _write_bytes(path: str, data: bytes) -> None:
+    """``data`` at ``path``, whole or not at all."""
     temp = f"{path}.{os.getpid()}.tmp"
     try:
-        with open(temp, "w", encoding="utf-8") as f:
-            json.dump(record, f)
+        with open(temp, "wb") as f:
+            f.write(data)
         os.replace(temp, path)
     except OSError:
         with contextlib.suppress(OSError):
             os.unlink(temp)
-    _drop_stale(os.path.dirname(path), keep=path)
 
 
 def _drop_stale(folder: str, keep: str) -> None:
@@ -228,7 +272,7 @@ def _drop_stale(folder: str, keep: str) -> None:
     now = time.time()
     with contextlib.suppress(OSError), os.scandir(folder) as entries:
         for entry in entries:
-            if entry.path in (keep, keep + ".lock") or not entry.name.startswith("manifest-"):
+            if entry.path in (keep, keep + ".lock") or not entry.name.startswith(_COPIES):
                 continue
             with contextlib.suppress(OSError):
                 if now - entry.stat().st_mtime > 2 * FRESH_SECONDS:
@@ -236,6 +280,80 @@ def _drop_stale(folder: str, keep: str) -> None:
 
 
 # -- the first window's sidecars --------------------------------------------------------
+
+
+def node_first_sidecars(
+    source: _Starting,
+    shards: Sequence[int],
+    load: Callable[[Sequence[int]], dict[int, SampleIndex]],
+    world: int,
+) -> dict[int, SampleIndex]:
+    """The sample indexes of ``shards`` (a rank's workers' first windows), each read once
+    per node where ``world`` > 1 (NOTE [ First sidecars once per node ]): taken from the
+    node's copies, the others read with ``load`` (all at once) and copied for the node's
+    other ranks. Call in the main process."""
+    folder = _node_folder(source) if world > 1 and shards else None
+    if folder is None:
+        return load(shards)
+    key, infos = f"{source_key(source)}|{source.fingerprint}", source.manifest.shards
+    paths = {
+        shard: os.path.join(folder, f"sidecar-{_copy_name(f'{key}|{infos[shard].index}')}.idx")
+        for shard in shards
+    }
+    with _locked(sorted(set(paths.values()))) as held:
+        if not held:  # no flock, or a folder we cannot write: read our own
+            return load(shards)
+        got = {
+            shard: index
+            for shard in paths
+            if (index := _kept_sidecar(paths[shard], source, shard)) is not None
+        }
+        missing = [shard for shard in paths if shard not in got]
+        if missing:
+            loaded = load(missing)
+            for shard in missing:
+                _write_bytes(paths[shard], loaded[shard].to_bytes())
+            got.update(loaded)
+            _drop_stale(folder, keep=paths[missing[0]])
+    return got
+
+
+@contextlib.contextmanager
+def _locked(paths: Sequence[str]) -> Iterator[bool]:
+    """Hold the locks of the copies at ``paths``, taken in the order given (sorted by every
+    rank, so two ranks never wait on each other in a cycle); False where they cannot be."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows)
+        yield False
+        return
+    with contextlib.ExitStack() as held:
+        try:
+            for path in paths:
+                fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+                held.callback(os.close, fd)  # releases the lock
+                fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            held.close()
+            yield False
+            return
+        yield True
+
+
+def _kept_sidecar(path: str, source: _Starting, shard: int) -> SampleIndex | None:
+    """The sample index of ``shard`` kept at ``path``, if it is fresh, whole and the shard's."""
+    info = source.manifest.shards[shard]
+    try:
+        if time.time() - os.stat(path).st_mtime > FRESH_SECONDS:
+            return None
+        with open(path, "rb") as f:
+            index = get_format(source.manifest.format).load_index(f.read(), name=info.path)
+    except Exception:  # gone, or half written by a crashed reader: read it again
+        return None
+    checks = index.checks
+    if index.num_samples != info.samples or (checks and checks.other_shard(info.bytes, info.sha256)):
+        return None
+    return index
 
 
 def first_window_shards(plan: Plan, rank: int, worker: int) -> tuple[int, ...]:

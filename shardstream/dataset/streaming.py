@@ -280,11 +280,11 @@ class StreamingDataset(IterableDataset):
         if self._primed_epoch is not None and self._primed_epoch != self.epoch:
             return
         self._primed_epoch = self.epoch
-        rank, _ = self.rank_and_world()
+        rank, world = self.rank_and_world()
         shards = [shard for worker in range(workers) for shard in first_window_shards(plan, rank, worker)]
         sources = self.kind.sources
         for number, mine in by_source(shards, [len(s.manifest.shards) for s in sources]).items():
-            sources[number].read_first_sidecars(mine)
+            sources[number].read_first_sidecars(mine, world)
 
     def _seed_first_sidecars(self, plan: Plan, rank: int, worker: int) -> None:
         """In a worker: its first window's sidecars, carried from the main process, into its LRU."""
