@@ -14,8 +14,8 @@ import posixpath
 from typing import Any
 
 from shardstream.errors import NotADatasetError, StorageError, UsageError
+from shardstream.folder import PACK_RECORD_RE
 from shardstream.formats import available_formats
-from shardstream.layout import PACK_RECORD_RE
 from shardstream.manifest import MANIFEST_NAME, Manifest
 from shardstream.storage import Storage
 from shardstream.storage.retry import is_not_found

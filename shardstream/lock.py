@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 
 from shardstream.errors import ShardstreamError, StorageError, UsageError
-from shardstream.layout import CLAIM_RE, claim_name
+from shardstream.folder import CLAIM_RE, claim_name
 from shardstream.storage import Storage
 
 LEASE_ENV = "SHARDSTREAM_PACK_LEASE"

@@ -1,5 +1,5 @@
 """The dataset manifest: ``.shardstream/manifest.json`` in a dataset folder (at its top,
-``manifest.json``, in datasets of the legacy layout: see ``shardstream.layout``).
+``manifest.json``, in datasets of the legacy layout: see ``shardstream.folder``).
 
 It lists every shard (path relative to the dataset folder, sample count, byte size,
 sha256, and the path of its sample-index sidecar), the fields of a sample, the totals

@@ -13,7 +13,7 @@ import shutil
 import pytest
 
 import shardstream
-from shardstream import layout
+from shardstream import folder
 from shardstream.catalog import index_dataset, verify_dataset
 from shardstream.pack import pack
 
@@ -117,7 +117,7 @@ def test_webdataset_reads_the_tar_shards_by_a_brace_url(tmp_path):
 
 def to_legacy(dest) -> None:
     """Lay a dataset out as shardstream wrote it before ``.shardstream/``."""
-    meta = dest / layout.META_FOLDER
+    meta = dest / folder.META_FOLDER
     doc = json.loads((meta / "manifest.json").read_text())
     for shard in doc["shards"]:
         (meta / f"{shard['path']}.idx").rename(dest / f"{shard['path']}.idx")
@@ -156,9 +156,9 @@ def test_index_joins_parts_of_the_legacy_layout_and_moves_them(tmp_path):
     dest = tmp_path / "ds"
     for part in range(2):
         pack(str(tmp_path / "corpus"), str(dest), samples_per_shard=4, part=(part, 2), workers=1)
-    meta = dest / layout.META_FOLDER
+    meta = dest / folder.META_FOLDER
     for part in range(2):  # the records and sidecars where the legacy layout has them
-        name = layout.legacy_part_record_name(part, 2)
+        name = folder.legacy_part_record_name(part, 2)
         doc = json.loads((meta / name).read_text())
         for shard in doc["shards"]:
             (meta / f"{shard['path']}.idx").rename(dest / f"{shard['path']}.idx")
@@ -166,7 +166,7 @@ def test_index_joins_parts_of_the_legacy_layout_and_moves_them(tmp_path):
         (dest / name).write_text(json.dumps(doc))
         (meta / name).unlink()
     manifest = index_dataset(str(dest))
-    assert [s.index for s in manifest.shards] == [layout.sidecar_name(s.path) for s in manifest.shards]
+    assert [s.index for s in manifest.shards] == [folder.sidecar_name(s.path) for s in manifest.shards]
     assert not [name for name in os.listdir(dest) if not name.endswith(".tar") and name != ".shardstream"]
     assert sorted(s["__key__"] for s in streamed(str(dest))) == [f"s{i:03d}" for i in range(SAMPLES)]
     index_dataset(str(dest))  # the moved records join the parts again

@@ -1,6 +1,6 @@
 """The import rule of DESIGN.md: formats, storage and plan never import each other; the
 plan does no I/O and never imports torch; only the dataset, sampler and loader need torch.
-The dataset layout (names, manifest building), the lease and the version sit below pack
+The dataset folder (names, manifest building), the lease and the version sit below pack
 and catalog, and catalog never imports pack; no module imports the package root. Every
 package keeps its shape: no import cycle, no module over 400 lines of code, no reach-in to
 another module's private names, ``__all__`` on the public faces alone; and one name means
@@ -65,7 +65,7 @@ FORBIDDEN = {
         "pathlib",
         "random",
     },
-    # index, inspect and verify read what a pack wrote through layout and lock, not pack
+    # index, inspect and verify read what a pack wrote through folder and lock, not pack
     "catalog": {
         "shardstream.pack",
         "shardstream.dataset",
@@ -74,14 +74,14 @@ FORBIDDEN = {
     },
 }
 
-_ABOVE_LAYOUT = {"shardstream.pack", "shardstream.catalog", "shardstream.dataset", "shardstream.cli", "torch"}
+_ABOVE_FOLDER = {"shardstream.pack", "shardstream.catalog", "shardstream.dataset", "shardstream.cli", "torch"}
 # Single modules below pack and catalog, both of which import them.
 FORBIDDEN_MODULES = {
-    # the layout is naming rules and the manifest's making: no I/O, nothing above it
-    "layout.py": _ABOVE_LAYOUT | {"shardstream.lock", "shardstream.digests", "shardstream.storage", "fsspec"},
-    "lock.py": _ABOVE_LAYOUT,
-    "digests.py": _ABOVE_LAYOUT,
-    "manifest.py": _ABOVE_LAYOUT | {"shardstream.layout", "shardstream.lock"},
+    # the folder module is naming rules and the manifest's making: no I/O, nothing above it
+    "folder.py": _ABOVE_FOLDER | {"shardstream.lock", "shardstream.digests", "shardstream.storage", "fsspec"},
+    "lock.py": _ABOVE_FOLDER,
+    "digests.py": _ABOVE_FOLDER,
+    "manifest.py": _ABOVE_FOLDER | {"shardstream.folder", "shardstream.lock"},
 }
 
 
@@ -175,7 +175,7 @@ def test_root_imports_are_found(source, package):
 @pytest.mark.parametrize(
     ("source", "package"),
     [
-        ("from shardstream.layout import writer_name", ["shardstream", "pack"]),
+        ("from shardstream.folder import writer_name", ["shardstream", "pack"]),
         ("import shardstream.errors", ["shardstream"]),
         ("from . import dest", ["shardstream", "pack"]),
     ],

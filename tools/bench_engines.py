@@ -32,7 +32,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from shardstream.layout import ShardResult, part_prefix, shard_name, sidecar_name
+from shardstream.folder import ShardResult, part_prefix, shard_name, sidecar_name
 from shardstream.manifest import ShardInfo
 from shardstream.pack import pack
 from shardstream.pack.attempt import AttemptMessage, WrittenShard

@@ -11,7 +11,7 @@
 - ``verify_dataset(url)`` re-reads every shard and checks it against the manifest:
   size, sha256, sample count, and the sidecar against an index rebuilt from the shard.
 
-It reads the names a pack writes from ``shardstream.layout`` and holds the destination's
+It reads the names a pack writes from ``shardstream.folder`` and holds the destination's
 lease from ``shardstream.lock``; it never imports ``shardstream.pack``.
 """
 

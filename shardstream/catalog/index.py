@@ -18,9 +18,7 @@ from typing import IO, Any, TypeVar, cast
 from shardstream.diagnose import nothing_there
 from shardstream.digests import checks_of
 from shardstream.errors import ShardstreamError, StorageError, UsageError
-from shardstream.formats import SampleIndex, ShardFormat, available_formats, get_format
-from shardstream.formats.checks import BlockHasher
-from shardstream.layout import (
+from shardstream.folder import (
     LEGACY_MANIFEST_NAME,
     META_FOLDER,
     PACK_RECORD_RE,
@@ -33,6 +31,8 @@ from shardstream.layout import (
     part_record_name,
     sidecar_name,
 )
+from shardstream.formats import SampleIndex, ShardFormat, available_formats, get_format
+from shardstream.formats.checks import BlockHasher
 from shardstream.lock import PackLease
 from shardstream.manifest import Manifest, ShardInfo
 from shardstream.storage import Storage
@@ -297,7 +297,7 @@ def _refuse_unfinished_packs(storage: Storage, files: list[str]) -> None:
         )
 
 
-# -- the legacy layout (``shardstream.layout``) --------------------------------------
+# -- the legacy layout (``shardstream.folder``) --------------------------------------
 
 
 def _legacy_manifest(storage: Storage, files: list[str]) -> Manifest | None:

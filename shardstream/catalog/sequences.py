@@ -21,9 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from shardstream.errors import UsageError
+from shardstream.folder import fit_sidecar_name
 from shardstream.formats import get_format
 from shardstream.formats.tokens import doc_ends
-from shardstream.layout import fit_sidecar_name
 from shardstream.lock import PackLease
 from shardstream.manifest import Manifest, ShardInfo, sequences_key
 from shardstream.storage import Storage

@@ -37,9 +37,9 @@ import numpy as np
 
 from shardstream.dataset.mixture_reader import STREAM_KEY
 from shardstream.errors import FormatError, UsageError
+from shardstream.folder import fit_sidecar_name
 from shardstream.formats.base import SampleColumns
 from shardstream.formats.tokens import doc_ends
-from shardstream.layout import fit_sidecar_name
 from shardstream.manifest import Manifest, sequences_key
 from shardstream.plan import Run, Window
 from shardstream.tokens import (

@@ -6,7 +6,7 @@ for Parquet columns (bytes for those made from bytes: NOTE [ Typed columns ]). D
 by extension happens later, in the dataset.
 
 Every shard has a *sample index*, stored as a sidecar file (``.shardstream/<shard
-path>.idx``, see ``shardstream.layout``), so a reader loads only the indexes of the
+path>.idx``, see ``shardstream.folder``), so a reader loads only the indexes of the
 shards it reads. From the index a reader gets the byte range that holds any run of
 consecutive samples, fetches that range with one ranged GET, and decodes just those
 samples from the bytes.

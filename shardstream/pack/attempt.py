@@ -20,8 +20,8 @@ from dataclasses import dataclass, field, replace
 from typing import IO, Any, cast
 
 from shardstream.errors import PackError, ShardstreamError, StorageError, UsageError
+from shardstream.folder import META_FOLDER, ShardResult, part_prefix, shard_name
 from shardstream.formats.base import Sample
-from shardstream.layout import META_FOLDER, ShardResult, part_prefix, shard_name
 from shardstream.pack.cutter import SampleTooLarge, ShardCutter
 from shardstream.pack.joblease import JobLease
 from shardstream.pack.options import PackOptions

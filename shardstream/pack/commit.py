@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from shardstream.errors import PackError, ShardstreamError, UsageError
-from shardstream.layout import (
+from shardstream.folder import (
     LEGACY_MANIFEST_NAME,
     MANIFEST_NAME,
     PACK_RECORD_RE,

@@ -45,7 +45,7 @@ from typing import Any
 
 from shardstream.diagnose import no_destination
 from shardstream.errors import ManifestError, ShardstreamError, StorageError, UsageError
-from shardstream.layout import (
+from shardstream.folder import (
     META_FOLDER,
     PART_RECORD_RE,
     PART_SHARD_RE,
@@ -58,10 +58,10 @@ from shardstream.layout import (
     shard_name_re,
     writer_name,
 )
-from shardstream.layout import (
+from shardstream.folder import (
     PACK_RECORD_RE as PACK_RECORD_RE,
 )
-from shardstream.layout import (
+from shardstream.folder import (
     SHARD_NAME_RE as SHARD_NAME_RE,
 )
 from shardstream.lock import PackLease, write_unsynced
@@ -70,7 +70,7 @@ from shardstream.pack.durable import ShardSync
 from shardstream.pack.options import PackOptions
 from shardstream.storage import Storage, absolute_url
 
-# The names a pack writes are rules of ``shardstream.layout``, which ``index`` reads back
+# The names a pack writes are rules of ``shardstream.folder``, which ``index`` reads back
 # too; those ``index`` imported from here before stay importable.
 
 
@@ -308,7 +308,7 @@ class DatasetTarget:
         files = self.storage.list_files()
         part = self.options.part
         legacy = LEGACY_MANIFEST_NAME if part is None else legacy_part_record_name(part.index, part.count)
-        if legacy in files:  # gone before the sidecars it lists (layout's legacy layout)
+        if legacy in files:  # gone before the sidecars it lists (the legacy layout of shardstream.folder)
             self._lease.ensure()
             self.storage.delete(legacy)
         for path in files:

@@ -19,7 +19,7 @@ import logging
 import time
 
 from shardstream.errors import ShardstreamError, UsageError
-from shardstream.layout import CLAIM_RE, claim_name
+from shardstream.folder import CLAIM_RE, claim_name
 from shardstream.lock import Claim, write_unsynced
 from shardstream.storage import Storage
 

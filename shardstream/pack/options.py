@@ -13,8 +13,8 @@ from functools import cache
 
 from shardstream.counts import MAX_COUNT, parse_count
 from shardstream.errors import ShardstreamError, UsageError, shown
+from shardstream.folder import SHARD_PREFIX, part_prefix, part_record_name, shard_name
 from shardstream.formats import ShardFormat, available_formats, get_format
-from shardstream.layout import SHARD_PREFIX, part_prefix, part_record_name, shard_name
 from shardstream.pack.tokenize import Tokenizing
 
 DEFAULT_SHARD_SIZE = 256 * 10**6  # "256MB": used when neither a size nor a sample count is given

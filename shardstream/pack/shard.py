@@ -25,10 +25,10 @@ from typing import IO, Any, cast
 from shardstream.digests import checks_of as checks_of
 from shardstream.digests import sha256_of
 from shardstream.errors import ShardstreamError, StorageError, UsageError
+from shardstream.folder import ShardResult, fields_and_schema, sidecar_name
 from shardstream.formats import ShardFormat
 from shardstream.formats.base import Sample
 from shardstream.formats.checks import BlockHasher, ShardChecks
-from shardstream.layout import ShardResult, fields_and_schema, sidecar_name
 from shardstream.manifest import ShardInfo
 from shardstream.storage import Storage
 
