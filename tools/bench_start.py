@@ -21,8 +21,9 @@ Two phases: ``counts`` (no limit, not paced: the requests each reader makes) and
 variant (this tree; with ``--base REV`` also that revision, run from a temp git
 worktree: the figure before the change), the GETs to the first batches by kind,
 GETs per reader, the bound ``nodes x (1 + the node's first-window sidecars) + data GETs``
-(and the same per rank: without ``--cache-dir`` a rank's workers share its sidecars, a
-node's ranks do not), the 503s the proxy sent and those that reached a user (a rank that
+(and the same per rank: a rank's workers share its sidecars, and a node's ranks share
+their first ones through the node's folder; with equal shards cut at rank edges no two
+ranks share one), the 503s the proxy sent and those that reached a user (a rank that
 failed), and the p50/p99 time from the release to each reader's first batch. The full
 job's totals are these times ``--full-ranks / ranks run``.
 """
