@@ -39,7 +39,7 @@ STREAM_KEY = "__stream__"
 
 
 @dataclass(frozen=True, slots=True)
-class _Part:
+class _StreamRuns:
     """The runs of a mixture window that one stream reads, as its manifest numbers them."""
 
     runs: tuple[Run, ...]
@@ -118,7 +118,7 @@ class MixtureReader:
         holes = False
         for stream, runs in parts.items():
             local = tuple(runs)
-            decoded_part, missing = self.readers[stream].decode(_Part(local, ()), fetched[stream])
+            decoded_part, missing = self.readers[stream].decode(_StreamRuns(local, ()), fetched[stream])
             fetched[stream] = []
             samples: list[Sample | None] = (
                 list(decoded_part.samples()) if isinstance(decoded_part, SampleColumns) else decoded_part
@@ -142,7 +142,7 @@ class MixtureReader:
             if position < len(run):
                 stream = self._stream_of(run.shard)
                 local = Run(run.shard - int(self._offsets[stream]), run.start, run.stop)
-                return self.readers[stream].locate(error, _Part((local,), (local.shard,)), position)
+                return self.readers[stream].locate(error, _StreamRuns((local,), (local.shard,)), position)
             position -= len(run)
         return error
 

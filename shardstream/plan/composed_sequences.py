@@ -28,8 +28,8 @@ _MAX_PER_STREAM_BATCHES = 1 << 31
 
 
 @dataclass(frozen=True, eq=False)
-class BatchPart:
-    """One part of the global batches: a ``GlobalSequence`` over some of one stream's
+class BatchShare:
+    """One stream's share of the global batches: a ``GlobalSequence`` over some of one stream's
     samples; it takes ``size`` entries of a batch that holds it, somewhere in entries
     ``[low, high)`` (exactly ``[low, low + size)`` unless it moves from batch to batch)."""
 
@@ -55,7 +55,7 @@ def _part(
     kind: int,
     segments: Segments,
     place: tuple[int, int, int],
-) -> BatchPart:
+) -> BatchShare:
     size, low, high = place
     seed = int(random_words(1, (config.seed, TAG_COMPOSED, _PART_SEED, stream, kind))[0] >> np.uint64(1))
     # its share of the batch's lanes (at least one): reads as long as a single dataset's
@@ -67,11 +67,11 @@ def _part(
     # The segments are in the stream's pass order already (NOTE [ Mixtures ]): laid as they are.
     shards = ShardOrder(segments.sizes, shuffle=False, seed=seed, epoch=epoch)
     sequence = GlobalSequence(shards, own, epoch=epoch, window=per_window * size)
-    return BatchPart(stream, size, low, high, segments, sequence)
+    return BatchShare(stream, size, low, high, segments, sequence)
 
 
 def _held(
-    part: BatchPart, slots: np.ndarray, js: np.ndarray, offsets: np.ndarray, first: int, last: int
+    part: BatchShare, slots: np.ndarray, js: np.ndarray, offsets: np.ndarray, first: int, last: int
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """``(positions, yield slots)`` of what a rank holding entries ``[first, last)`` gets of
     ``part`` in its ``slots``-th batches (the part's batches ``js``, at ``offsets``)."""
@@ -102,7 +102,7 @@ class ComposedSequence(abc.ABC):
         self.per_window = max(1, window // self.size)
         spread = random_words(len(mixture.streams), (config.seed, epoch, TAG_COMPOSED, _SPREAD))
         self._spread = spread if config.shuffle else np.zeros_like(spread)
-        self.parts: list[BatchPart] = []
+        self.parts: list[BatchShare] = []
         self.quotas: tuple[int, ...] = ()  # what each stream gives this epoch: q_s'
 
     def _share_caches(self) -> None:
@@ -188,7 +188,7 @@ class StratifiedSequence(ComposedSequence):
         self.starts: list[int] = []  # c_s of each extras part
         self.alpha = pow(golden_step(batches), -1, batches) if batches > 1 else 0
         self.beta = int(self._spread[0] % np.uint64(max(1, batches)))
-        extras: list[BatchPart] = []
+        extras: list[BatchShare] = []
         for stream, quota in enumerate(self.quotas):
             if not quota:
                 continue
