@@ -13,6 +13,7 @@ from concurrent.futures import CancelledError
 import pytest
 
 import shardstream
+from shardstream.dataset.indexes import INDEX_CACHE_SIZE
 from shardstream.errors import FormatError, StorageError, UsageError
 from shardstream.pack import ShardWriter
 from shardstream.storage import Storage
@@ -132,6 +133,28 @@ def test_more_shards_than_threads_is_still_one_get_each_and_exact(s3, moto_serve
 
 
 @pytest.mark.s3
+def test_sidecars_are_read_once_however_many_shards_random_batches_touch(s3, moto_server):
+    # NOTE [ Sidecars of random batches ]: more shards than a streamed window's LRU holds
+    base, options = s3
+    shards = INDEX_CACHE_SIZE + 12
+    with ShardWriter(f"{base}/many", format="tar", samples_per_shard=3, storage_options=options) as writer:
+        for i in range(shards * 3):
+            writer.write({"__key__": f"k{i:05d}", "cls": b"%d" % i})
+    with Counter(moto_server.endpoint) as proxy:
+        through = dict(options, endpoint_url=proxy.endpoint)
+        with shardstream.MapDataset(f"{base}/many", storage_options=through) as dataset:
+            for seed in range(3):
+                indices = [3 * shard + random.Random(seed).randrange(3) for shard in range(shards)]
+                random.Random(seed).shuffle(indices)
+                proxy.seen.clear()
+                got = dataset.get_many(indices)
+                assert [sample["cls"] for sample in got] == indices
+                sidecars = [name for _, name, _ in proxy.seen if name.endswith(".idx")]
+                assert len(sidecars) == (shards if seed == 0 else 0)
+                assert len(proxy.seen) - len(sidecars) == shards
+
+
+@pytest.mark.s3
 def test_a_missing_or_corrupt_shard_fails_the_batch_naming_it(s3):
     base, options = s3
     pack(f"{base}/ds", options)
@@ -206,7 +229,15 @@ def test_an_idle_pool_bounds_its_threads_passes_errors_and_cancels_on_shutdown()
     with pytest.raises(ValueError, match="invalid literal"):
         failed.result()
     gate.clear()
-    busy = [pool.submit(gate.wait, 5) for _ in range(2)]
+    started = threading.Semaphore(0)
+
+    def hold() -> bool:
+        started.release()
+        return gate.wait(5)
+
+    busy = [pool.submit(hold) for _ in range(2)]
+    for _ in busy:
+        assert started.acquire(timeout=5)  # both running: shutdown lets them finish
     later = pool.submit(int, "1")
     threading.Timer(0.2, gate.set).start()
     pool.shutdown(wait=True, cancel_futures=True)

@@ -27,6 +27,7 @@ from shardstream.counts import check_int
 from shardstream.dataset.batch_reads import BatchReads
 from shardstream.dataset.bulk import decode_samples
 from shardstream.dataset.config import DatasetConfig
+from shardstream.dataset.indexes import INDEX_CACHE_SIZE, IndexCache
 from shardstream.dataset.keys import KeyFinder
 from shardstream.dataset.options import PLAN_OPTIONS, TOKEN_OPTIONS
 from shardstream.dataset.reader import COALESCE_GAP, WindowReader
@@ -40,7 +41,7 @@ from shardstream.sampler import ShardSampler
 from shardstream.storage import Storage
 from shardstream.topology import Detector
 
-__all__ = ["BATCH_GAP", "BATCH_READ_THREADS", "MapDataset"]
+__all__ = ["BATCH_GAP", "BATCH_READ_THREADS", "SIDECAR_BYTES", "MapDataset"]
 
 # NOTE [ Batch fetches ]
 # ``get_many(indices)`` (what torch's DataLoader calls, as ``__getitems__``, with a
@@ -67,6 +68,16 @@ __all__ = ["BATCH_GAP", "BATCH_READ_THREADS", "MapDataset"]
 # many as a process's S3 clients keep connections (NOTE [ Connections kept ] in s3read.py).
 BATCH_READ_THREADS = 64
 BATCH_GAP = 4 * 1024 * 1024
+
+# NOTE [ Sidecars of random batches ]
+# A batch of random indices touches shards all over the dataset, and the next batch
+# others, so a sidecar LRU sized for a streamed window (``INDEX_CACHE_SIZE``) evicts what
+# the next batches need: on a dataset of more shards than it holds, every batch would read
+# again the sidecars of most shards it touches, one GET each, and wait for them before it
+# can send its data GETs (a round trip more on the critical path). A ``MapDataset`` keeps
+# as many sidecars as ``SIDECAR_BYTES`` of them hold (by the sizes the manifest gives;
+# all of a dataset whose sidecars fit), never fewer than that LRU.
+SIDECAR_BYTES = 32 * 1024 * 1024
 # What a MapDataset does not take of StreamingDataset's options: an index gives its sample
 # (no on_error), in the manifest's order (no plan), with its own read threads.
 _NOT_MAPPED = (
@@ -166,10 +177,20 @@ class MapDataset(Dataset):
             prefetch=0,
             read_concurrency=self.read_threads,
             coalesce_gap=BATCH_GAP if not storage.local_files else COALESCE_GAP,
+            indexes=IndexCache(self._sidecars_kept()),
         )
         finder = KeyFinder(reader, self._offsets())
         batches = BatchReads(reader, self.read_threads)
         return _Opened(reader, finder, SampleReads(reader, self.config.decoder), batches, threading.Lock())
+
+    def _sidecars_kept(self) -> int:
+        """How many sidecars this process keeps (NOTE [ Sidecars of random batches ])."""
+        shards = self.manifest.shards
+        sizes = [info.index_bytes for info in shards if info.index_bytes]
+        if not sizes:  # a manifest from before sidecars were sized
+            return INDEX_CACHE_SIZE
+        fit = SIDECAR_BYTES * len(sizes) // sum(sizes)
+        return max(INDEX_CACHE_SIZE, min(len(shards), fit))
 
     @property
     def storage(self) -> Storage:
