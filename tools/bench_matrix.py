@@ -6,7 +6,8 @@
 
 A cell is a sample size x a shard size x shuffle or not x DataLoader workers (1: the
 dataset iterated in the process itself; 2 or more: ``shardstream.DataLoader`` with that
-many workers), on one storage:
+many workers, started within the timed epoch, as a training job's first epoch starts
+them), on one storage:
 
 - local: tar shards in a temp folder on local disk;
 - s3: the same shards on moto's S3 server on 127.0.0.1 (loopback, a process of its own);
@@ -22,7 +23,8 @@ parts of at most 8 MB read in 16 threads (ranged GETs, ``os.pread``), and agains
 ``litdata.StreamingDataset`` on the same samples in its own format where litdata is
 installed. Rates are MB/s of sample bytes; each contender runs once untimed, then
 ``--repeat`` rounds in rotating order, and a ratio is the median of per-round ratios (as
-in tools/bench_stream.py). ``--quick`` runs a small subset in a few minutes on a 2-core
+in tools/bench_stream.py). ``--quick`` runs a small subset (250 B and 1 MB samples in 8 MB
+shards, each order, 1 and 2 workers, 16 MB a cell, one round) in a few minutes on a 2-core
 machine. ``--record`` keeps the cells' ratios in docs/benchmarks.json (claim ``matrix``;
 tools/bench_report.py draws them into docs/benchmarks.md).
 """
@@ -315,8 +317,8 @@ def main() -> int:
     parser.add_argument("--record", action="store_true", help="keep the ratios in docs/benchmarks.json")
     args = parser.parse_args()
     if args.quick:
-        args.samples, args.shards, args.shuffle, args.workers = [250, MB], [8 * MB], [False], [1]
-        args.corpus, args.repeat = 24 * MB, 1
+        args.samples, args.shards, args.shuffle, args.workers = [250, MB], [8 * MB], [False, True], [1, 2]
+        args.corpus, args.repeat = 16 * MB, 1
     unknown = set(args.where) - {"local", "s3", "wan"}
     if unknown:
         parser.error(f"--where: unknown storage {sorted(unknown)} (local, s3, wan)")
