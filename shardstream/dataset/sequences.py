@@ -26,19 +26,25 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import functools
-import operator
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import repeat
 from typing import Any
 
 import numpy as np
 
 from shardstream.dataset.mixture_reader import STREAM_KEY
+from shardstream.dataset.reader import WindowReader
+from shardstream.dataset.sequence_reads import (
+    DocumentTokens,
+    SharedShards,
+    joined_runs,
+    placed_runs,
+    shared_shards,
+)
+from shardstream.dataset.sequence_reads import flat_tokens as _flat_tokens
 from shardstream.errors import FormatError, UsageError
 from shardstream.folder import fit_sidecar_name
-from shardstream.formats.base import SampleColumns
 from shardstream.formats.tokens import doc_ends
 from shardstream.manifest import Manifest, sequences_key
 from shardstream.plan import Run, Window
@@ -185,74 +191,61 @@ class SequenceReader:
     def stream(self, windows: Iterator[Window]) -> Iterator[tuple[Window, WindowSequences, bool]]:
         """``(window, sequences, False)`` for each window of sequences, in yield order."""
         pending: collections.deque[tuple[Window, Window, dict[str, Any]]] = collections.deque()
+        lending = self.packing.mode == "best_fit"  # NOTE [ A shard read once across windows ]
 
         def documents() -> Iterator[Window]:
-            for window in windows:
+            for window, shared in shared_shards(windows, lending):
                 made: dict[str, Any] = {}
-                laid = Window.lazy(window.shards, functools.partial(self._documents, window, made))
+                laid = Window.lazy(window.shards, functools.partial(self._documents, window, shared, made))
                 pending.append((window, laid, made))
                 yield laid
 
-        for _, docs, holes in self.reader.stream(documents()):
+        # one dataset's windows as their runs' tokens (NOTE [ Tokens without documents ])
+        tokens = isinstance(self.reader, WindowReader)
+        read = DocumentTokens(self.reader).stream if tokens else self.reader.stream
+        lent: dict[Run, np.ndarray] = {}  # the tokens of the document runs the last window lent
+        for _, docs, holes in read(documents()):
             window, laid, made = pending.popleft()
             if holes:
                 raise FormatError(
                     "a document of a token shard could not be read: its sequences cannot be built"
                 )
             joined = list(laid.runs)  # laid out by its fetch
-            flats = _flat_tokens(joined, docs)
+            flats = docs if tokens else _flat_tokens(joined, docs)
             del docs
-            yield window, WindowSequences(self, window.order, made["placed"], joined, flats), False
+            lends = made["shared"].lends
+            kept = {run: flat for run, flat in zip(joined, flats, strict=True) if run.shard in lends}
+            borrowed = made["borrowed"]
+            flats = [*flats, *(lent[run] for run in borrowed)]
+            lent = kept
+            sequences = WindowSequences(self, window.order, made["placed"], [*joined, *borrowed], flats)
+            yield window, sequences, False
 
-    def _documents(self, window: Window, made: dict[str, Any]) -> tuple[tuple[Run, ...], np.ndarray]:
-        """The document runs of ``window`` in run order (``made["placed"]``: where each of its
-        sequence runs is among them)."""
+    def _documents(
+        self, window: Window, shared: SharedShards, made: dict[str, Any]
+    ) -> tuple[tuple[Run, ...], np.ndarray]:
+        """The document runs that ``window`` reads, in run order: those of its sequence runs
+        but of the shards it borrows, and those of the next window's sequences of the shards
+        it lends (NOTE [ A shard read once across windows ]). ``made["borrowed"]``: the
+        document runs the window before read for it; ``made["placed"]``: where each of its
+        sequence runs is among its runs and those."""
         self._fit_sidecars(window.shards)
-        runs = [(run.shard, self.layout(run.shard).run(run.start, run.stop)) for run in window.runs]
-        joined, made["placed"] = _joined(runs)
+        made["shared"] = shared
+
+        def laid(runs: Iterator[Run]) -> list[tuple[int, SequenceRun]]:
+            return [(run.shard, self.layout(run.shard).run(run.start, run.stop)) for run in runs]
+
+        own = laid(iter(window.runs))
+        borrows, lends = shared.borrows, shared.lends
+        read = [run for run in own if run[0] not in borrows]
+        joined = joined_runs(read + laid(run for run in shared.after if run.shard in lends))
+        before = laid(run for run in shared.before if run.shard in borrows)
+        made["borrowed"] = joined_runs(before + [run for run in own if run[0] in borrows])
+        made["placed"] = placed_runs(own, [*joined, *made["borrowed"]])
         return tuple(joined), np.arange(sum(len(r) for r in joined), dtype=np.int64)
 
     def close(self) -> None:
         self.reader.close()
-
-
-def _flat_tokens(joined: list[Run], docs: Any) -> list[np.ndarray]:
-    """The tokens of each document run, end to end (the window's documents in run order):
-    the one array they are views of where they are consecutive in it, else a copy."""
-    if isinstance(docs, SampleColumns):
-        column = docs.values[len(docs.fields) - 1 - docs.fields[::-1].index("tokens")]
-    else:
-        column = [doc["tokens"] for doc in docs]
-    flats, first = [], 0
-    for run in joined:
-        parts = column[first : first + len(run)]
-        first += len(run)
-        flats.append(_consecutive(parts) if parts else np.zeros(0, dtype=np.int64))
-    return flats
-
-
-_BASE = operator.attrgetter("base")
-
-
-def _consecutive(parts: list[np.ndarray]) -> np.ndarray:
-    """``parts`` end to end: a view of the buffer they are all views of, where they lie in
-    it one after the other (one read's documents, in order), else a copy."""
-    head, tail = parts[0], parts[-1]
-    base, total = head.base, sum(map(len, parts))
-    if len(parts) == 1:
-        return head
-    if base is None or head.ndim != 1 or not all(map(operator.is_, map(_BASE, parts), repeat(base))):
-        return np.concatenate(parts)
-    try:
-        buffer = np.frombuffer(base, dtype=np.uint8)
-    except (TypeError, ValueError, BufferError):
-        return np.concatenate(parts)
-    step = head.dtype.itemsize
-    offset = head.ctypes.data - buffer.ctypes.data
-    contiguous = head.strides == tail.strides == (step,) and tail.dtype == head.dtype
-    if not contiguous or tail.ctypes.data + tail.nbytes != head.ctypes.data + total * step or offset < 0:
-        return np.concatenate(parts)
-    return np.frombuffer(base, dtype=head.dtype, count=total, offset=offset)
 
 
 class WindowSequences(Sequence[dict[str, Any]]):
@@ -380,31 +373,3 @@ class _Built:
         self.row = stop
         streams = None if self.streams is None else self.streams[start:stop]
         self.ready.extend(_samples(self.rows.build(start, stop), streams))
-
-
-def _joined(runs: list[tuple[int, SequenceRun]]) -> tuple[list[Run], list[tuple[SequenceRun, int]]]:
-    """The document runs that hold ``runs`` (a shard's joined where they touch, in order of
-    first use), and each sequence run with the number of the document run that holds it."""
-    spans: dict[int, list[list[int]]] = {}
-    for shard, run in runs:
-        if run.count:
-            spans.setdefault(shard, []).append([run.docs[0], run.docs[1]])
-    joined: list[Run] = []
-    where: dict[int, list[tuple[int, int, int]]] = {}
-    for shard, found in spans.items():
-        found.sort()
-        merged = [found[0]]
-        for lo, hi in found[1:]:
-            if lo <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], hi)
-            else:
-                merged.append([lo, hi])
-        for lo, hi in merged:
-            where.setdefault(shard, []).append((lo, hi, len(joined)))
-            joined.append(Run(shard, lo, hi))
-    placed = []
-    for shard, run in runs:
-        if run.count:
-            at = next(number for lo, hi, number in where[shard] if lo <= run.docs[0] and run.docs[1] <= hi)
-            placed.append((run, at))
-    return joined, placed

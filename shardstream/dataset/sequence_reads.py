@@ -1,0 +1,228 @@
+"""The tokens of a window of documents, for the sequences built from them (NOTE [ Reading
+sequences ] in sequences.py): one flat array per document run, each a view of its read.
+
+NOTE [ Tokens without documents ]
+Sequences need of a document window only its runs' tokens, one array per run: never a
+document's key, dict or array of its own. A document read as a sample costs all three,
+more than building its tokens into sequences. So a window of one dataset is fetched by its
+``WindowReader`` as any window is (ranged reads, the budget, prefetch, checks, the cache)
+and then, instead of being decoded sample by sample, each of its runs is cut out of its
+read (``read_tokens``: a view, no copy). A read is a fresh buffer of its own (bytes, or a
+memory map made for it), so the views keep it for as long as the sequences are built; a
+buffer of another kind is copied first. A mixture's windows are decoded by its reader, and
+their documents' tokens put end to end (``flat_tokens``).
+"""
+
+from __future__ import annotations
+
+import mmap
+import operator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from itertools import repeat
+from typing import Any
+
+import numpy as np
+
+from shardstream.dataset.ahead import prefetched
+from shardstream.dataset.read_checks import Fetched
+from shardstream.dataset.reader import WindowReader
+from shardstream.formats.base import SampleColumns
+from shardstream.formats.tokens import read_tokens
+from shardstream.plan import Run, Window
+from shardstream.storage import Prefetcher
+from shardstream.tokens import SequenceRun
+
+__all__ = ["DocumentTokens", "SharedShards", "flat_tokens", "joined_runs", "placed_runs", "shared_shards"]
+
+# NOTE [ A shard read once across windows ]
+# A window of sequences holds runs of sequences of a few shards, and a shard's sequences
+# are often cut between two windows. The documents of a run of concat's or pad's sequences
+# lie together, so each window reads its part of the shard. A best-fit bin mixes documents
+# from all over its shard, so the documents of half a shard's bins are nearly all of its
+# documents: each of the two windows would read nearly the whole shard. So with best_fit a
+# window lends a shard to the window after it when both hold sequences of it: it reads the
+# documents of its own sequences and of the next window's of that shard at once, and the
+# next window reads none of that shard but takes those tokens (``SharedShards``). A window
+# never lends a shard it borrowed (it did not read it), so a shard cut between many windows
+# is read by every other one. Which tokens make each sequence is the same either way: a
+# document run is cut from the shard's tokens wherever it was read.
+
+
+class DocumentTokens:
+    """Windows of documents of one dataset as the tokens of their runs (NOTE [ Tokens
+    without documents ]): fetched by ``reader``, cut from its reads in yield order. What
+    ``prefetched`` drives (an ``AheadReader``), in place of ``reader``'s samples."""
+
+    def __init__(self, reader: WindowReader) -> None:
+        self.reader = reader
+        self.prefetch, self.budget = reader.prefetch, reader.budget
+
+    def stream(self, windows: Iterator[Any]) -> Iterator[tuple[Any, list[np.ndarray], bool]]:
+        """``(window, tokens of each run, holes)`` for each window of documents."""
+        return prefetched(self, windows)
+
+    def fetch(
+        self,
+        window: Any,
+        take: Callable[[int], None] | None = None,
+        tell: Callable[[int], None] | None = None,
+    ) -> list[Fetched]:
+        return self.reader.fetch(window, take, tell)
+
+    def in_yield_order(self, window: Any, fetched: list[Fetched]) -> tuple[list[np.ndarray], bool]:
+        """The tokens of each of ``window``'s runs (documents in run order are the yield
+        order of a document window), and whether a read failed its checks (skipped)."""
+        runs = window.runs
+        none = np.zeros(0, dtype=np.int64)
+        flats: list[np.ndarray] = [none] * len(runs)
+        holes = False
+        shards = self.reader.manifest.shards
+        fetched.reverse()
+        while fetched:
+            read, data, index, bad = fetched.pop()
+            if isinstance(bad, Future):
+                data, bad = bad.result()  # its check is done before its bytes are cut
+            if bad:
+                holes = True
+                continue
+            kept, name = _kept(data), shards[read.shard].path
+            for number in read.runs:
+                run = runs[number]
+                flats[number] = read_tokens(kept, read.rng, index, run.start, run.stop, name=name)
+            del data, kept
+        return flats, holes
+
+    def in_pieces(self, windows: Iterator[Any]) -> Iterator[Any]:
+        return windows  # a document window is read whole (NOTE [ Reading sequences ])
+
+    def check_beside_decoding(self) -> None:
+        self.reader.check_beside_decoding()
+
+    def hold(self, prefetcher: Prefetcher[Any, Any]) -> None:
+        self.reader.hold(prefetcher)
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+@dataclass(frozen=True, slots=True)
+class SharedShards:
+    """What a window of sequences shares with its neighbours (NOTE [ A shard read once
+    across windows ]): the shards it ``borrows`` from the window ``before`` and those it
+    ``lends`` to the window ``after`` (their sequence runs, where it shares any)."""
+
+    borrows: frozenset[int]
+    lends: frozenset[int]
+    before: tuple[Run, ...]
+    after: tuple[Run, ...]
+
+
+_ALONE = SharedShards(frozenset(), frozenset(), (), ())
+
+
+def shared_shards(windows: Iterator[Window], lending: bool) -> Iterator[tuple[Window, SharedShards]]:
+    """Each of ``windows`` with what it shares (nothing unless ``lending``); the window after
+    each is taken from ``windows`` before it is given."""
+    if not lending:
+        yield from zip(windows, repeat(_ALONE))
+        return
+    before: Window | None = None
+    borrows: frozenset[int] = frozenset()
+    window = next(windows, None)
+    while window is not None:
+        after = next(windows, None)
+        lends = frozenset(window.shards).intersection(after.shards if after is not None else ()) - borrows
+        yield (
+            window,
+            SharedShards(
+                borrows,
+                lends,
+                tuple(before.runs) if borrows and before is not None else (),
+                tuple(after.runs) if lends and after is not None else (),
+            ),
+        )
+        before, borrows, window = window, lends, after
+
+
+def joined_runs(runs: list[tuple[int, SequenceRun]]) -> list[Run]:
+    """The document runs that hold ``runs`` (sequence runs of shards): a shard's joined
+    where they touch, in order of first use. The same sequence runs of a shard give the
+    same document runs, whatever else is among ``runs``."""
+    spans: dict[int, list[list[int]]] = {}
+    for shard, run in runs:
+        if run.count:
+            spans.setdefault(shard, []).append([run.docs[0], run.docs[1]])
+    joined: list[Run] = []
+    for shard, found in spans.items():
+        found.sort()
+        merged = [found[0]]
+        for lo, hi in found[1:]:
+            if lo <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], hi)
+            else:
+                merged.append([lo, hi])
+        joined.extend(Run(shard, lo, hi) for lo, hi in merged)
+    return joined
+
+
+def placed_runs(runs: list[tuple[int, SequenceRun]], joined: list[Run]) -> list[tuple[SequenceRun, int]]:
+    """Each of ``runs`` that holds sequences, with the number of the run of ``joined`` that
+    holds its documents."""
+    where: dict[int, list[tuple[int, int, int]]] = {}
+    for number, doc_run in enumerate(joined):
+        where.setdefault(doc_run.shard, []).append((doc_run.start, doc_run.stop, number))
+    placed = []
+    for shard, run in runs:
+        if run.count:
+            lo, hi = run.docs
+            placed.append((run, next(n for a, b, n in where[shard] if a <= lo and hi <= b)))
+    return placed
+
+
+def _kept(data: bytes | memoryview) -> bytes | memoryview:
+    """``data``, where it is a buffer of its read's own that views may keep; else a copy."""
+    if isinstance(data, bytes):
+        return data
+    owner = data.obj if isinstance(data, memoryview) else None
+    return data if isinstance(owner, (bytes, mmap.mmap)) else bytes(data)
+
+
+def flat_tokens(joined: list[Run], docs: Any) -> list[np.ndarray]:
+    """The tokens of each document run, end to end (``docs``: the window's documents in run
+    order): the one array they are views of where they are consecutive in it, else a copy."""
+    if isinstance(docs, SampleColumns):
+        column = docs.values[len(docs.fields) - 1 - docs.fields[::-1].index("tokens")]
+    else:
+        column = [doc["tokens"] for doc in docs]
+    flats, first = [], 0
+    for run in joined:
+        parts = column[first : first + len(run)]
+        first += len(run)
+        flats.append(_consecutive(parts) if parts else np.zeros(0, dtype=np.int64))
+    return flats
+
+
+_BASE = operator.attrgetter("base")
+
+
+def _consecutive(parts: list[np.ndarray]) -> np.ndarray:
+    """``parts`` end to end: a view of the buffer they are all views of, where they lie in
+    it one after the other (one read's documents, in order), else a copy."""
+    head, tail = parts[0], parts[-1]
+    base, total = head.base, sum(map(len, parts))
+    if len(parts) == 1:
+        return head
+    if base is None or head.ndim != 1 or not all(map(operator.is_, map(_BASE, parts), repeat(base))):
+        return np.concatenate(parts)
+    try:
+        buffer = np.frombuffer(base, dtype=np.uint8)
+    except (TypeError, ValueError, BufferError):
+        return np.concatenate(parts)
+    step = head.dtype.itemsize
+    offset = head.ctypes.data - buffer.ctypes.data
+    contiguous = head.strides == tail.strides == (step,) and tail.dtype == head.dtype
+    if not contiguous or tail.ctypes.data + tail.nbytes != head.ctypes.data + total * step or offset < 0:
+        return np.concatenate(parts)
+    return np.frombuffer(base, dtype=head.dtype, count=total, offset=offset)

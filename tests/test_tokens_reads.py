@@ -1,0 +1,157 @@
+"""Packed sequences read as their runs' tokens (NOTE [ Tokens without documents ]), a
+best-fit shard read once across windows (NOTE [ A shard read once across windows ]):
+every sequence a dataset yields equals the one built alone from its shard's own tokens,
+whatever the windows, the shuffle, the storage, or the mixture around it."""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+import pytest
+
+import shardstream
+import shardstream.storage.local as local_files
+from shardstream.dataset.sequence_reads import joined_runs, placed_runs, shared_shards
+from shardstream.errors import FormatError
+from shardstream.formats.tokens import TokensIndex
+from shardstream.plan import Run, Window
+from shardstream.tokens import Packing, build_sequences, sequence_layout
+
+S = 32
+FIELDS = ("input_ids", "labels", "position_ids", "document_ids", "cu_seqlens")
+
+
+def write_corpus(url: str, *, storage_options: dict | None = None, seed: int = 0) -> None:
+    """About 14,000 tokens in 7 shards: lognormal documents, some empty, some longer than S."""
+    rng = np.random.default_rng(seed)
+    with shardstream.ShardWriter(
+        url, format="tokens", samples_per_shard=70, storage_options=storage_options
+    ) as writer:
+        for number in range(480):
+            n = 0 if number % 37 == 5 else int(max(1, rng.lognormal(3.2, 0.9)))
+            writer.write({"__key__": f"{number:06d}", "tokens": rng.integers(2, 900, n, dtype=np.uint16)})
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> str:
+    url = str(tmp_path_factory.mktemp("reads") / "ds")
+    write_corpus(url)
+    return url
+
+
+def expected(dataset: shardstream.StreamingDataset, url: str, packing: str) -> list[dict[str, np.ndarray]]:
+    """The sequences of ``dataset``'s plan (one worker), each built alone from its shard's tokens."""
+    manifest = dataset.manifest
+    infos = manifest.shards
+    root = pathlib.Path(url)
+    eos = manifest.tokens.eos_id if manifest.tokens is not None else None
+    pad = 0 if eos is None else int(eos)
+    bases = np.cumsum([info.samples for info in infos]) - [info.samples for info in infos]
+    layouts, tokens = {}, {}
+    out = []
+    for shard, index in dataset.make_plan(num_workers=1, consume=False).worker_samples(0, 0):
+        if shard not in layouts:
+            info = infos[shard]
+            ends = TokensIndex.from_bytes((root / info.index).read_bytes(), name=info.path).ends
+            layouts[shard] = sequence_layout(Packing(S, packing), ends)
+            tokens[shard] = np.fromfile(root / info.path, dtype=np.uint16)
+        run = layouts[shard].run(index, index + 1)
+        built = build_sequences(run, tokens[shard], 0, doc_base=int(bases[shard]), pad_id=pad)
+        out.append({name: built[name][0] for name in FIELDS})
+    return out
+
+
+def same(got: list[dict], want: list[dict]) -> None:
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        for name in FIELDS:
+            np.testing.assert_array_equal(a[name], b[name])
+
+
+@pytest.mark.parametrize("packing", ["concat", "best_fit", "pad"])
+@pytest.mark.parametrize(("shuffle", "window"), [(True, None), (True, 9), (False, 9), (False, None)])
+def test_every_sequence_is_the_one_built_alone_from_its_shard(corpus, packing, shuffle, window):
+    dataset = shardstream.StreamingDataset(
+        corpus, seq_len=S, packing=packing, shuffle=shuffle, seed=4, shuffle_window=window
+    )
+    same(list(dataset), expected(dataset, corpus, packing))
+
+
+def test_a_best_fit_shard_cut_between_two_windows_is_read_once(corpus, monkeypatch):
+    read: dict[str, int] = {}
+    plain = local_files.read_range
+
+    def counted(path: str, start: int, length: int, **kwargs):  # type: ignore[no-untyped-def]
+        if path.endswith(".tokens"):
+            read[path] = read.get(path, 0) + length
+        return plain(path, start, length, **kwargs)
+
+    monkeypatch.setattr(local_files, "read_range", counted)
+    dataset = shardstream.StreamingDataset(corpus, seq_len=S, packing="best_fit", seed=1)
+    windows = list(dataset.make_plan(num_workers=1, consume=False).worker_windows(0, 0))
+    cut = {shard for one in windows for shard in one.shards if sum(shard in w.shards for w in windows) > 1}
+    assert len(windows) == 2
+    assert cut  # shards whose sequences the two windows share
+    same(list(dataset), expected(dataset, corpus, "best_fit"))
+    sizes = {str(pathlib.Path(corpus) / info.path): info.bytes for info in dataset.manifest.shards}
+    assert read
+    assert all(read[path] <= sizes[path] for path in read)
+
+
+def test_windows_lend_a_shard_every_other_window_and_never_one_they_borrowed():
+    windows = [
+        Window([Run(s, 0, 1) for s in shards], np.arange(len(shards)))
+        for shards in ([0, 1], [1], [1, 2], [2])
+    ]
+    shared = [one for _, one in shared_shards(iter(windows), True)]
+    assert [sorted(one.lends) for one in shared] == [[1], [], [2], []]
+    assert [sorted(one.borrows) for one in shared] == [[], [1], [], [2]]
+    assert shared[1].before == tuple(windows[0].runs)
+    assert shared[0].after == tuple(windows[1].runs)
+    alone = [one for _, one in shared_shards(iter(windows), False)]
+    assert all(not one.lends and not one.borrows for one in alone)
+
+
+def test_sequence_runs_are_placed_in_the_document_runs_that_hold_them():
+    ends = np.cumsum(np.full(20, 10, dtype=np.int64))
+    layout = sequence_layout(Packing(16, "concat"), ends)
+    runs = [(3, layout.run(0, 2)), (3, layout.run(8, 10)), (3, layout.run(2, 3))]
+    joined = joined_runs(runs)
+    assert joined == [Run(3, 0, 5), Run(3, 12, 16)]
+    assert [at for _, at in placed_runs(runs, joined)] == [0, 1, 0]
+
+
+def test_a_token_mixture_reads_the_same_sequences(corpus):
+    alone = shardstream.StreamingDataset(corpus, seq_len=S, packing="best_fit", seed=2)
+    mixed = shardstream.StreamingDataset(
+        [shardstream.Stream(corpus, weight=1)], seq_len=S, packing="best_fit", seed=2
+    )
+    got = sorted(tuple(sample["input_ids"].tolist()) for sample in mixed)
+    assert got == sorted(tuple(sample["input_ids"].tolist()) for sample in alone)
+
+
+@pytest.mark.parametrize("packing", ["concat", "best_fit"])
+def test_sequences_from_s3_are_those_of_the_same_shards_on_disk(s3, tmp_path, packing):
+    base, options = s3
+    write_corpus(f"{base}/ds", storage_options=options)
+    write_corpus(str(tmp_path / "ds"))
+    far = shardstream.StreamingDataset(
+        f"{base}/ds", seq_len=S, packing=packing, seed=3, storage_options=options
+    )
+    near = shardstream.StreamingDataset(str(tmp_path / "ds"), seq_len=S, packing=packing, seed=3)
+    same(list(far), list(near))
+
+
+def test_a_corrupt_token_shard_fails_its_sequences(tmp_path):
+    url = str(tmp_path / "ds")
+    write_corpus(url)
+    info = shardstream.StreamingDataset(url).manifest.shards[2]
+    path = pathlib.Path(url) / info.path
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    for on_error in ("raise", "skip"):
+        dataset = shardstream.StreamingDataset(url, seq_len=S, packing="best_fit", on_error=on_error)
+        with pytest.raises(FormatError):
+            list(dataset)
