@@ -12,6 +12,7 @@ import pytest
 
 import shardstream
 import shardstream.storage.local as local_files
+from shardstream.dataset import sequences
 from shardstream.dataset.sequence_reads import joined_runs, placed_runs, shared_shards
 from shardstream.errors import FormatError
 from shardstream.formats.tokens import TokensIndex
@@ -141,6 +142,48 @@ def test_sequences_from_s3_are_those_of_the_same_shards_on_disk(s3, tmp_path, pa
     )
     near = shardstream.StreamingDataset(str(tmp_path / "ds"), seq_len=S, packing=packing, seed=3)
     same(list(far), list(near))
+
+
+@pytest.mark.parametrize("packing", ["concat", "pad", "best_fit"])
+def test_unshuffled_windows_from_s3_come_in_pieces_of_the_budget(s3, tmp_path, packing, monkeypatch):
+    base, options = s3
+    write_corpus(f"{base}/ds", storage_options=options)
+    write_corpus(str(tmp_path / "ds"))
+    pieces = []
+    plain = sequences.in_pieces
+
+    def counted(windows, shards, limit):  # type: ignore[no-untyped-def]
+        for piece in plain(windows, shards, limit):
+            pieces.append(piece)
+            yield piece
+
+    monkeypatch.setattr(sequences, "in_pieces", counted)
+    far = shardstream.StreamingDataset(
+        f"{base}/ds", seq_len=S, packing=packing, shuffle=False, read_budget=8000, storage_options=options
+    )
+    near = shardstream.StreamingDataset(str(tmp_path / "ds"), seq_len=S, packing=packing, shuffle=False)
+    same(list(far), list(near))
+    windows = len(list(near.make_plan(num_workers=1, consume=False).worker_windows(0, 0)))
+    assert len(pieces) > windows if packing != "best_fit" else not pieces  # best-fit bins lie apart
+
+
+@pytest.mark.parametrize(("packing", "shuffle"), [("concat", False), ("best_fit", True)])
+def test_resumed_mid_epoch_from_s3_the_rest_is_the_same(s3, packing, shuffle):
+    base, options = s3
+    write_corpus(f"{base}/ds", storage_options=options)
+    made = dict(
+        seq_len=S, packing=packing, shuffle=shuffle, seed=5, read_budget=8000, storage_options=options
+    )
+    whole = list(shardstream.StreamingDataset(f"{base}/ds", **made))
+    for taken in (1, 100, 300):  # in the first window (or piece), and later
+        dataset = shardstream.StreamingDataset(f"{base}/ds", **made)
+        iterator = iter(dataset)
+        head = [next(iterator) for _ in range(taken)]
+        state = dataset.state_dict()
+        del iterator
+        resumed = shardstream.StreamingDataset(f"{base}/ds", **made)
+        resumed.load_state_dict(state)
+        same(head + list(resumed), whole)
 
 
 def test_a_corrupt_token_shard_fails_its_sequences(tmp_path):

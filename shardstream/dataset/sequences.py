@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import functools
 import threading
 from collections.abc import Iterator, Sequence
@@ -33,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from shardstream.dataset.budget import in_pieces, piece_limit
 from shardstream.dataset.mixture_reader import STREAM_KEY
 from shardstream.dataset.reader import WindowReader
 from shardstream.dataset.sequence_reads import (
@@ -194,7 +196,7 @@ class SequenceReader:
         lending = self.packing.mode == "best_fit"  # NOTE [ A shard read once across windows ]
 
         def documents() -> Iterator[Window]:
-            for window, shared in shared_shards(windows, lending):
+            for window, shared in shared_shards(self._in_pieces(windows), lending):
                 made: dict[str, Any] = {}
                 laid = Window.lazy(window.shards, functools.partial(self._documents, window, shared, made))
                 pending.append((window, laid, made))
@@ -220,6 +222,21 @@ class SequenceReader:
             lent = kept
             sequences = WindowSequences(self, window.order, made["placed"], [*joined, *borrowed], flats)
             yield window, sequences, False
+
+    def _in_pieces(self, windows: Iterator[Window]) -> Iterator[Window]:
+        """``windows``, those in run order in pieces as the reader's budget takes them (NOTE
+        [ Unshuffled windows in pieces ] in budget.py), where the documents of a piece of
+        sequences lie together (concat, pad: not best-fit bins) and one dataset is read."""
+        reader = self.reader
+        if self.packing.mode == "best_fit" or not isinstance(reader, WindowReader) or reader.budget is None:
+            return windows
+        tokens = reader.manifest.tokens
+        step = self.packing.seq_len * np.dtype(tokens.dtype if tokens is not None else "uint16").itemsize
+        # a sequence's bytes, as in_pieces counts them: its shard's bytes per "sample"
+        shards = [
+            dataclasses.replace(info, samples=max(1, info.bytes // step)) for info in reader.manifest.shards
+        ]
+        return in_pieces(windows, shards, piece_limit(reader.budget.limit, cached=reader.storage.cached))
 
     def _documents(
         self, window: Window, shared: SharedShards, made: dict[str, Any]
