@@ -47,7 +47,9 @@ __all__ = ["DocumentTokens", "SharedShards", "flat_tokens", "joined_runs", "plac
 # next window reads none of that shard but takes those tokens (``SharedShards``). A window
 # never lends a shard it borrowed (it did not read it), so a shard cut between many windows
 # is read by every other one. Which tokens make each sequence is the same either way: a
-# document run is cut from the shard's tokens wherever it was read.
+# document run is cut from the shard's tokens wherever it was read. The lent tokens stay
+# until the next window's sequences are built, after the lender's bytes went back to the
+# read budget: fewer bytes than the next window would have read of that shard itself.
 
 
 class DocumentTokens:

@@ -12,13 +12,16 @@ reads, the read budget, prefetch, checks, the cache). It is a lazy window of the
 window's shards: laid out in its fetch, once the reader has loaded all those shards'
 sidecars at once, so a window's sidecars cost one round trip, taken in a fetch thread
 (one sidecar after another in the caller's thread left the wire idle that long). Its
-documents in run order are one flat token array per joined run (a view of the read where
-they lie one after another in it), and its sequences are built from those a block of
-rows at a time, in the sequence window's order (NOTE [ Building sequences ] in
-tokens/build.py). The document window keeps its documents in run order and is never cut
-in pieces, so every window read gives back one window of sequences, in turn. A document
-the format cannot read cannot be skipped: the sequences around it would change, so it is
-an error whatever ``on_error`` says.
+documents in run order are one flat token array per joined run, cut from its read
+(NOTE [ Tokens without documents ] in sequence_reads.py; with best_fit, runs read by the
+window before are taken from it, NOTE [ A shard read once across windows ]), and its
+sequences are built from those a block of rows at a time, in the sequence window's order
+(NOTE [ Building sequences ] in tokens/build.py). The document window keeps its documents
+in run order and is never cut in pieces, so every window read gives back one window of
+sequences, in turn; an unshuffled window of concat or pad sequences is cut in pieces
+before (NOTE [ Unshuffled windows in pieces ] in budget.py), as their documents lie
+together. A document the format cannot read cannot be skipped: the sequences around it
+would change, so it is an error whatever ``on_error`` says.
 """
 
 from __future__ import annotations
