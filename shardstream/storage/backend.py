@@ -205,6 +205,9 @@ class LocalBackend(Backend):
     def read(self, fspath: str, rng: ByteRange | None, size: int | None) -> bytes:
         return local.read(fspath, rng, size=size)
 
+    def read_into(self, fspath: str, rng: ByteRange, out: memoryview, size: int | None) -> int:
+        return local.read_range_into(fspath, rng.start, out[: rng.length], size=size)
+
     def size(self, fspath: str) -> int:
         return os.stat(fspath).st_size
 

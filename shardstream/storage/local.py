@@ -30,6 +30,7 @@ __all__ = [
     "read",
     "read_all",
     "read_range",
+    "read_range_into",
     "remove_temp_files",
 ]
 
@@ -40,6 +41,7 @@ _TEMP_RE = re.compile(re.escape(TEMP_PREFIX) + r"[0-9a-f]+-(.+)$")
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_PREADV = getattr(os, "preadv", None)
 
 
 # NOTE [ Only regular files ]
@@ -170,6 +172,30 @@ def read_range(path: str, start: int, length: int, *, size: int | None = None) -
             parts.append(chunk)
             got += len(chunk)
         return b"".join(parts)
+    finally:
+        os.close(fd)
+
+
+def read_range_into(path: str, start: int, out: memoryview, *, size: int | None = None) -> int:
+    """``len(out)`` bytes of ``path`` from ``start`` into ``out``: the bytes written (fewer
+    only at the end of the file). ``size``: the file's expected total size; another raises
+    ``SizeChanged``. A copy, as ``read_range``'s, into a buffer the caller chose (NOTE
+    [ Read buffers ] in sinks.py says why a long read's buffer is not a new ``bytes``)."""
+    fd = open_regular(path)
+    try:
+        _check_size(fd, size)
+        got, length = 0, len(out)
+        while got < length:
+            if _PREADV is None:  # no preadv (Windows): one more copy
+                data = os.pread(fd, length - got, start + got)
+                n = len(data)
+                out[got : got + n] = data
+            else:
+                n = _PREADV(fd, [out[got:]], start + got)
+            if not n:
+                break
+            got += n
+        return got
     finally:
         os.close(fd)
 
