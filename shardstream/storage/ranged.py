@@ -27,6 +27,26 @@ __all__ = ["RangedReads", "SingleReads"]
 Read = Callable[[str, "ByteRange | None"], "bytes | memoryview"]
 
 
+# NOTE [ Local reads into buffers ]
+# A local folder read by copy (the default: a shard truncated in place cannot crash a
+# copy) copies each long read into a read buffer (NOTE [ Read buffers ] in sinks.py), as
+# object storage's long reads are, not into a new ``bytes``: a ``bytes`` of tens of MB
+# comes from a fresh mapping of the allocator (or its heap, given back to the kernel
+# between windows), whose every 4 KiB page costs a fault as the copy first touches it,
+# several times the copy itself. The buffer is copied into with ``preadv`` (the copy path
+# still: a short file is a short read, retried and reported, never a SIGBUS), in parts,
+# through ``Storage.read_parts``. Shorter reads stay plain ``pread``s into ``bytes``,
+# which the allocator serves from memory it keeps.
+LOCAL_BUFFERED = 4 * 2**20
+
+
+def _length(rng: ByteRange | None, expect: Expected | None) -> int:
+    """The bytes a read of ``rng`` (None: all of an object ``expect`` sizes) asks for; 0 unknown."""
+    if rng is not None:
+        return rng.length
+    return expect.size if expect is not None and expect.size is not None else 0
+
+
 class RangedReads:
     """Reads of byte ranges of ``storage`` for one reader, with ``threads`` requests in
     flight on object storage (and cached datasets, whose entries fill so)."""
@@ -47,6 +67,8 @@ class RangedReads:
         self.remote = storage.cached or not storage.local_files
         self.pool = ReadPool(threads) if threads > 1 and self.remote else None
         self._part_pool = ReadPool(threads) if threads > 1 and self.remote else None
+        # a local folder's long copies go into read buffers (NOTE [ Local reads into buffers ])
+        self._copy_pool = ReadPool(1) if folder and not self.mapped else None
 
     def read(
         self, path: str, rng: ByteRange | None, expect: Expected | None, tell: Tell = None
@@ -64,6 +86,8 @@ class RangedReads:
             return storage.map(path, rng, expect=expect)
         if self._part_pool is not None and self._is_long(rng, expect):
             return storage.read_parts(path, rng, expect=expect, pool=self._part_pool, tell=tell)
+        if self._copy_pool is not None and _length(rng, expect) >= LOCAL_BUFFERED:
+            return storage.read_parts(path, rng, expect=expect, pool=self._copy_pool, tell=tell)
         data = storage.read(path, rng, expect=expect)
         if tell is not None:
             tell(len(data))
@@ -84,7 +108,7 @@ class RangedReads:
 
     def close(self) -> None:
         """Join the pools' threads."""
-        for pool in (self.pool, self._part_pool):
+        for pool in (self.pool, self._part_pool, self._copy_pool):
             if pool is not None:
                 pool.close()
 
