@@ -159,6 +159,24 @@ def column_form(decoder: Decoder) -> Callable[[list[bytes]], list[Any]] | None:
     return _COLUMN_FORMS.get(decoder)
 
 
+# NOTE [ Typed values passed through ]
+# A Parquet shard keeps text and integer fields in typed columns (NOTE [ Typed columns ] in
+# formats/parquet/typed.py) and gives them back as the bytes they were made from, which
+# the built-in text and integer decoders then turn into what the column held already. So
+# a reader whose field has that built-in decoder asks the format for the column's values
+# as they are (``typed_values``): the same ``str`` or ``int``, with no bytes made and
+# parsed; any other decoder (the user's, JSON's) gets the bytes, as from a tar shard.
+_VALUE_KINDS: dict[Decoder, str] = {_text: "text", _integer: "integer"}
+
+
+def typed_values(decoder: SampleDecoder, fields: tuple[str, ...]) -> dict[str, str]:
+    """``{field: "text" | "integer"}`` for the ``fields`` whose decoder is the built-in text
+    or integer one: a typed column of that kind may give them decoded (NOTE [ Typed values
+    passed through ])."""
+    kinds = {name: _VALUE_KINDS.get(decoder.lookup(name)) for name in fields}  # type: ignore[arg-type]
+    return {name: kind for name, kind in kinds.items() if kind is not None}
+
+
 def is_pickle(decoder: Decoder) -> bool:
     """Whether ``decoder`` is the built-in pickle decoder (refused without ``allow_pickle``)."""
     return decoder is _pickle

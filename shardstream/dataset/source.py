@@ -130,10 +130,12 @@ class DatasetSource:
         prefetch: int | None = None,
         read_concurrency: int | None = None,
         coalesce_gap: int | None = None,
+        typed_values: Mapping[str, str] | None = None,
     ) -> WindowReader:
         """A reader of this dataset's windows for one iteration in this process:
         ``columns`` for a decoder (NOTE [ Bulk decode ]), ``indexes`` a sidecar LRU shared
-        with other sources (default: this one's)."""
+        with other sources (default: this one's), ``typed_values`` the fields a Parquet
+        shard may give as its typed columns hold them (NOTE [ Typed values passed through ])."""
         options = self.options
         return WindowReader(
             self.storage,
@@ -148,6 +150,7 @@ class DatasetSource:
             expected=self.expectations(),
             columns=columns,
             coalesce_gap=coalesce_gap,
+            typed_values=typed_values,
         )
 
     def read_first_sidecars(self, shards: Sequence[int], world: int = 1) -> None:

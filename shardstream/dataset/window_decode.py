@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from itertools import chain
 from typing import Any, cast
@@ -44,13 +44,17 @@ class WindowDecoder:
         on_error: str,
         columns: bool,
         decode_read: Callable[..., SampleColumns | list[Sample | None]] | None = None,
+        typed_values: Mapping[str, str] | None = None,
     ) -> None:
-        """``decode_read``: what decodes each read (its owner's seam), by default :meth:`decode_read`."""
+        """``decode_read``: what decodes each read (its owner's seam), by default
+        :meth:`decode_read`; ``typed_values``: fields a Parquet shard may give as its typed
+        column holds them (NOTE [ Typed values passed through ] in decode.py)."""
         self.manifest, self.format, self._index, self._url_of = manifest, fmt, index, url_of
         self.on_error, self.columns = on_error, columns
         self.fields = manifest.fields  # every sample has them all: NOTE [ Missing fields ] in fields.py
         self._holes = 0  # samples the format could not decode, replaced by None
         self._decode_one = decode_read if decode_read is not None else self.decode_read
+        self._typed: dict[str, Any] = {"typed_values": typed_values} if typed_values else {}
 
     def decode(
         self, window: Any, fetched: list[Fetched], order: np.ndarray | None = None
@@ -104,7 +108,9 @@ class WindowDecoder:
         name = self.manifest.shards[read.shard].path
         if not bad:
             try:
-                got = self.format.decode_runs(data, read.rng, index, starts, stops, name=name)
+                # only a shard with typed columns takes typed_values (a Parquet shard's index says so)
+                typed = self._typed if getattr(index, "typed_columns", None) else {}
+                got = self.format.decode_runs(data, read.rng, index, starts, stops, name=name, **typed)
             except FormatError:
                 got = None
             if got is not None and len(got) == int((stops - starts).sum()):

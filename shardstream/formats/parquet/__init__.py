@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from itertools import repeat
 from typing import IO, TYPE_CHECKING, Any
 
@@ -163,7 +163,11 @@ class ParquetFormat(ShardFormat):
         stops: np.ndarray,
         *,
         name: str,
+        typed_values: Mapping[str, str] | None = None,
     ) -> SampleColumns | list[Sample]:
+        """``ShardFormat.decode_runs``; ``typed_values``: fields whose typed column of that
+        kind ("text", "integer") comes as it is, not as bytes (NOTE [ Typed values passed
+        through ] in dataset/decode.py)."""
         from shardstream.formats.parquet.index import ParquetIndex
 
         if not isinstance(index, ParquetIndex):
@@ -174,7 +178,7 @@ class ParquetFormat(ShardFormat):
             return []
         starts, stops = starts[some], stops[some]
         check_covers_all(data, rng, (lo[some], hi[some]), starts, stops, name)
-        return _rows_at(data, rng.start, index, run_positions(starts, stops), name)
+        return _rows_at(data, rng.start, index, run_positions(starts, stops), name, typed_values or {})
 
 
 def _has_key_column(metadata: pq.FileMetaData) -> bool:
@@ -260,13 +264,18 @@ def _sparse(data: bytes | memoryview, base: int, index: ParquetIndex) -> _Sparse
 
 
 def _rows_at(
-    data: bytes | memoryview, base: int, index: ParquetIndex, rows: np.ndarray, name: str
+    data: bytes | memoryview,
+    base: int,
+    index: ParquetIndex,
+    rows: np.ndarray,
+    name: str,
+    wanted: Mapping[str, str],
 ) -> SampleColumns:
     """The rows at ``rows`` (sorted or not), as columns: their row groups are read once."""
     import pyarrow.parquet as pq
 
     from shardstream.formats.parquet.index import KEY_COLUMN
-    from shardstream.formats.parquet.typed import as_bytes
+    from shardstream.formats.parquet.typed import values_of
 
     groups = index.row_groups_of(rows)
     needed, at = np.unique(groups, return_inverse=True)
@@ -278,7 +287,7 @@ def _rows_at(
         table = _taken(parquet.read_row_groups(needed.tolist(), use_threads=False), taken)
         names = [n for n in table.column_names if n != KEY_COLUMN]  # a non-str __key__ is no sample data
         typed = index.typed_columns  # read back as the bytes they were made from: NOTE [ Typed columns ]
-        columns = [as_bytes(table.column(n)) if n in typed else table.column(n).to_pylist() for n in names]
+        columns = [values_of(table.column(n), n in typed, wanted.get(n)) for n in names]
     except _arrow_errors() as error:
         raise FormatError(f"cannot decode {len(rows)} rows: {error}", shard=name) from None
     return SampleColumns(tuple(names), index.keys_at(rows), columns)

@@ -106,3 +106,17 @@ def as_bytes(column: pa.ChunkedArray) -> list[Any]:
     if integers:
         return [None if v is None else b"%d" % v for v in values]
     return list(map(str.encode, values)) if None not in values else [v and v.encode() for v in values]
+
+
+def values_of(column: pa.ChunkedArray, typed: bool, wanted: str | None) -> list[Any]:
+    """A column's values for a reader: a typed column as its bytes (``as_bytes``), or as it
+    is where ``wanted`` names its kind ("text", "integer": the reader's decoder would make
+    the same values of the bytes); any other column as it is."""
+    if not typed:
+        return column.to_pylist()
+    kind = column.type
+    if (wanted == "integer" and pa.types.is_integer(kind)) or (
+        wanted == "text" and (pa.types.is_string(kind) or pa.types.is_large_string(kind))
+    ):
+        return column.to_pylist()
+    return as_bytes(column)
