@@ -85,6 +85,7 @@ class WindowReader:
         expected: Mapping[str, Expected] | None = None,
         columns: bool = False,
         coalesce_gap: int | None = None,
+        typed_values: Mapping[str, str] | None = None,
     ) -> None:
         """``indexes``: the dataset's sidecar LRU, kept across its iterations (NOTE [ Sidecars
         across epochs ]); ``expected``: ``fetch.expectations(manifest)``, made once by the
@@ -146,6 +147,7 @@ class WindowReader:
             on_error=on_error,
             columns=columns,
             decode_read=lambda *read: self._decode_read(*read),
+            typed_values=typed_values,  # NOTE [ Typed values passed through ] in decode.py
         )
 
     # -- sidecars ------------------------------------------------------------------------
