@@ -16,7 +16,7 @@ import numpy as np
 
 from shardstream.dataset.bulk import StreamDecoders
 from shardstream.dataset.config import DatasetConfig
-from shardstream.dataset.decode import SampleDecoder
+from shardstream.dataset.decode import SampleDecoder, typed_values
 from shardstream.dataset.indexes import IndexCache
 from shardstream.dataset.mixture_reader import MixtureReader
 from shardstream.dataset.reader import WindowReader
@@ -117,7 +117,9 @@ class OneDataset:
     def window_reader(self, indexes: IndexCache | None = None) -> WindowReader:
         """A reader of this dataset's windows (of documents, for sequences), by columns
         where they are decoded (NOTE [ Bulk decode ])."""
-        return self.source.window_reader(columns=self.decoder is not None, indexes=indexes)
+        decoder = self.decoder  # its text and integer fields as typed: NOTE [ Typed values passed through ]
+        typed = typed_values(decoder, self.source.manifest.fields) if decoder is not None else None
+        return self.source.window_reader(columns=decoder is not None, indexes=indexes, typed_values=typed)
 
     def open_reader(self, config: DatasetConfig) -> Reader:
         """A reader of this dataset's windows for one iteration (in this process)."""
