@@ -26,7 +26,7 @@ from shardstream.errors import UsageError
 from shardstream.lifecycle import PerProcess
 from shardstream.storage.expect import Expected
 from shardstream.storage.retried import RetriedIO
-from shardstream.storage.sinks import MemorySink, Sink
+from shardstream.storage.sinks import Buffers, MemorySink, Sink
 from shardstream.types import ByteRange
 
 __all__ = [
@@ -123,6 +123,12 @@ class ReadPool:
             functools.partial(ThreadPoolExecutor, threads, thread_name_prefix="shardstream-read")
         )
         self._gets = PerProcess(_Gets)  # a fork child's count and lock are its own
+        self._buffers = PerProcess(Buffers)  # NOTE [ Reusing read buffers ] in sinks.py
+
+    @property
+    def buffers(self) -> Buffers:
+        """This process's buffers for the long reads of this pool (NOTE [ Reusing read buffers ])."""
+        return self._buffers.get()
 
     @property
     def gets(self) -> int:
@@ -165,6 +171,9 @@ class ReadPool:
         pool = self._pool.clear()  # this process's: a parent's is dropped
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+        buffers = self._buffers.clear()
+        if buffers is not None:
+            buffers.clear()
 
     def __reduce__(self):  # configuration only, never threads
         return (ReadPool, (self.threads,))
@@ -189,7 +198,7 @@ def read_parts(
         if tell is not None:
             tell(len(data))
         return data
-    sink = MemorySink(whole)
+    sink = MemorySink(whole, pool.buffers)
     read_long(io, path, whole, size, pool, sink, whole_object=rng is None, tell=tell)
     return sink.buffer
 
