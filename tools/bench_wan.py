@@ -35,7 +35,8 @@ in flight at once are the proxy's counts for that run; so is the CPU time each p
 spent in it (the run's, the S3 server's, the proxy's): on a machine of few cores a
 contender that makes the server or the proxy work harder takes CPU from itself, and a
 run whose three figures add up to its cores (times its seconds) was bound by CPU, not by
-the network. Rates are medians over ``--repeat`` rounds (rotating order) and ratios are
+the network. For 1 MB samples the run's own CPU is also shown per GB of samples (median
+over rounds), and the loopback section sets it against sequential boto3's. Rates are medians over ``--repeat`` rounds (rotating order) and ratios are
 paired within rounds, as in bench_stream.py.
 """
 
@@ -117,6 +118,10 @@ def measure_runs(pool, specs: dict[str, dict], repeat: int, scale: float) -> tup
                 label = f"{name} warm" if epoch["name"] == "warm" else name
                 rates[label] = epoch["items"] * scale / epoch["seconds"]
                 epoch["rss_growths"] = [*details.get(label, {}).get("rss_growths", []), epoch["rss_growth"]]
+                # the client's CPU seconds per GB of samples, where items are MB (scale != 1)
+                gigabytes = epoch["items"] * MB / 1e9 if scale != 1.0 else 0.0
+                per_gb = epoch["cpu"]["run"] / gigabytes if gigabytes else None
+                epoch["cpu_per_gb"] = [*details.get(label, {}).get("cpu_per_gb", []), per_gb]
                 details[label] = epoch
         rounds.append(rates)
     order = [n for name in names for n in (name, f"{name} warm") if n in rounds[0]]
@@ -140,6 +145,24 @@ def show(title: str, rates: Rates, details: dict, unit: str) -> None:
         print(
             f"      {name}: {d['seconds']:.2f} s, RSS +{d['rss_growth'] / MB:,.0f} MB in the epoch; {spent}"
         )
+        if cpu_per_gb(d) is not None:
+            print(f"      {name}: client CPU {cpu_per_gb(d):.2f} s per GB (median of rounds)")
+
+
+def cpu_per_gb(detail: dict) -> float | None:
+    """The median over rounds of a run's own CPU seconds per GB of samples (None: not MB items)."""
+    rounds = [x for x in detail.get("cpu_per_gb", []) if x is not None]
+    return statistics.median(rounds) if rounds else None
+
+
+def cpu_target(details: dict, ours: str, other: str, goal: float, label: str) -> None:
+    """Our client's CPU per GB against ``other``'s (medians over rounds), at most ``goal`` times."""
+    mine, theirs = cpu_per_gb(details.get(ours, {})), cpu_per_gb(details.get(other, {}))
+    if mine is None or not theirs:
+        return
+    ratio = RATIOS[label] = mine / theirs
+    verdict = "met" if ratio <= goal else "MISSED"
+    print(f"  client CPU per GB: {ours} / {other} = {ratio:.2f}x; target <= {goal}x: {verdict}")
 
 
 # Each section's ratios by label, for --record's "wan-targets" row (tools/results.py).
@@ -240,6 +263,13 @@ def bench_loopback(pool, where: dict, base: dict, repeat: int) -> None:  # type:
         0.9,
         "loopback 1 MB vs sequential boto3",
         "loopback 1 MB / boto3 sequential",
+    )
+    cpu_target(
+        details,
+        "shardstream tar (loopback)",
+        "boto3 (loopback)",
+        1.1,
+        "loopback client CPU per GB / boto3 sequential",
     )
 
 

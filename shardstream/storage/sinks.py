@@ -78,8 +78,9 @@ def new_buffer(size: int) -> mmap.mmap:
 # a read of at least half its length (a small read never pins a large buffer), and a new
 # one is rounded up to huge pages so reads of about one size share them. Buffers nobody
 # holds beyond ``IDLE_BUFFERS`` bytes are let go when a buffer is taken, and all of them
-# when the reader closes: the RSS stays that of the reads held at once, as without reuse.
-IDLE_BUFFERS = 64 * 2**20
+# when the reader closes: the RSS is that of the reads held at once, as without reuse,
+# and at most that many bytes of buffers waiting to be taken again.
+IDLE_BUFFERS = 32 * 2**20
 _ROUND = 2 * 2**20  # a new buffer's length is a multiple of this (a huge page)
 
 
