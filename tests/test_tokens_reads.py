@@ -133,6 +133,25 @@ def test_a_token_mixture_reads_the_same_sequences(corpus):
 
 
 @pytest.mark.parametrize("packing", ["concat", "best_fit"])
+def test_a_mixture_of_two_streams_cuts_the_same_tokens_as_its_decoded_documents(
+    corpus, tmp_path, packing, monkeypatch
+):
+    other = str(tmp_path / "other")
+    write_corpus(other, seed=1)
+
+    def mixed() -> list[dict]:
+        streams = [shardstream.Stream(corpus, weight=2), shardstream.Stream(other, weight=1)]
+        return list(shardstream.StreamingDataset(streams, seq_len=S, packing=packing, seed=6))
+
+    cut = mixed()
+    monkeypatch.setattr(sequences, "MixtureReader", type("NotMixtures", (), {}))  # its documents decoded
+    decoded = mixed()
+    same(cut, decoded)
+    assert [a["__stream__"] for a in cut] == [b["__stream__"] for b in decoded]
+    assert {a["__stream__"] for a in cut} == {0, 1}
+
+
+@pytest.mark.parametrize("packing", ["concat", "best_fit"])
 def test_sequences_from_s3_are_those_of_the_same_shards_on_disk(s3, tmp_path, packing):
     base, options = s3
     write_corpus(f"{base}/ds", storage_options=options)

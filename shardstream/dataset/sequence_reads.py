@@ -9,23 +9,24 @@ more than building its tokens into sequences. So a window of one dataset is fetc
 and then, instead of being decoded sample by sample, each of its runs is cut out of its
 read (``read_tokens``: a view, no copy). A read is a fresh buffer of its own (bytes, or a
 memory map made for it), so the views keep it for as long as the sequences are built; a
-buffer of another kind is copied first. A mixture's windows are decoded by its reader, and
-their documents' tokens put end to end (``flat_tokens``).
+buffer of another kind is copied first. A mixture's windows are so too, each stream's
+reads cut by its own index.
 """
 
 from __future__ import annotations
 
 import mmap
 import operator
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from shardstream.dataset.ahead import prefetched
+from shardstream.dataset.mixture_reader import MixtureReader
 from shardstream.dataset.read_checks import Fetched
 from shardstream.dataset.reader import WindowReader
 from shardstream.formats.base import SampleColumns
@@ -53,12 +54,13 @@ __all__ = ["DocumentTokens", "SharedShards", "flat_tokens", "joined_runs", "plac
 
 
 class DocumentTokens:
-    """Windows of documents of one dataset as the tokens of their runs (NOTE [ Tokens
-    without documents ]): fetched by ``reader``, cut from its reads in yield order. What
-    ``prefetched`` drives (an ``AheadReader``), in place of ``reader``'s samples."""
+    """Windows of documents as the tokens of their runs (NOTE [ Tokens without documents ]):
+    fetched by ``reader`` (one dataset's, or a mixture's with ``streams``: each mixture
+    shard's stream), cut from its reads in yield order. What ``prefetched`` drives (an
+    ``AheadReader``), in place of ``reader``'s samples."""
 
-    def __init__(self, reader: WindowReader) -> None:
-        self.reader = reader
+    def __init__(self, reader: WindowReader | MixtureReader, streams: tuple[int, ...] | None = None) -> None:
+        self.reader, self.streams = reader, streams
         self.prefetch, self.budget = reader.prefetch, reader.budget
 
     def stream(self, windows: Iterator[Any]) -> Iterator[tuple[Any, list[np.ndarray], bool]]:
@@ -70,31 +72,48 @@ class DocumentTokens:
         window: Any,
         take: Callable[[int], None] | None = None,
         tell: Callable[[int], None] | None = None,
-    ) -> list[Fetched]:
+    ) -> Any:
         return self.reader.fetch(window, take, tell)
 
-    def in_yield_order(self, window: Any, fetched: list[Fetched]) -> tuple[list[np.ndarray], bool]:
+    def in_yield_order(self, window: Any, fetched: Any) -> tuple[list[np.ndarray], bool]:
         """The tokens of each of ``window``'s runs (documents in run order are the yield
         order of a document window), and whether a read failed its checks (skipped)."""
         runs = window.runs
         none = np.zeros(0, dtype=np.int64)
         flats: list[np.ndarray] = [none] * len(runs)
         holes = False
-        shards = self.reader.manifest.shards
-        fetched.reverse()
-        while fetched:
-            read, data, index, bad = fetched.pop()
-            if isinstance(bad, Future):
-                data, bad = bad.result()  # its check is done before its bytes are cut
-            if bad:
-                holes = True
-                continue
-            kept, name = _kept(data), shards[read.shard].path
-            for number in read.runs:
-                run = runs[number]
-                flats[number] = read_tokens(kept, read.rng, index, run.start, run.stop, name=name)
-            del data, kept
+        for reader, numbers, reads in self._by_reader(runs, fetched):
+            shards = reader.manifest.shards
+            reads.reverse()
+            while reads:
+                read, data, index, bad = reads.pop()
+                if isinstance(bad, Future):
+                    data, bad = bad.result()  # its check is done before its bytes are cut
+                if bad:
+                    holes = True
+                    continue
+                kept, name = _kept(data), shards[read.shard].path
+                for number in read.runs:
+                    run = runs[numbers[number]]
+                    flats[numbers[number]] = read_tokens(
+                        kept, read.rng, index, run.start, run.stop, name=name
+                    )
+                del data, kept
         return flats, holes
+
+    def _by_reader(
+        self, runs: Sequence[Run], fetched: Any
+    ) -> list[tuple[WindowReader, list[int], list[Fetched]]]:
+        """Each reader with the numbers (in ``runs``) of the runs it read, in the order its
+        reads number them, and its reads: a mixture's streams' each read their runs in
+        window order (``MixtureReader.fetch``)."""
+        if self.streams is None:
+            return [(cast(WindowReader, self.reader), list(range(len(runs))), fetched)]
+        mixture = cast(MixtureReader, self.reader)
+        numbers: dict[int, list[int]] = {}
+        for number, run in enumerate(runs):
+            numbers.setdefault(self.streams[run.shard], []).append(number)
+        return [(mixture.readers[stream], mine, fetched[stream]) for stream, mine in numbers.items()]
 
     def in_pieces(self, windows: Iterator[Any]) -> Iterator[Any]:
         return windows  # a document window is read whole (NOTE [ Reading sequences ])

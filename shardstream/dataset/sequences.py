@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from shardstream.dataset.budget import in_pieces, piece_limit
-from shardstream.dataset.mixture_reader import STREAM_KEY
+from shardstream.dataset.mixture_reader import STREAM_KEY, MixtureReader
 from shardstream.dataset.reader import WindowReader
 from shardstream.dataset.sequence_reads import (
     DocumentTokens,
@@ -206,8 +206,8 @@ class SequenceReader:
                 yield laid
 
         # one dataset's windows as their runs' tokens (NOTE [ Tokens without documents ])
-        tokens = isinstance(self.reader, WindowReader)
-        read = DocumentTokens(self.reader).stream if tokens else self.reader.stream
+        tokens = isinstance(self.reader, (WindowReader, MixtureReader))
+        read = DocumentTokens(self.reader, self.shards.streams).stream if tokens else self.reader.stream
         lent: dict[Run, np.ndarray] = {}  # the tokens of the document runs the last window lent
         for _, docs, holes in read(documents()):
             window, laid, made = pending.popleft()
