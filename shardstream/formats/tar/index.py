@@ -246,6 +246,10 @@ class TarIndex(SampleIndex):
         starts = self._member_offset[members] - base
         return starts.tolist(), (starts + self._member_size[members]).tolist()
 
+    def member_arrays_at(self, members: np.ndarray, base: int) -> tuple[np.ndarray, np.ndarray]:
+        """Start (relative to ``base``) and size of the data of the members at ``members``."""
+        return self._member_offset[members] - base, self._member_size[members]
+
     def member_spans(self, m0: int, m1: int, base: int) -> tuple[list[int], list[int]]:
         """Start and end of each member's data, relative to ``base``."""
         starts = self._member_offset[m0:m1] - base

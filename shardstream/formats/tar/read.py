@@ -19,12 +19,16 @@
 # the page cache for a mapped range, out of the response body for object storage.
 # ``tar_runs`` does the same for many runs of one read at once (the dataset's reader
 # decodes a read's runs in one call): the members of all the runs come from one numpy
-# gather, and uniform samples come back as columns, not dicts (``SampleColumns``).
+# gather, and uniform samples come back as columns, not dicts (``SampleColumns``). There
+# the values are cut by ONE ``struct`` unpack of a layout made for the read ("skip this
+# many bytes, take that many", member after member): C makes every ``bytes`` straight
+# from any buffer, with no slice object per member, which costs as much as the value.
 """
 
 from __future__ import annotations
 
 import mmap
+import struct
 from collections.abc import Iterator
 from itertools import chain, repeat
 from typing import Any
@@ -96,9 +100,30 @@ def tar_runs(
     if not k:
         return SampleColumns((), keys, [])
     members = (index.member_first_at(positions)[:, None] + np.arange(k)).ravel()
-    cut = _Cutter(data)
-    values = cut(*index.member_spans_at(members, base - cut.offset))
+    values = _unpacked(data, *index.member_arrays_at(members, base))
+    if values is None:  # members out of order in the shard: sliced one by one
+        cut = _Cutter(data)
+        values = cut(*index.member_spans_at(members, base - cut.offset))
     return SampleColumns(uniform, keys, [values[f::k] for f in range(k)])
+
+
+def _unpacked(data: bytes | memoryview, starts: np.ndarray, sizes: np.ndarray) -> list[bytes] | None:
+    """The values of members at ``starts`` (offsets in ``data``) of ``sizes`` bytes, by one
+    ``struct`` unpack (NOTE [ Fast tar decode ]); None where a member starts before the
+    one before it ends, or one lies outside ``data``."""
+    count = len(starts)
+    if not count:
+        return []
+    ends = starts + sizes
+    gaps = np.empty(count, dtype=np.int64)
+    gaps[0] = 0
+    np.subtract(starts[1:], ends[:-1], out=gaps[1:])
+    if int(starts[0]) < 0 or int(ends[-1]) > len(data) or bool((gaps < 0).any()):
+        return None
+    pairs = np.empty(2 * count, dtype=np.int64)
+    pairs[0::2], pairs[1::2] = gaps, sizes
+    layout = struct.Struct("<" + "%dx%ds" * count % tuple(pairs.tolist()))  # not struct's cache
+    return list(layout.unpack_from(data, int(starts[0])))
 
 
 class _Cutter:
