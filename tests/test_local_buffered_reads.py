@@ -79,7 +79,9 @@ def write(url, count=60):
 def test_samples_of_buffered_reads_are_the_bytes_of_the_shards(tmp_path, small_threshold):
     url = str(tmp_path / "ds")
     write(url)
-    kept = [dict(s) for s in shardstream.StreamingDataset(url, decode=False, shuffle=False, local_reads="map")]
+    kept = [
+        dict(s) for s in shardstream.StreamingDataset(url, decode=False, shuffle=False, local_reads="map")
+    ]
     got = list(shardstream.StreamingDataset(url, decode=False, shuffle=False))
     assert all(type(s["bin"]) is bytes and type(s["cls"]) is bytes for s in got)
     assert [(s["__key__"], s["bin"], s["cls"]) for s in got] == [

@@ -56,6 +56,7 @@ def test_decoded_parquet_samples_equal_tar_ones_without_bytes_of_text_or_integer
 def test_the_users_decoder_and_decode_false_still_get_bytes(both):
     _tar, parquet = both
     seen = epoch(parquet, decoders={"txt": lambda data: ("user", bytes(data))})
-    assert seen[0]["txt"][0] == "user" and type(seen[0]["cls"]) is int
+    assert seen[0]["txt"][0] == "user"
+    assert type(seen[0]["cls"]) is int
     raw = epoch(parquet, decode=False)
     assert all(type(s["txt"]) is bytes and type(s["cls"]) is bytes for s in raw)
