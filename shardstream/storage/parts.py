@@ -69,13 +69,21 @@ __all__ = [
 #   but only requests where its window's reads keep that many busy (a rate per connection
 #   cannot tell the two apart); the bound leaves room for the reads probed last to be cut.
 # - Only while the long reads being read carry less than FAST_CONNECTION together: then the
-#   connections are slow, not this process or the server. tools/bench_wan.py measures it.
+#   connections are slow, not this process or the server.
+# - Never once a GET of the pool read FAST_PROOF bytes at FAST_CONNECTION or more since its
+#   headers came (every byte of it arrived since then, so no burst of bytes that waited in
+#   the socket's buffers can make that rate: it is at most what the connection carried).
+#   A connection that carried that much is not capped below it, so a later GET that reads
+#   slower is slowed by this process's CPU or the server's, which parts would only load
+#   more (a server that copies the object for each GET copies it once more per part).
+#   tools/bench_wan.py measures it.
 PART_MIN = 1 * 2**20
 PART_MAX = 8 * 2**20
 PARTS = 4  # a read is cut into at most this many parts (this many where nothing was measured)
 CHUNK = PART_MIN  # the first GET's body is read in pieces of this many bytes
 PROBE = 2 * CHUNK  # its bytes before it may be cut (NOTE [ Reads in parts ])
 FAST_CONNECTION = 256 * 2**20  # bytes/s: a GET this fast is never cut
+FAST_PROOF = 4 * 2**20  # bytes a GET reads at FAST_CONNECTION before its pool cuts no more reads
 PART_LATENCIES = 2  # a part lasts about this many latencies at the measured rate
 GETS_IN_FLIGHT = 24  # a pool's long reads are cut only while they have fewer GETs in flight
 # A streamed read shorter than this is never cut (its rest after the probe is shorter than
@@ -108,6 +116,7 @@ class _Gets:
         self.lock = threading.Lock()
         self.count = 0
         self.streams: set[_Stream] = set()
+        self.fast = False  # a GET was measured fast over FAST_PROOF bytes (NOTE [ Reads in parts ])
 
 
 class ReadPool:
@@ -150,6 +159,16 @@ class ReadPool:
                 gets.streams.add(stream)
             else:
                 gets.streams.discard(stream)
+
+    @property
+    def fast(self) -> bool:
+        """Whether a GET of this pool read at FAST_CONNECTION over FAST_PROOF bytes in this
+        process: its reads are cut no more (NOTE [ Reads in parts ])."""
+        gets = self._gets.peek()
+        return gets is not None and gets.fast
+
+    def proven_fast(self) -> None:
+        self._gets.get().fast = True
 
     def rate(self) -> float:
         """Bytes/s of this pool's long reads being read, together (NOTE [ Reads in parts ])."""
@@ -238,6 +257,8 @@ def read_long(
         parts = _cut(ByteRange(stream.pos, rng.end), stream, pool)
         while len(parts) == 1:  # fast or busy so far: a chunk more, and look again
             stream.read_to(min(rng.end, stream.pos + CHUNK), sink)
+            if not pool.fast and stream.carried(FAST_PROOF) >= FAST_CONNECTION:
+                pool.proven_fast()  # NOTE [ Reads in parts ]
             parts = _cut(ByteRange(stream.pos, rng.end), stream, pool)
         if not parts:
             return
@@ -279,6 +300,8 @@ def _cut(rest: ByteRange, stream: _Stream, pool: ReadPool | None) -> list[ByteRa
         return []
     room = GETS_IN_FLIGHT - pool.gets if pool is not None else 0
     if pool is None or room < 1 or stream.latency is None or rate is None or rate >= FAST_CONNECTION:
+        return [rest]
+    if pool.fast:  # a GET of it read fast: slower ones are slowed by CPU, not the wire
         return [rest]
     if pool.rate() >= FAST_CONNECTION:  # the reads in flight together: CPU-bound, not the wire
         return [rest]
@@ -325,6 +348,7 @@ class _Stream:
         self.latency: float | None = None
         self._mark: tuple[int, float] | None = None  # (pos, time) once a GET's first CHUNK is in
         self._opened_at = rng.start  # where the GET being read began
+        self._opened_time = 0.0  # when its headers came
 
     def read_to(self, stop: int, sink: Sink) -> None:
         self.io.retry(lambda: self._try(stop, sink), "read", self.path, ByteRange(self.pos, stop))
@@ -354,11 +378,17 @@ class _Stream:
         self.body = self.io.stream(self.path, rng, self.size)
         if self.latency is None:  # the first GET that answered
             self.latency = time.monotonic() - started
-        self._opened_at, self._mark = self.pos, None
+        self._opened_at, self._mark, self._opened_time = self.pos, None, time.monotonic()
 
     def _measure(self) -> None:
         if self._mark is None and self.pos - self._opened_at >= CHUNK:
             self._mark = (self.pos, time.monotonic())
+
+    def carried(self, least: int) -> float:
+        """Bytes/s the GET being read carried since its headers came, once it read ``least``
+        bytes (0.0 before): at most what its connection carried."""
+        got = self.pos - self._opened_at
+        return got / max(time.monotonic() - self._opened_time, 1e-6) if got >= least else 0.0
 
     def rate(self) -> float | None:
         """Bytes/s of the GET being read, since its first CHUNK (None before a second one
