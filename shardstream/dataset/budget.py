@@ -119,8 +119,12 @@ class ReadBudget:
         """``count`` bytes of ``ticket``'s window are in."""
         with self._cond:
             if ticket in self._coming:
+                # only its arrivals decide whether a window beside it may go (``_fits``):
+                # waiters are woken when its bytes to come cross half the budget, not per chunk
+                before = sum(self._coming.values())
                 self._coming[ticket] = max(0, self._coming[ticket] - count)
-                self._cond.notify_all()
+                if sum(self._coming.values()) <= self.limit // 2 < before:
+                    self._cond.notify_all()
 
     def fetched(self, ticket: int) -> None:
         """All of ``ticket``'s window is in (bytes no read told of too: a cache's, say)."""
