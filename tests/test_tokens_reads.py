@@ -12,6 +12,7 @@ import pytest
 
 import shardstream
 import shardstream.storage.local as local_files
+from shardstream.catalog import record_sequences
 from shardstream.dataset import sequences
 from shardstream.dataset.sequence_reads import joined_runs, placed_runs, shared_shards
 from shardstream.errors import FormatError
@@ -203,6 +204,29 @@ def test_resumed_mid_epoch_from_s3_the_rest_is_the_same(s3, packing, shuffle):
         resumed = shardstream.StreamingDataset(f"{base}/ds", **made)
         resumed.load_state_dict(state)
         same(head + list(resumed), whole)
+
+
+def test_recorded_best_fit_sidecars_read_beside_the_indexes_give_the_same_sequences(
+    s3, tmp_path, monkeypatch
+):
+    base, options = s3
+    write_corpus(f"{base}/ds", storage_options=options)
+    record_sequences(f"{base}/ds", S, storage_options=options)
+    write_corpus(str(tmp_path / "ds"))
+    early = []
+    plain = sequences.SequenceReader.read_fits
+
+    def counted(self, shards):  # type: ignore[no-untyped-def]
+        early.append(tuple(shards))
+        return plain(self, shards)
+
+    monkeypatch.setattr(sequences.SequenceReader, "read_fits", counted)
+    made = dict(seq_len=S, packing="best_fit", seed=7)
+    far = shardstream.StreamingDataset(f"{base}/ds", storage_options=options, **made)
+    near = shardstream.StreamingDataset(str(tmp_path / "ds"), **made)
+    same(list(far), list(near))
+    assert early  # each window's fetch read them beside its own
+    assert far.manifest.sequences  # counted from the recorded sidecars
 
 
 def test_a_corrupt_token_shard_fails_its_sequences(tmp_path):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import mmap
 import operator
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any, cast
@@ -59,8 +59,15 @@ class DocumentTokens:
     shard's stream), cut from its reads in yield order. What ``prefetched`` drives (an
     ``AheadReader``), in place of ``reader``'s samples."""
 
-    def __init__(self, reader: WindowReader | MixtureReader, streams: tuple[int, ...] | None = None) -> None:
-        self.reader, self.streams = reader, streams
+    def __init__(
+        self,
+        reader: WindowReader | MixtureReader,
+        streams: tuple[int, ...] | None = None,
+        beside: Callable[[tuple[int, ...]], None] | None = None,
+    ) -> None:
+        """``beside(shards)``: what a window's fetch runs beside the reader's (the reads of
+        its shards' other sidecars)."""
+        self.reader, self.streams, self.beside = reader, streams, beside
         self.prefetch, self.budget = reader.prefetch, reader.budget
 
     def stream(self, windows: Iterator[Any]) -> Iterator[tuple[Any, list[np.ndarray], bool]]:
@@ -73,7 +80,13 @@ class DocumentTokens:
         take: Callable[[int], None] | None = None,
         tell: Callable[[int], None] | None = None,
     ) -> Any:
-        return self.reader.fetch(window, take, tell)
+        if self.beside is None:
+            return self.reader.fetch(window, take, tell)
+        with ThreadPoolExecutor(1) as pool:
+            beside = pool.submit(self.beside, window.shards)
+            fetched = self.reader.fetch(window, take, tell)
+        beside.result()
+        return fetched
 
     def in_yield_order(self, window: Any, fetched: Any) -> tuple[list[np.ndarray], bool]:
         """The tokens of each of ``window``'s runs (documents in run order are the yield

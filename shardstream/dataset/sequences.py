@@ -10,8 +10,9 @@ pad these are consecutive), the runs of a shard are joined where their documents
 and the document window goes through the ``WindowReader`` as any window does (ranged
 reads, the read budget, prefetch, checks, the cache). It is a lazy window of the sequence
 window's shards: laid out in its fetch, once the reader has loaded all those shards'
-sidecars at once, so a window's sidecars cost one round trip, taken in a fetch thread
-(one sidecar after another in the caller's thread left the wire idle that long). Its
+sidecars at once (its best-fit sidecars beside them), so a window's sidecars cost one
+round trip, taken in a fetch thread (one sidecar after another in the caller's thread
+left the wire idle that long). Its
 documents in run order are one flat token array per joined run, cut from its read
 (NOTE [ Tokens without documents ] in sequence_reads.py; with best_fit, runs read by the
 window before are taken from it, NOTE [ A shard read once across windows ]), and its
@@ -38,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from shardstream.dataset.budget import in_pieces, piece_limit
-from shardstream.dataset.mixture_reader import STREAM_KEY, MixtureReader
+from shardstream.dataset.mixture_reader import MixtureReader
 from shardstream.dataset.reader import WindowReader
 from shardstream.dataset.sequence_reads import (
     DocumentTokens,
@@ -48,6 +49,7 @@ from shardstream.dataset.sequence_reads import (
     shared_shards,
 )
 from shardstream.dataset.sequence_reads import flat_tokens as _flat_tokens
+from shardstream.dataset.sequence_windows import WindowSequences
 from shardstream.errors import FormatError, UsageError
 from shardstream.folder import fit_sidecar_name
 from shardstream.formats.tokens import doc_ends
@@ -57,11 +59,9 @@ from shardstream.tokens import (
     BestFit,
     Packing,
     SequenceLayout,
-    SequencePieces,
     SequenceRun,
     sequence_layout,
 )
-from shardstream.tokens.build import Rows
 
 __all__ = ["SequenceReader", "TokenShards", "check_token_dataset", "sequence_counts"]
 
@@ -142,6 +142,7 @@ class SequenceReader:
         self._layouts: collections.OrderedDict[int, SequenceLayout] = collections.OrderedDict()
         self._lock = threading.Lock()  # windows are laid out in the reader's fetch threads
         self._making: dict[int, concurrent.futures.Future[SequenceLayout]] = {}
+        self._fits: dict[int, concurrent.futures.Future[bytes]] = {}  # read beside a fetch (read_fits)
 
     def layout(self, shard: int) -> SequenceLayout:
         """The sequences of ``shard`` (its sidecar read once, the layout kept a while; laid
@@ -176,11 +177,12 @@ class SequenceReader:
 
     def _laid_out(self, shard: int) -> SequenceLayout:
         name, fit_name = self.shards.paths[shard], self.shards.fits[shard]
-        fit = (
-            None
-            if fit_name is None
-            else BestFit.from_bytes(self.reader.sidecar(shard, fit_name), name=fit_name)
-        )
+        fit = None
+        if fit_name is not None:
+            with self._lock:
+                early = self._fits.pop(shard, None)
+            data = early.result() if early is not None else self.reader.sidecar(shard, fit_name)
+            fit = BestFit.from_bytes(data, name=fit_name)
         return sequence_layout(self.packing, doc_ends(self.reader.index(shard)), fit=fit, shard=name)
 
     def _fit_sidecars(self, shards: Sequence[int]) -> None:
@@ -192,6 +194,28 @@ class SequenceReader:
         if len(missing) > 1:
             with concurrent.futures.ThreadPoolExecutor(min(len(missing), _FIT_READS)) as pool:
                 list(pool.map(self.layout, missing))
+
+    def read_fits(self, shards: Sequence[int]) -> None:
+        """Read the best-fit sidecars of ``shards`` that are not laid out, their GETs at once;
+        a window's fetch runs this beside its reader's loads of the same shards' sample
+        indexes, so that its layouts wait for one round trip, not two (NOTE [ Reading
+        sequences ]). Their layouts take the bytes, or the error."""
+        with self._lock:
+            busy = self._layouts.keys() | self._making.keys() | self._fits.keys()
+            names = {shard: self.shards.fits[shard] for shard in dict.fromkeys(shards) if shard not in busy}
+            wanted = [(shard, name) for shard, name in names.items() if name is not None][:_LAYOUTS]
+            futures = {shard: concurrent.futures.Future[bytes]() for shard, _ in wanted}
+            self._fits.update(futures)
+
+        def read(shard: int, name: str) -> None:
+            try:
+                futures[shard].set_result(self.reader.sidecar(shard, name))
+            except BaseException as error:  # the layout raises it
+                futures[shard].set_exception(error)
+
+        if wanted:
+            with concurrent.futures.ThreadPoolExecutor(min(len(wanted), _FIT_READS)) as pool:
+                list(pool.map(read, *zip(*wanted, strict=True)))
 
     def stream(self, windows: Iterator[Window]) -> Iterator[tuple[Window, WindowSequences, bool]]:
         """``(window, sequences, False)`` for each window of sequences, in yield order."""
@@ -207,7 +231,10 @@ class SequenceReader:
 
         # one dataset's windows as their runs' tokens (NOTE [ Tokens without documents ])
         tokens = isinstance(self.reader, (WindowReader, MixtureReader))
-        read = DocumentTokens(self.reader, self.shards.streams).stream if tokens else self.reader.stream
+        early = self.read_fits if any(fit is not None for fit in self.shards.fits) else None
+        read = (
+            DocumentTokens(self.reader, self.shards.streams, early).stream if tokens else self.reader.stream
+        )
         lent: dict[Run, np.ndarray] = {}  # the tokens of the document runs the last window lent
         for _, docs, holes in read(documents()):
             window, laid, made = pending.popleft()
@@ -266,130 +293,3 @@ class SequenceReader:
 
     def close(self) -> None:
         self.reader.close()
-
-
-class WindowSequences(Sequence[dict[str, Any]]):
-    """A window's sequences in yield order, made ``_BUILT_TOKENS`` tokens at a time from its
-    tokens (the arrays of a window of whole shards at once would be many times its tokens),
-    a block of ``_BLOCK_TOKENS`` at a time (NOTE [ Building sequences ])."""
-
-    def __init__(
-        self,
-        reader: SequenceReader,
-        order: np.ndarray,
-        placed: list[tuple[SequenceRun, int]],
-        joined: list[Run],
-        flats: list[np.ndarray],
-    ) -> None:
-        self.reader, self.order, self.joined, self.flats = reader, order, joined, flats
-        counts = np.array([run.count for run, _ in placed], dtype=np.int64)
-        self.firsts = np.cumsum(counts) - counts  # where each run's sequences start in the window
-        self.starts = np.array([run.start for run, _ in placed], dtype=np.int64)
-        self.holders = np.array([holder for _, holder in placed], dtype=np.int64)
-        shards = reader.shards
-        self.token_lo = np.array(  # where each document run's tokens start in its shard
-            [int(doc_ends(reader.reader.index(r.shard))[r.start - 1]) if r.start else 0 for r in joined],
-            dtype=np.int64,
-        )
-        self.doc_base = np.array([shards.doc_base[run.shard] for run in joined], dtype=np.int64)
-        self.pads = np.array([shards.pads[run.shard] for run in joined], dtype=np.int64)
-        streams = shards.streams
-        self.streams = None if streams is None else np.array([streams[run.shard] for run in joined])
-
-    def __len__(self) -> int:
-        return len(self.order)
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        return _Built(self)
-
-    def __getitem__(self, index: int) -> dict[str, Any]:  # type: ignore[override]  # one at a time
-        return self.made(np.array([self.order[index]], dtype=np.int64))[0]
-
-    def made(self, positions: np.ndarray) -> list[dict[str, Any]]:
-        """The sequences at ``positions`` (of the window's runs end to end), in that order."""
-        rows, streams = self.rows(positions)
-        return _samples(rows.build(0, rows.count), streams)
-
-    def rows(self, positions: np.ndarray, block: int | None = None) -> tuple[Rows, np.ndarray | None]:
-        """What the sequences at ``positions`` are made of (a row each, in that order; a repeat
-        is a row of its own), and each one's stream where the window mixes several."""
-        numbers = np.searchsorted(self.firsts, positions, side="right") - 1
-        sequences = self.starts[numbers] + positions - self.firsts[numbers]  # numbered in their shard
-        holders = self.holders[numbers]
-        parts = []
-        for at in np.unique(holders).tolist():
-            targets = np.flatnonzero(holders == at)
-            p = self.reader.layout(self.joined[at].shard).take(sequences[targets])
-            parts.append((targets[p.seq], p.doc + self.doc_base[at], p.lo, p.hi, p.more, np.full(len(p), at)))
-        if parts:
-            row, doc, lo, hi, more, source = (np.concatenate(column) for column in zip(*parts, strict=True))
-            ordered = np.argsort(row, kind="stable")  # a row's pieces come from one holder, in order
-            row, doc, lo, hi, more, source = (a[ordered] for a in (row, doc, lo, hi, more, source))
-        else:
-            row = doc = lo = hi = source = np.zeros(0, dtype=np.int64)
-            more = row > 0
-        pieces = SequencePieces(row, doc, lo, hi, more)
-        size = self.reader.packing.seq_len
-        offset, pads = self.token_lo[source], self.pads[holders]
-        rows = Rows.of(len(positions), size, pieces, self.flats, source, offset, pads, block=block)
-        return rows, None if self.streams is None else self.streams[holders]
-
-
-def _samples(arrays: dict[str, np.ndarray], streams: np.ndarray | None) -> list[dict[str, Any]]:
-    """A dict per row of ``arrays`` (views of its rows), with its stream where it has one."""
-    columns = zip(
-        *(arrays[name] for name in ("input_ids", "labels", "position_ids", "document_ids", "cu_seqlens")),
-        strict=True,
-    )
-    if streams is None:
-        return [
-            {"input_ids": a, "labels": b, "position_ids": c, "document_ids": d, "cu_seqlens": e}
-            for a, b, c, d, e in columns
-        ]
-    return [
-        {"input_ids": a, "labels": b, "position_ids": c, "document_ids": d, "cu_seqlens": e, STREAM_KEY: f}
-        for (a, b, c, d, e), f in zip(columns, streams, strict=True)
-    ]
-
-
-_BUILT_TOKENS = 1 << 22  # a window's sequences are laid out about this many tokens at a time
-_BLOCK_TOKENS = 1 << 16  # and built this many at a time, in one allocation
-
-
-class _Built:
-    """An iterator over ``WindowSequences`` that says how many are left (``__length_hint__``,
-    which the dataset's state counts by)."""
-
-    def __init__(self, sequences: WindowSequences) -> None:
-        self.sequences, self.at, self.given = sequences, 0, 0
-        self.ready: collections.deque[dict[str, Any]] = collections.deque()
-        self.rows: Rows | None = None
-        self.streams: np.ndarray | None = None
-        self.row = 0
-        size = sequences.reader.packing.seq_len
-        self.chunk, self.block = max(1, _BUILT_TOKENS // size), max(1, _BLOCK_TOKENS // size)
-
-    def __iter__(self) -> _Built:
-        return self
-
-    def __length_hint__(self) -> int:
-        return len(self.sequences) - self.given
-
-    def __next__(self) -> dict[str, Any]:
-        if not self.ready:
-            self._fill()
-        self.given += 1
-        return self.ready.popleft()
-
-    def _fill(self) -> None:
-        if self.rows is None or self.row == self.rows.count:
-            positions = self.sequences.order[self.at : self.at + self.chunk]
-            if not len(positions):
-                raise StopIteration
-            self.at += len(positions)
-            self.rows, self.streams = self.sequences.rows(np.asarray(positions, dtype=np.int64), self.block)
-            self.row = 0
-        start, stop = self.row, min(self.row + self.block, self.rows.count)
-        self.row = stop
-        streams = None if self.streams is None else self.streams[start:stop]
-        self.ready.extend(_samples(self.rows.build(start, stop), streams))
