@@ -100,7 +100,7 @@ class ForwardingProxy:
         class Handler(ProxyHandler):
             owner = proxy
 
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server = _Server(("127.0.0.1", 0), Handler)
         server.daemon_threads = False  # server_close joins them: none outlives stop()
         server.handle_error = lambda request, client_address: None  # type: ignore[method-assign]
         self._server = server
@@ -201,6 +201,13 @@ class WanProxy(ForwardingProxy):
             if delay > 0 and self._stopping.wait(delay):
                 raise ConnectionAbortedError("proxy stopping")
         return sent
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    # socketserver's listen backlog is 5: a client opening a pool's connections at once had
+    # some of them refused until the kernel's SYN retry, about a second later, a stall that
+    # no real store makes and that every figure behind the proxy would carry
+    request_queue_size = 128
 
 
 class ProxyHandler(http.server.BaseHTTPRequestHandler):
