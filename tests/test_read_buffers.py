@@ -65,6 +65,7 @@ def test_a_small_read_never_takes_a_much_larger_buffer_and_idle_ones_are_let_go(
 
 def test_a_memory_sink_of_a_pool_fills_a_reused_buffer_exactly():
     pool = ReadPool(2)
+    pool.buffers.clear()  # the process's: none left by an earlier test to be taken instead
     try:
         sink = MemorySink(ByteRange(100, 100 + 5 * MB), pool.buffers)
         sink.view(ByteRange(100, 100 + 5 * MB))[:] = b"x" * (5 * MB)
@@ -74,6 +75,20 @@ def test_a_memory_sink_of_a_pool_fills_a_reused_buffer_exactly():
         again = MemorySink(ByteRange(0, 5 * MB - 7), pool.buffers)
         assert _owner(again.buffer) == owner
         assert len(again.buffer) == 5 * MB - 7
+        del again
     finally:
         pool.close()
-    assert pool.buffers.count == 0  # closed: a new process's set (none kept)
+    other = ReadPool(2)  # the next reader (the next epoch's) takes the buffers the last one kept
+    try:
+        assert _owner(MemorySink(ByteRange(0, 5 * MB), other.buffers).buffer) == owner
+    finally:
+        other.close()
+
+
+def test_a_closing_pool_keeps_at_most_the_idle_bound():
+    buffers = Buffers(idle=8 * MB)
+    views = [buffers.take(6 * MB) for _ in range(3)]
+    assert buffers.count == 3
+    del views
+    buffers.trim()
+    assert buffers.count == 1  # 6 MB kept, within 8 MB

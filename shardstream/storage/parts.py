@@ -92,6 +92,8 @@ NEVER_CUT = PROBE + 2 * PART_MIN
 
 T = TypeVar("T")
 
+_BUFFERS = PerProcess(Buffers)  # a fork child's are its own (NOTE [ Reusing read buffers ] in sinks.py)
+
 # Whom a read tells of its bytes as they arrive (NOTE [ Read budget ] in dataset/budget.py):
 # passed down by whoever starts the read, None where nobody counts them.
 Tell = Callable[[int], None] | None
@@ -132,12 +134,11 @@ class ReadPool:
             functools.partial(ThreadPoolExecutor, threads, thread_name_prefix="shardstream-read")
         )
         self._gets = PerProcess(_Gets)  # a fork child's count and lock are its own
-        self._buffers = PerProcess(Buffers)  # NOTE [ Reusing read buffers ] in sinks.py
 
     @property
     def buffers(self) -> Buffers:
-        """This process's buffers for the long reads of this pool (NOTE [ Reusing read buffers ])."""
-        return self._buffers.get()
+        """This process's buffers for long reads, shared by its pools (NOTE [ Reusing read buffers ])."""
+        return _BUFFERS.get()
 
     @property
     def gets(self) -> int:
@@ -190,9 +191,9 @@ class ReadPool:
         pool = self._pool.clear()  # this process's: a parent's is dropped
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-        buffers = self._buffers.clear()
+        buffers = _BUFFERS.peek()
         if buffers is not None:
-            buffers.clear()
+            buffers.trim()  # at most IDLE_BUFFERS kept for the next reader
 
     def __reduce__(self):  # configuration only, never threads
         return (ReadPool, (self.threads,))

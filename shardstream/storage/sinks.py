@@ -76,11 +76,12 @@ def new_buffer(size: int) -> mmap.mmap:
 # buffer: no view of it, no array, no sample left anywhere (its reference count, the one
 # thing that sees them all; a buffer still held is never written). A buffer is taken for
 # a read of at least half its length (a small read never pins a large buffer), and a new
-# one is rounded up to huge pages so reads of about one size share them. Buffers nobody
-# holds beyond ``IDLE_BUFFERS`` bytes are let go when a buffer is taken, and all of them
-# when the reader closes: the RSS is that of the reads held at once, as without reuse,
-# and at most that many bytes of buffers waiting to be taken again.
-IDLE_BUFFERS = 32 * 2**20
+# one is rounded up to huge pages so reads of about one size share them. The buffers are
+# the process's, shared by its readers, so the next epoch's reader (a new one) takes the
+# last one's. Buffers nobody holds beyond ``IDLE_BUFFERS`` bytes are let go when a buffer
+# is taken and when a reader closes: the RSS is that of the reads held at once, as
+# without reuse, and at most that many bytes of buffers waiting to be taken again.
+IDLE_BUFFERS = 64 * 2**20  # a default read budget (dataset/budget.py) of buffers
 _ROUND = 2 * 2**20  # a new buffer's length is a multiple of this (a huge page)
 
 
@@ -126,6 +127,11 @@ class Buffers:
             dropped.add(i)
         if dropped:
             self._held = [b for i, b in enumerate(self._held) if i not in dropped]
+
+    def trim(self) -> None:
+        """Let go of the buffers nobody holds beyond ``idle`` bytes of them."""
+        with self._lock:
+            self._let_go([i for i in range(len(self._held)) if _refs(self._held, i) == _ONLY_HELD_HERE])
 
     def clear(self) -> None:
         """Forget every buffer (those still held elsewhere live on with their holders)."""
