@@ -31,6 +31,7 @@ from shardstream.manifest import Manifest
 from shardstream.plan import PlanConfig
 from shardstream.storage import Storage
 from shardstream.tokens import Packing
+from shardstream.tokens.build import SEQ_FIELDS
 
 __all__ = ["DatasetConfig", "read_streamable_manifest"]
 
@@ -46,7 +47,7 @@ class DatasetConfig:
     ``num_replicas``/``rank`` override the detected topology (``None``: detect);
     ``batch_size`` is the batch size the plan assumes when no shardstream DataLoader tells
     it one; ``sequences``: a token dataset read as packed sequences (NOTE [ Reading
-    sequences ]), ``None``: as documents.
+    sequences ]), ``None``: as documents; ``seq_fields``: the arrays each sequence carries.
     """
 
     url: str
@@ -55,6 +56,7 @@ class DatasetConfig:
     decoder: SampleDecoder | None = None
     transform: Callable[[dict[str, Any]], Any] | None = None
     sequences: Packing | None = None
+    seq_fields: tuple[str, ...] = SEQ_FIELDS
     num_replicas: int | None = None
     rank: int | None = None
     batch_size: int | None = None
@@ -86,7 +88,9 @@ class DatasetConfig:
         read, decode, plan, tokens = split_options(
             owner, options, READ_OPTIONS, DECODE_OPTIONS, PLAN_OPTIONS, TOKEN_OPTIONS, refused=refused
         )
-        sequences = TokenOptions(**tokens).packing_of(url)
+        token_options = TokenOptions(**tokens)
+        sequences = token_options.packing_of(url)
+        seq_fields = token_options.fields_of(url)
         planned = plan_config(url, plan)
         decoding = DecodeOptions(**decode)
         if sequences is not None:  # the sequences are arrays already: nothing to decode
@@ -99,6 +103,7 @@ class DatasetConfig:
             decoder=decoder,
             transform=decoding.transform,
             sequences=sequences,
+            seq_fields=seq_fields,
             num_replicas=num_replicas,
             rank=rank,
             batch_size=batch_size,

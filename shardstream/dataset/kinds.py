@@ -126,4 +126,5 @@ class OneDataset:
         reader = self.window_reader()
         if self.sequences is None:
             return reader
-        return SequenceReader(reader, self.sequences, TokenShards.of([self.source.manifest], self.sequences))
+        shards = TokenShards.of([self.source.manifest], self.sequences)
+        return SequenceReader(reader, self.sequences, shards, fields=config.seq_fields)

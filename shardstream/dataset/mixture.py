@@ -216,9 +216,8 @@ class StreamMixture:
         if config.sequences is None:
             return reader
         manifests = [dataset.source.manifest for dataset in self.datasets]
-        return SequenceReader(
-            reader, config.sequences, TokenShards.of(manifests, config.sequences, mixture=True)
-        )
+        shards = TokenShards.of(manifests, config.sequences, mixture=True)
+        return SequenceReader(reader, config.sequences, shards, fields=config.seq_fields)
 
 
 def _decoders(

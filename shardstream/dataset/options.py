@@ -15,7 +15,7 @@ names the dataset in its errors.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,7 @@ from shardstream.plan import PlanConfig
 from shardstream.storage import Storage
 from shardstream.storage.pacing import DEFAULT_START_RATE, StartPacing
 from shardstream.tokens import Packing
+from shardstream.tokens.build import SEQ_FIELDS
 from shardstream.topology import detect
 
 __all__ = [
@@ -156,11 +157,29 @@ def plan_config(url: str, given: Mapping[str, Any]) -> PlanConfig:
 @dataclass(frozen=True, slots=True)
 class TokenOptions:
     """A token dataset read as packed sequences of ``seq_len`` tokens (NOTE [ Reading
-    sequences ]); without ``seq_len``, as its documents."""
+    sequences ]); without ``seq_len``, as its documents. ``seq_fields`` names the arrays a
+    sequence carries, of ``SEQ_FIELDS`` (default: all of them); those not named are not
+    made at all, and ``labels`` keep their -100 where nothing is to be predicted."""
 
     seq_len: int | None = None
     packing: str | None = None
     long_docs: str | None = None
+    seq_fields: Sequence[str] | None = None
+
+    def fields_of(self, url: str) -> tuple[str, ...]:
+        """The arrays a sequence carries, in ``SEQ_FIELDS`` order, or ``UsageError`` naming
+        ``url`` for a name that is not one of them."""
+        if self.seq_fields is None:
+            return SEQ_FIELDS
+        if self.seq_len is None:
+            raise UsageError("seq_fields is an option of packed sequences: give a seq_len too", url=url)
+        given: Any = self.seq_fields
+        names = [given] if isinstance(given, str) else list(given) if isinstance(given, Sequence) else [given]
+        wrong = [name for name in names if not isinstance(name, str) or name not in SEQ_FIELDS]
+        if wrong or not names:
+            shown = f"got {wrong[0]!r}" if wrong else "got none"
+            raise UsageError(f"seq_fields must name some of {', '.join(SEQ_FIELDS)}; {shown}", url=url)
+        return tuple(name for name in SEQ_FIELDS if name in names)
 
     def packing_of(self, url: str) -> Packing | None:
         """How the documents become sequences, or ``None`` to read documents."""

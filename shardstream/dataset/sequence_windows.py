@@ -21,11 +21,13 @@ __all__ = ["SequenceLayouts", "WindowSequences"]
 
 class SequenceLayouts(Protocol):
     """What a window of sequences is built with (a ``SequenceReader``): the reader of its
-    documents (``index``), the packing, the shards' numbering and each shard's layout."""
+    documents (``index``), the packing, the shards' numbering, the arrays a sequence
+    carries and each shard's layout."""
 
     reader: Any
     packing: Packing
     shards: Any
+    fields: tuple[str, ...]
 
     def layout(self, shard: int) -> SequenceLayout: ...
 
@@ -70,7 +72,7 @@ class WindowSequences(Sequence[dict[str, Any]]):
     def made(self, positions: np.ndarray) -> list[dict[str, Any]]:
         """The sequences at ``positions`` (of the window's runs end to end), in that order."""
         rows, streams = self.rows(positions)
-        return _samples(rows.build(0, rows.count), streams)
+        return _samples(rows.build(0, rows.count, self.reader.fields), streams)
 
     def rows(self, positions: np.ndarray, block: int | None = None) -> tuple[Rows, np.ndarray | None]:
         """What the sequences at ``positions`` are made of (a row each, in that order; a repeat
@@ -98,20 +100,14 @@ class WindowSequences(Sequence[dict[str, Any]]):
 
 
 def _samples(arrays: dict[str, np.ndarray], streams: np.ndarray | None) -> list[dict[str, Any]]:
-    """A dict per row of ``arrays`` (views of its rows), with its stream where it has one."""
-    columns = zip(
-        *(arrays[name] for name in ("input_ids", "labels", "position_ids", "document_ids", "cu_seqlens")),
-        strict=True,
-    )
-    if streams is None:
-        return [
-            {"input_ids": a, "labels": b, "position_ids": c, "document_ids": d, "cu_seqlens": e}
-            for a, b, c, d, e in columns
-        ]
-    return [
-        {"input_ids": a, "labels": b, "position_ids": c, "document_ids": d, "cu_seqlens": e, STREAM_KEY: f}
-        for (a, b, c, d, e), f in zip(columns, streams, strict=True)
-    ]
+    """A dict per row of ``arrays`` (views of its rows, under the same names), with its
+    stream where it has one."""
+    names = tuple(arrays)
+    rows = [dict(zip(names, row, strict=True)) for row in zip(*arrays.values(), strict=True)]
+    if streams is not None:
+        for row, stream in zip(rows, streams, strict=True):
+            row[STREAM_KEY] = stream
+    return rows
 
 
 _BUILT_TOKENS = 1 << 22  # a window's sequences are laid out about this many tokens at a time
@@ -154,4 +150,4 @@ class _Built:
         start, stop = self.row, min(self.row + self.block, self.rows.count)
         self.row = stop
         streams = None if self.streams is None else self.streams[start:stop]
-        self.ready.extend(_samples(self.rows.build(start, stop), streams))
+        self.ready.extend(_samples(self.rows.build(start, stop, self.sequences.reader.fields), streams))

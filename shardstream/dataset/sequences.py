@@ -62,6 +62,7 @@ from shardstream.tokens import (
     SequenceRun,
     sequence_layout,
 )
+from shardstream.tokens.build import SEQ_FIELDS
 
 __all__ = ["SequenceReader", "TokenShards", "check_token_dataset", "sequence_counts"]
 
@@ -137,8 +138,11 @@ class SequenceReader:
     shards' documents, or a ``MixtureReader`` of several datasets'); NOTE [ Reading
     sequences ]."""
 
-    def __init__(self, reader: Any, packing: Packing, shards: TokenShards) -> None:
+    def __init__(
+        self, reader: Any, packing: Packing, shards: TokenShards, *, fields: Sequence[str] = SEQ_FIELDS
+    ) -> None:
         self.reader, self.packing, self.shards = reader, packing, shards
+        self.fields = tuple(fields)  # the arrays a sequence carries (``TokenOptions.seq_fields``)
         self._layouts: collections.OrderedDict[int, SequenceLayout] = collections.OrderedDict()
         self._lock = threading.Lock()  # windows are laid out in the reader's fetch threads
         self._making: dict[int, concurrent.futures.Future[SequenceLayout]] = {}

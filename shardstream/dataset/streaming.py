@@ -49,7 +49,7 @@ class StreamingDataset(IterableDataset):
     ``DecodeOptions`` (``decode``, ``decoders``, ``allow_pickle``, ``transform``),
     ``PlanOptions`` (``shuffle``, ``seed``, ``drop_last``, ``shuffle_window``, ``order``,
     ``global_batch_size``, ``read_lanes``) and ``TokenOptions`` (``seq_len``,
-    ``packing``, ``long_docs``). ``decoders`` maps extensions to decoders that override
+    ``packing``, ``long_docs``, ``seq_fields``). ``decoders`` maps extensions to decoders that override
     the registry, ``allow_pickle`` lets pickled fields load; ``verify_checksums=False``
     skips the per-read CRC check of NOTE [ Checksummed reads ].
     ``local_reads`` says how shards in a local folder are read: ``"copy"`` (``pread``),

@@ -32,11 +32,15 @@ IGNORE_INDEX = -100  # a label nothing is predicted at: torch's cross_entropy de
 #   is ever written again. A few allocations per block of a few rows are what the
 #   allocator hands back warm; an array per row, or one per array of a whole window, cost
 #   it page faults and cache misses.
+# - Only the arrays asked for are made (``seq_fields``): a model that takes input_ids and
+#   labels alone pays for neither the segments' arrays nor their memory; input_ids are
+#   still made for labels, which are cut from them.
 
 # Spans at least this long on average are copied a slice each; shorter ones by one gather
 # (a Python step per span would cost more than the gather's index arrays).
 _SLICED_TOKENS = 64
-_FIELDS = ("input_ids", "labels", "position_ids", "document_ids", "cu_seqlens")
+# The arrays a sequence can carry, in the order a sample holds them.
+SEQ_FIELDS = ("input_ids", "labels", "position_ids", "document_ids", "cu_seqlens")
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,36 +151,69 @@ class Rows:
             np.arange(min(count, count if block is None else block) * size, dtype=np.int64),
         )
 
-    def build(self, start: int, stop: int) -> dict[str, np.ndarray]:
-        """Rows ``[start, stop)`` (at most ``block`` of them): ``input_ids``, ``labels``,
-        ``position_ids`` and ``document_ids`` (n, S) int64, ``cu_seqlens`` (n, S + 1) int32."""
+    def build(self, start: int, stop: int, fields: Sequence[str] = SEQ_FIELDS) -> dict[str, np.ndarray]:
+        """Rows ``[start, stop)`` (at most ``block`` of them), those of ``fields`` (of
+        ``SEQ_FIELDS``) that are asked: ``input_ids``, ``labels``, ``position_ids`` and
+        ``document_ids`` (n, S) int64, ``cu_seqlens`` (n, S + 1) int32. An array not asked
+        is not made at all (labels are made from input_ids, which are made for them)."""
         size, n = self.seq_len, stop - start
-        lo, flat = start * size, n * size
-        segs, spans, spans_end, patches, pads = self.firsts
-        whole = np.empty(3 * flat * 8 + n * (size + 1) * 4, dtype=np.uint8)
-        input_ids, labels, positions = (
-            whole[i * flat * 8 : (i + 1) * flat * 8].view(np.int64) for i in range(3)
-        )
-        cu = whole[3 * flat * 8 :].view(np.int32)
+        flat = n * size
+        wanted = frozenset(fields)
+        longs = [
+            name for name in SEQ_FIELDS[:3] if name in wanted or (name == "input_ids" and "labels" in wanted)
+        ]
+        cu_bytes = n * (size + 1) * 4 if "cu_seqlens" in wanted else 0
+        whole = np.empty(len(longs) * flat * 8 + cu_bytes, dtype=np.uint8)
+        made = {name: whole[i * flat * 8 : (i + 1) * flat * 8].view(np.int64) for i, name in enumerate(longs)}
+        if "input_ids" in made:
+            self._tokens(made, start, stop)
+        if "position_ids" in wanted or "document_ids" in wanted or cu_bytes:
+            self._segments(made, start, stop, wanted, whole[len(longs) * flat * 8 :].view(np.int32))
+        shapes = {"cu_seqlens": (n, size + 1)}
+        return {
+            name: made[name].reshape(shapes.get(name, (n, size))) for name in SEQ_FIELDS if name in wanted
+        }
+
+    def _tokens(self, made: dict[str, np.ndarray], start: int, stop: int) -> None:
+        """input_ids of rows ``[start, stop)`` into ``made["input_ids"]``, and their labels
+        into ``made["labels"]`` where it is there."""
+        size = self.seq_len
+        lo, flat = start * size, (stop - start) * size
+        spans, spans_end, patches, pads = self.firsts[1:]
+        input_ids = made["input_ids"]
         self._input_ids(input_ids, lo, flat, spans[start], spans_end[stop])
         p0, p1 = pads[start], pads[stop]
         padding = list(zip((self.pad_dst[p0:p1] - lo).tolist(), self.pad_len[p0:p1].tolist(), strict=True))
         for (at, length), value in zip(padding, self.pad_value[p0:p1].tolist(), strict=True):
             input_ids[at : at + length] = value
+        labels = made.get("labels")
+        if labels is None:
+            return
         if flat:
             labels[:-1] = input_ids[1:]
             a, b = patches[start], patches[stop]
             labels[self.patch_at[a:b] - lo] = self.patch_value[a:b]
         for at, length in padding:
             labels[at : at + length] = IGNORE_INDEX
-        s0, s1 = segs[start], segs[stop]
+
+    def _segments(
+        self, made: dict[str, np.ndarray], start: int, stop: int, wanted: frozenset[str], cu: np.ndarray
+    ) -> None:
+        """position_ids, document_ids and cu_seqlens of rows ``[start, stop)``, those ``wanted``
+        (position_ids into ``made["position_ids"]``, cu_seqlens into ``cu``)."""
+        size = self.seq_len
+        lo, flat = start * size, (stop - start) * size
+        s0, s1 = self.firsts[0][start], self.firsts[0][stop]
         seg_len = self.seg_len[s0:s1]
-        np.subtract(self.ramp[:flat], np.repeat(self.seg_dst[s0:s1] - lo, seg_len), out=positions)
-        docs = np.repeat(self.seg_doc[s0:s1], seg_len)
-        cu.fill(size)
-        cu[self.cu_at[s0:s1] - start * (size + 1)] = self.cu_value[s0:s1]
-        rows = (input_ids.reshape(n, size), labels.reshape(n, size), positions.reshape(n, size))
-        return dict(zip(_FIELDS, (*rows, docs.reshape(n, size), cu.reshape(n, size + 1)), strict=True))
+        if "position_ids" in wanted:
+            positions = made["position_ids"]
+            np.subtract(self.ramp[:flat], np.repeat(self.seg_dst[s0:s1] - lo, seg_len), out=positions)
+        if "document_ids" in wanted:
+            made["document_ids"] = np.repeat(self.seg_doc[s0:s1], seg_len)
+        if "cu_seqlens" in wanted:
+            cu.fill(size)
+            cu[self.cu_at[s0:s1] - start * (size + 1)] = self.cu_value[s0:s1]
+            made["cu_seqlens"] = cu
 
     def _input_ids(self, out: np.ndarray, lo: int, flat: int, c0: int, c1: int) -> None:
         """The tokens of flat offsets ``[lo, lo + flat)`` (spans ``[c0, c1)``) into ``out``
@@ -214,11 +251,17 @@ class Rows:
 
 
 def build_sequences(
-    run: SequenceRun, tokens: np.ndarray, token_lo: int, *, doc_base: int = 0, pad_id: int = 0
+    run: SequenceRun,
+    tokens: np.ndarray,
+    token_lo: int,
+    *,
+    doc_base: int = 0,
+    pad_id: int = 0,
+    fields: Sequence[str] = SEQ_FIELDS,
 ) -> dict[str, np.ndarray]:
-    """The arrays of ``run``'s sequences (NOTE [ Building sequences ]): ``input_ids``,
-    ``labels``, ``position_ids`` and ``document_ids`` (n, S) int64 and ``cu_seqlens``
-    (n, S + 1) int32. ``tokens`` are the shard's tokens from offset ``token_lo`` on and must
+    """The arrays of ``run``'s sequences (NOTE [ Building sequences ]) of ``fields``:
+    ``input_ids``, ``labels``, ``position_ids`` and ``document_ids`` (n, S) int64 and
+    ``cu_seqlens`` (n, S + 1) int32. ``tokens`` are the shard's tokens from offset ``token_lo`` on and must
     hold ``run.tokens``; ``doc_base`` is the dataset's number of the shard's first document."""
     n = run.count
     t0, t1 = run.tokens
@@ -230,4 +273,4 @@ def build_sequences(
     pieces = SequencePieces(p.seq, p.doc + doc_base, p.lo, p.hi, p.more)
     none = np.zeros(len(p), dtype=np.int64)
     rows = Rows.of(n, run.seq_len, pieces, (tokens,), none, none + token_lo, np.full(n, pad_id))
-    return rows.build(0, n)
+    return rows.build(0, n, fields)
