@@ -14,7 +14,7 @@ from shardstream.dataset.mixture_reader import STREAM_KEY
 from shardstream.formats.tokens import doc_ends
 from shardstream.plan import Run
 from shardstream.tokens import Packing, SequenceLayout, SequencePieces, SequenceRun
-from shardstream.tokens.build import Rows
+from shardstream.tokens.build import Rows, needs_segments
 
 __all__ = ["SequenceLayouts", "WindowSequences"]
 
@@ -95,7 +95,10 @@ class WindowSequences(Sequence[dict[str, Any]]):
         pieces = SequencePieces(row, doc, lo, hi, more)
         size = self.reader.packing.seq_len
         offset, pads = self.token_lo[source], self.pads[holders]
-        rows = Rows.of(len(positions), size, pieces, self.flats, source, offset, pads, block=block)
+        segments = needs_segments(self.reader.fields)
+        rows = Rows.of(
+            len(positions), size, pieces, self.flats, source, offset, pads, block=block, segments=segments
+        )
         return rows, None if self.streams is None else self.streams[holders]
 
 

@@ -43,6 +43,11 @@ _SLICED_TOKENS = 64
 SEQ_FIELDS = ("input_ids", "labels", "position_ids", "document_ids", "cu_seqlens")
 
 
+def needs_segments(fields: Sequence[str] | frozenset[str]) -> bool:
+    """Whether the arrays of ``fields`` need the rows' segments (those but input_ids and labels)."""
+    return any(name in fields for name in SEQ_FIELDS[2:])
+
+
 @dataclass(frozen=True, slots=True)
 class Rows:
     """What ``count`` rows of ``seq_len`` tokens are made of (NOTE [ Building sequences ]),
@@ -87,12 +92,14 @@ class Rows:
         pads: np.ndarray,
         *,
         block: int | None = None,
+        segments: bool = True,
     ) -> Rows:
         """The rows of ``pieces`` (``pieces.seq`` their rows, non-decreasing; ``pieces.doc``
         the document_ids), piece ``k`` holding tokens ``[lo[k], hi[k])`` of
         ``sources[source[k]]`` counted from ``offset[k]`` (which holds the token at ``hi[k]``
         too where ``more[k]``); row ``r`` padded with ``pads[r]``; built at most ``block``
-        rows at a time (default: all)."""
+        rows at a time (default: all). Without ``segments`` the rows make input_ids and
+        labels only (``needs_segments``)."""
         size, p = seq_len, pieces
         lengths = p.hi - p.lo
         counts = np.bincount(p.seq, minlength=count)[:count]  # pieces of each row
@@ -103,11 +110,21 @@ class Rows:
         short = fill < size
         padded = np.flatnonzero(short)
         pad_dst, pad_len = padded * size + fill[padded], size - fill[padded]
-        at = np.searchsorted(dst, pad_dst)
-        seg_dst = np.insert(dst, at, pad_dst)
-        seg_firsts = np.concatenate([[0], np.cumsum(counts + short)])
-        row = seg_dst // size
-        rank = np.arange(len(seg_dst)) - seg_firsts[row]
+        if segments:
+            at = np.searchsorted(dst, pad_dst)
+            seg_dst = np.insert(dst, at, pad_dst)
+            seg_firsts = np.concatenate([[0], np.cumsum(counts + short)])
+            row = seg_dst // size
+            rank = np.arange(len(seg_dst)) - seg_firsts[row]
+            segmented = (
+                seg_dst,
+                np.insert(lengths, at, pad_len),
+                np.insert(p.doc, at, -1),
+                row * (size + 1) + rank,
+                (seg_dst - row * size).astype(np.int32),
+            )
+        else:  # none of the segments' arrays is asked for: no table of them
+            segmented = (np.zeros(0, dtype=np.int64),) * 5
         src = p.lo - offset
         patch = np.full(len(p), IGNORE_INDEX, dtype=np.int64)
         for number in np.unique(source[p.more]).tolist():
@@ -122,7 +139,7 @@ class Rows:
         copy_end = copy_dst + (np.add.reduceat(lengths, first) if len(first) else 0)
         bounds = np.arange(count + 1, dtype=np.int64) * size
         firsts = (
-            seg_firsts.tolist(),
+            seg_firsts.tolist() if segments else [],
             np.searchsorted(copy_end, bounds, side="right").tolist(),
             np.searchsorted(copy_dst, bounds).tolist(),
             piece_firsts.tolist(),
@@ -133,11 +150,7 @@ class Rows:
             count,
             size,
             tuple(sources),
-            seg_dst,
-            np.insert(lengths, at, pad_len),
-            np.insert(p.doc, at, -1),
-            row * (size + 1) + rank,
-            (seg_dst - row * size).astype(np.int32),
+            *segmented,
             copy_dst,
             copy_end,
             src[first],
@@ -167,7 +180,11 @@ class Rows:
         made = {name: whole[i * flat * 8 : (i + 1) * flat * 8].view(np.int64) for i, name in enumerate(longs)}
         if "input_ids" in made:
             self._tokens(made, start, stop)
-        if "position_ids" in wanted or "document_ids" in wanted or cu_bytes:
+        if needs_segments(wanted):
+            if self.count and not self.firsts[0]:
+                raise UsageError(
+                    f"these rows were laid out without segments: they cannot make {sorted(wanted)}"
+                )
             self._segments(made, start, stop, wanted, whole[len(longs) * flat * 8 :].view(np.int32))
         shapes = {"cu_seqlens": (n, size + 1)}
         return {
@@ -272,5 +289,8 @@ def build_sequences(
     p = run.pieces
     pieces = SequencePieces(p.seq, p.doc + doc_base, p.lo, p.hi, p.more)
     none = np.zeros(len(p), dtype=np.int64)
-    rows = Rows.of(n, run.seq_len, pieces, (tokens,), none, none + token_lo, np.full(n, pad_id))
+    pads = np.full(n, pad_id)
+    rows = Rows.of(
+        n, run.seq_len, pieces, (tokens,), none, none + token_lo, pads, segments=needs_segments(fields)
+    )
     return rows.build(0, n, fields)
