@@ -107,3 +107,16 @@ def test_unknown_fields_are_refused_with_the_valid_ones(corpus, fields):
 def test_seq_fields_needs_a_seq_len(corpus):
     with pytest.raises(UsageError, match="give a seq_len"):
         shardstream.StreamingDataset(corpus, seq_fields=("input_ids",))
+
+
+def test_a_state_resumes_with_other_fields(corpus):
+    full = shardstream.StreamingDataset(corpus, seq_len=S, packing="concat", seed=6)
+    every = list(full)
+    iterator = iter(full)
+    for _ in range(7):
+        next(iterator)
+    state = full.state_dict()
+    fields = ("input_ids", "labels")
+    resumed = shardstream.StreamingDataset(corpus, seq_len=S, packing="concat", seed=6, seq_fields=fields)
+    resumed.load_state_dict(state)
+    same_fields(list(resumed), every[7:], fields)
