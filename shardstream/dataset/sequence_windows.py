@@ -113,7 +113,9 @@ def _samples(arrays: dict[str, np.ndarray], streams: np.ndarray | None) -> list[
     return rows
 
 
-_BUILT_TOKENS = 1 << 22  # a window's sequences are laid out about this many tokens at a time
+# A layout costs a step per run of the window that its rows hit, whatever its size: fewer,
+# larger layouts, whose tables are still small beside the tokens they lay out.
+_BUILT_TOKENS = 1 << 23  # a window's sequences are laid out about this many tokens at a time
 _BLOCK_TOKENS = 1 << 16  # and built this many at a time, in one allocation
 
 
