@@ -213,6 +213,9 @@ class _Server(http.server.ThreadingHTTPServer):
 class ProxyHandler(http.server.BaseHTTPRequestHandler):
     owner: ForwardingProxy
     protocol_version = "HTTP/1.1"  # keep-alive, as S3 clients expect
+    # headers and a small body are separate writes: with Nagle's algorithm the body waited
+    # for the client's delayed ACK (~40 ms), a delay on every small GET that no store adds
+    disable_nagle_algorithm = True
     _upstream: http.client.HTTPConnection | None = None
     _buffer: memoryview | None = None
 
