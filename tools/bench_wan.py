@@ -260,7 +260,7 @@ def bench_loopback(pool, where: dict, base: dict, repeat: int) -> None:  # type:
         rates,
         "shardstream tar (loopback)",
         ["boto3 (loopback)"],
-        0.9,
+        1.0,
         "loopback 1 MB vs sequential boto3",
         "loopback 1 MB / boto3 sequential",
     )
