@@ -29,15 +29,16 @@ Read = Callable[[str, "ByteRange | None"], "bytes | memoryview"]
 
 # NOTE [ Local reads into buffers ]
 # A local folder read by copy (the default: a shard truncated in place cannot crash a
-# copy) copies each long read into a read buffer (NOTE [ Read buffers ] in sinks.py), as
-# object storage's long reads are, not into a new ``bytes``: a ``bytes`` of tens of MB
-# comes from a fresh mapping of the allocator (or its heap, given back to the kernel
-# between windows), whose every 4 KiB page costs a fault as the copy first touches it,
-# several times the copy itself. The buffer is copied into with ``preadv`` (the copy path
-# still: a short file is a short read, retried and reported, never a SIGBUS), in parts,
-# through ``Storage.read_parts``. Shorter reads stay plain ``pread``s into ``bytes``,
-# which the allocator serves from memory it keeps.
-LOCAL_BUFFERED = 4 * 2**20
+# copy) copies a read longer than ``LOCAL_BUFFERED`` into a read buffer (NOTE [ Read
+# buffers ] in sinks.py), as object storage's long reads are, not into a new ``bytes``:
+# glibc's malloc serves a block that long from a fresh mapping every time (its mmap
+# threshold never rises above 32 MiB), whose every 4 KiB page costs a fault as the copy
+# first touches it, several times the copy itself. Shorter reads stay plain ``pread``s
+# into ``bytes``: once a block of their size was freed, malloc serves them from the heap
+# it keeps, faster than any new mapping. The buffer is copied into with ``preadv`` (the
+# copy path still: a short file is a short read, retried and reported, never a SIGBUS),
+# in parts, through ``Storage.read_parts``.
+LOCAL_BUFFERED = 32 * 2**20
 
 
 def _length(rng: ByteRange | None, expect: Expected | None) -> int:
