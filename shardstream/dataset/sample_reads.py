@@ -95,6 +95,7 @@ class SampleReads:
         self.reader = reader
         self.decoder = decoder
         self._bytes = reader.single_reads(OPEN_FILES)  # local files kept open, where read by copy
+        self._read_bytes = reader.fetcher.read_bytes  # bound once, no forwarding: a call per sample
         self._shards: collections.OrderedDict[int, _Shard] = collections.OrderedDict()
         self._lock = threading.Lock()  # for the LRU of shards
 
@@ -181,7 +182,7 @@ class SampleReads:
 
     def _read(self, shard: int, start: int, end: int) -> bytes | memoryview:
         """Bytes ``[start, end)`` of ``shard``: one ``pread`` of a file kept open, else a read."""
-        return self.reader.read_bytes(shard, ByteRange(start, end), self._bytes)
+        return self._read_bytes(shard, ByteRange(start, end), self._bytes)
 
     # -- checks --------------------------------------------------------------------------
 
