@@ -101,8 +101,19 @@ def _child_pids() -> set[int]:
     return pids
 
 
+# The node's folder of manifest and first-sidecar copies is kept on purpose, as a cache is
+# (NOTE [ One manifest read per job ] in dataset/startup.py): the ranks of a node share it
+# across datasets and runs, and it goes with the session's temp dir. What it holds is
+# checked by tests/test_start_storm*.py and test_start_sidecars_node.py.
+_NODE_FOLDER = "shardstream-start-"
+
+
 def _temp_entries() -> set[str]:
-    return {e for e in os.listdir(tempfile.gettempdir()) if e.startswith("shardstream")}
+    return {
+        e
+        for e in os.listdir(tempfile.gettempdir())
+        if e.startswith("shardstream") and not e.startswith(_NODE_FOLDER)
+    }
 
 
 def _multiprocessing_helpers() -> set[int]:

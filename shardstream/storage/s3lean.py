@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -322,7 +323,29 @@ def _credentials(arguments: Mapping[str, Any], session: Any) -> Any:
         if not (access and secret):
             return False
         return botocore.credentials.Credentials(access, secret, token)
+    from_env = _environment_credentials(session)
+    if from_env is not None:
+        return from_env
     return session.get_credentials()  # None: get_object raises NoCredentialsError, as botocore's
+
+
+# NOTE [ Credentials from the environment ]
+# botocore's credential chain takes AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY first where
+# no profile is named, but building the chain makes every provider, the container one with
+# an SSL context of its own: work for each process's client, and in a DataLoader worker
+# forked while a parent thread held one of OpenSSL's locks (OpenSSL 3 has no fork
+# handlers), a call that never returns. Where the chain would take the environment's
+# keys, they are taken here without it.
+def _environment_credentials(session: Any) -> Any:
+    import botocore.credentials
+
+    if session.profile is not None or os.environ.get("AWS_PROFILE") or os.environ.get("AWS_DEFAULT_PROFILE"):
+        return None
+    access, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+    if not (access and secret):
+        return None
+    token = os.environ.get("AWS_SESSION_TOKEN") or os.environ.get("AWS_SECURITY_TOKEN")
+    return botocore.credentials.Credentials(access, secret, token, method="env")
 
 
 def _pool(parts: Any, verify: Any, session: Any, size: int, connect: float, read: float) -> Any:
