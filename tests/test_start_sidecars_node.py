@@ -9,22 +9,12 @@ from __future__ import annotations
 import os
 import tempfile
 
-import pytest
-
 import shardstream
 from shardstream.dataset.startup import first_window_shards
-from tests.test_start_storm import BATCH, MANIFEST, SIZES, CountingProxy, keys_of, planned_keys
+from tests import test_start_storm
+from tests.test_start_storm import BATCH, MANIFEST, CountingProxy, keys_of, planned_keys
 
-
-@pytest.fixture
-def counted(s3, moto_server):
-    from tests.resume_harness import write_dataset
-
-    base, options = s3
-    url = f"{base}/ds"
-    write_dataset(url, SIZES, storage_options=options)
-    with CountingProxy(moto_server.endpoint) as proxy:
-        yield url, dict(options, endpoint_url=proxy.endpoint), proxy
+counted = test_start_storm.counted  # the fixture: a dataset behind a counting proxy
 
 
 def run_rank(url: str, options: dict, rank: int, world: int) -> tuple[set[int], list[str], list[str]]:

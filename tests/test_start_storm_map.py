@@ -14,7 +14,10 @@ import tempfile
 import pytest
 
 import shardstream
-from tests.test_start_storm import MANIFEST, SIZES, CountingProxy, FakeGroup, sent_by_rank_0
+from tests import test_start_storm
+from tests.test_start_storm import MANIFEST, SIZES, FakeGroup, sent_by_rank_0
+
+counted = test_start_storm.counted  # the fixture: a dataset behind a counting proxy
 
 OFFSETS = [sum(SIZES[:shard]) for shard in range(len(SIZES))]
 
@@ -31,17 +34,6 @@ def check_exact(dataset: shardstream.MapDataset) -> None:
     assert dataset[-1]["__key__"] == key_of(sum(SIZES) - 1)
     picked = [79, 3, 40, 3, 12, 66]
     assert [s["__key__"] for s in dataset.get_many(picked)] == [key_of(i) for i in picked]
-
-
-@pytest.fixture
-def counted(s3, moto_server):
-    from tests.resume_harness import write_dataset
-
-    base, options = s3
-    url = f"{base}/ds"
-    write_dataset(url, SIZES, storage_options=options)
-    with CountingProxy(moto_server.endpoint) as proxy:
-        yield url, dict(options, endpoint_url=proxy.endpoint), proxy
 
 
 def as_rank(monkeypatch, rank: int, world: int = 4) -> None:

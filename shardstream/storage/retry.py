@@ -64,8 +64,8 @@ _sleep = time.sleep  # looked up at each call, so tests can count the waits
 _clock = time.monotonic  # and so tests can run the clock of NOTE [ Bounded waits ]
 _now = time.time  # the wall clock an HTTP-date Retry-After is counted from
 
-# S3 error codes (and HTTP statuses) that say "try again later".
-_TRANSIENT_CODES = frozenset(
+# Error codes that say "over the request rate" whatever their status.
+_THROTTLE_CODES = frozenset(
     {
         "SlowDown",
         "Throttling",
@@ -73,17 +73,21 @@ _TRANSIENT_CODES = frozenset(
         "ThrottledException",
         "RequestThrottled",
         "RequestLimitExceeded",
+        "TooManyRequests",
         "TooManyRequestsException",
         "ProvisionedThroughputExceededException",
-        "BandwidthLimitExceeded",
-        "RequestTimeout",
-        "RequestTimeoutException",
-        "InternalError",
-        "ServiceUnavailable",
-        "IncompleteBody",
-        "XAmzContentSHA256Mismatch",
     }
 )
+# S3 error codes (and HTTP statuses) that say "try again later": the throttles and these.
+_TRANSIENT_CODES = _THROTTLE_CODES | {
+    "BandwidthLimitExceeded",
+    "RequestTimeout",
+    "RequestTimeoutException",
+    "InternalError",
+    "ServiceUnavailable",
+    "IncompleteBody",
+    "XAmzContentSHA256Mismatch",
+}
 _TRANSIENT_ERRNOS = frozenset(
     {
         errno.EBUSY,  # s3fs maps 503 SlowDown / ServiceUnavailable to EBUSY
@@ -232,22 +236,6 @@ def is_transient(error: BaseException) -> bool:
 def is_not_found(error: BaseException) -> bool:
     """Whether ``error`` (or what caused it) says the object does not exist."""
     return any(isinstance(link, FileNotFoundError) for link in _chain(error))
-
-
-# Error codes that say "over the request rate" whatever their status.
-_THROTTLE_CODES = frozenset(
-    {
-        "SlowDown",
-        "Throttling",
-        "ThrottlingException",
-        "ThrottledException",
-        "RequestThrottled",
-        "RequestLimitExceeded",
-        "TooManyRequests",
-        "TooManyRequestsException",
-        "ProvisionedThroughputExceededException",
-    }
-)
 
 
 def _response_of(error: BaseException) -> tuple[int, str, Mapping[str, Any] | None] | None:
