@@ -4,7 +4,6 @@ read budget, whatever the shards' size next to it (NOTE [ Unshuffled windows in 
 
 from __future__ import annotations
 
-import hashlib
 import threading
 
 import numpy as np
@@ -17,20 +16,9 @@ from shardstream.dataset.reader import WindowReader
 from shardstream.manifest import ShardInfo
 from shardstream.plan import Run, Window
 from shardstream.storage import Storage
+from tests.test_concurrent_reads import _pack
 
 MB = 2**20
-
-
-def _pack(url: str, options: dict, *, shards: int, samples: int, size: int) -> dict[str, bytes]:
-    from shardstream.pack import ShardWriter
-
-    payloads = {}
-    with ShardWriter(url, format="tar", samples_per_shard=samples, storage_options=options) as writer:
-        for i in range(shards * samples):
-            key = f"{i:06d}"
-            payloads[key] = hashlib.sha256(key.encode()).digest() * (size // 32)
-            writer.write({"__key__": key, "bin": payloads[key]})
-    return payloads
 
 
 class HeldReads:
