@@ -252,7 +252,8 @@ class MapDataset(Dataset):
         ends = self._ends if self._ends is not None else self._shard_ends()
         shard = bisect.bisect_right(ends, i)
         try:
-            sample = self._opened().singles.sample(shard, i - ends[shard - 1] if shard else i)
+            opened = self.source.in_process("map", self._open)  # _opened(), a call fewer per sample
+            sample = opened.singles.sample(shard, i - ends[shard - 1] if shard else i)
         except ShardstreamError as error:
             raise _with_index(error, i) from error
         transform = self.config.transform

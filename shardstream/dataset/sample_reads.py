@@ -32,6 +32,7 @@ read, a ``StorageError`` naming it; one rewritten in place fails its checksum.
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,6 +63,10 @@ class _RunOfOne:
     runs: tuple[Run, ...]
 
 
+# bytes [start, end) of one shard's file kept open: ``OpenFiles.read_span`` bound to it
+SpanRead = Callable[[int, int], bytes]
+
+
 def _span_of(index: SampleIndex) -> Callable[[int], tuple[int, int]]:
     def span(j: int) -> tuple[int, int]:
         rng = index.byte_range(j, j + 1)
@@ -74,10 +79,18 @@ class _Shard:
     """A shard's index, path, how its single samples are cut and decoded, and the CRCs
     recorded of its samples (NOTE [ Checked single reads ])."""
 
-    __slots__ = ("build", "checked", "crc", "decode", "index", "path", "singles")
+    __slots__ = ("build", "checked", "crc", "decode", "index", "path", "read", "singles")
 
-    def __init__(self, index: SampleIndex, path: str, checked: bool, decoder: SampleDecoder | None) -> None:
+    def __init__(
+        self,
+        index: SampleIndex,
+        path: str,
+        checked: bool,
+        decoder: SampleDecoder | None,
+        read: SpanRead | None,
+    ) -> None:
         self.index, self.path = index, path
+        self.read = read  # bytes [start, end) of its file kept open, or None: a read of the reader's
         self.checked = checked and index.checks is not None
         # the recorded CRC of each sample, -1 where none is: an int64 memoryview's items are ints
         self.crc = np.full(index.num_samples if self.checked else 0, -1, np.int64).data.cast("B").cast("q")
@@ -103,22 +116,25 @@ class SampleReads:
         """Sample ``position`` of ``shard``, its bytes checked, decoded, with every field of
         the dataset (NOTE [ Missing fields ] in fields.py); a ``FormatError`` of its
         decoding names its URL, shard, offset and key."""
-        return with_all_fields_one(self._sample(shard, position), self.reader.fields)
-
-    def _sample(self, shard: int, position: int) -> Sample:
         kept = self._shards.get(shard) or self._keep(shard)
         singles = kept.singles
         if singles is None:  # a Parquet row, a tar shard of mixed fields: a run of one
-            return self._decoded(shard, position, self._run_of_one(kept, shard, position))
-        data, base = self._checked(kept, shard, position, *singles.span(position))
-        values = singles.values(data if type(data) is bytes else bytes(data), base, position)
-        if kept.decode is not None:
-            try:
-                return kept.decode(singles.key(position), values, shard=kept.path)
-            except FormatError as error:
-                raise self._located(error, shard, position) from error
-        sample = kept.build(singles.key(position), *values)
-        return sample if self.decoder is None else self._decoded(shard, position, sample)
+            sample = self._decoded(shard, position, self._run_of_one(kept, shard, position))
+        else:
+            data, base = self._checked(kept, shard, position, *singles.span(position))
+            values = singles.values(data if type(data) is bytes else bytes(data), base, position)
+            if kept.decode is not None:
+                try:
+                    sample = kept.decode(singles.key(position), values, shard=kept.path)
+                except FormatError as error:
+                    raise self._located(error, shard, position) from error
+            else:
+                sample = kept.build(singles.key(position), *values)
+                if self.decoder is not None:
+                    sample = self._decoded(shard, position, sample)
+        fields = self.reader.fields
+        # with_all_fields_one's own test first: a call fewer per sample where none is missing
+        return sample if len(sample) > len(fields) else with_all_fields_one(sample, fields)
 
     def _run_of_one(self, kept: _Shard, shard: int, position: int) -> Sample:
         reader, index = self.reader, kept.index
@@ -136,7 +152,7 @@ class SampleReads:
         recorded = kept.crc[position] if kept.checked else -2
         if recorded == -1:
             return self._first_read(kept, shard, position, ByteRange(start, end))
-        data = self._read(shard, start, end)
+        data = self._read(kept, shard, start, end)
         if recorded >= 0 and crc32(data) != recorded:
             # NOTE [ Healing the cache ] in heal.py
             healed = self.reader.read_again(kept.path, ByteRange(start, end), start)
@@ -151,7 +167,7 @@ class SampleReads:
         """The sample's check blocks, checked, with the CRCs of the samples they hold recorded."""
         checks = cast(ShardChecks, kept.index.checks)
         wide = checks.widen(rng)
-        data = self._read(shard, wide.start, wide.end)
+        data = self._read(kept, shard, wide.start, wide.end)
         data, _ = self.reader.check(Read(shard, wide, (0,)), data, kept.index)  # raises: on_error is "raise"
         self._record(kept, wide, data, position, checks.block)
         return data, wide.start
@@ -169,9 +185,8 @@ class SampleReads:
 
     def _keep(self, shard: int) -> _Shard:
         reader = self.reader
-        kept = _Shard(
-            reader.index(shard), reader.manifest.shards[shard].path, reader.verify_checksums, self.decoder
-        )
+        path = reader.manifest.shards[shard].path
+        kept = _Shard(reader.index(shard), path, reader.verify_checksums, self.decoder, self._span_read(path))
         with self._lock:
             kept = self._shards.setdefault(shard, kept)
             while len(self._shards) > SHARDS_KEPT:
@@ -180,9 +195,26 @@ class SampleReads:
 
     # -- bytes ---------------------------------------------------------------------------
 
-    def _read(self, shard: int, start: int, end: int) -> bytes | memoryview:
+    def _span_read(self, path: str) -> SpanRead | None:
+        """The read of ``path``'s file kept open, where local files are read by copy: what
+        ``read_bytes`` would end in, bound once per shard (it runs once per sample)."""
+        files = self._bytes.files
+        if files is None:
+            return None
+        fetcher = self.reader.fetcher
+        return functools.partial(
+            files.read_span, path, self.reader.bytes.expected(path), fetcher.storage_error
+        )
+
+    def _read(self, kept: _Shard, shard: int, start: int, end: int) -> bytes | memoryview:
         """Bytes ``[start, end)`` of ``shard``: one ``pread`` of a file kept open, else a read."""
-        return self._read_bytes(shard, ByteRange(start, end), self._bytes)
+        read = kept.read
+        if read is None:
+            return self._read_bytes(shard, ByteRange(start, end), self._bytes)
+        data = read(start, end)
+        if len(data) != end - start:  # the file is shorter than its index says
+            self.reader.fetcher.too_short(Read(shard, ByteRange(start, end), (0,)), start + len(data))
+        return data
 
     # -- checks --------------------------------------------------------------------------
 

@@ -110,12 +110,14 @@ class DatasetSource:
 
     def in_process(self, name: str, make: Callable[[], Made]) -> Made:
         """``make()``, made once in this process under ``name`` (and anew after a fork)."""
-        here = self._in_process()
-        if name not in here.made:
+        here = self._here.get()  # not through _in_process: a MapDataset asks once per sample
+        made = here.made.get(name)
+        if made is None:
             with here.making:
                 if name not in here.made:
                     here.made[name] = make()
-        return here.made[name]  # type: ignore[no-any-return]
+            made = here.made[name]
+        return made  # type: ignore[no-any-return]
 
     def made_here(self, name: str) -> Any:
         """What ``in_process(name, ...)`` made in this process, or ``None`` (nothing made)."""

@@ -44,15 +44,21 @@ class OpenFiles:
     def pread(self, path: str, rng: ByteRange, expect: Expected | None, named: Named) -> bytes:
         """Bytes ``rng`` of ``path`` (fewer where the file ends first); the file is opened
         (its size checked against ``expect``) on first use, its error passed through ``named``."""
+        return self.read_span(path, expect, named, rng.start, rng.end)
+
+    def read_span(self, path: str, expect: Expected | None, named: Named, start: int, end: int) -> bytes:
+        """:meth:`pread` of bytes ``[start, end)``, its arguments in the order that a reader
+        of one file binds first (``functools.partial(files.read_span, path, expect, named)``):
+        a single sample's read is then one call, with no range made for it."""
         entry = self._acquire(path, expect, named)
         try:
-            return os.pread(entry.file.fileno(), rng.length, rng.start)
+            return os.pread(entry.file.fileno(), end - start, start)
         except OSError as error:
             raise StorageError(
-                f"cannot read bytes [{rng.start}, {rng.end}): {error}",
+                f"cannot read bytes [{start}, {end}): {error}",
                 url=self.storage.full_url(path),
                 shard=path,
-                offset=rng.start,
+                offset=start,
             ) from error
         finally:
             self._release(entry)

@@ -121,6 +121,12 @@ class SingleReads:
     def __init__(self, read: Read, files: OpenFiles | None) -> None:
         self._read, self._files = read, files
 
+    @property
+    def files(self) -> OpenFiles | None:
+        """The files kept open, where local files are read by copy: a reader of one
+        sample at a time may bind its file's ``read_span`` once (else None: ``read``)."""
+        return self._files
+
     def read(
         self, path: str, rng: ByteRange, expect: Expected | None, named: Named, *, whole_object: bool = False
     ) -> bytes | memoryview:
