@@ -122,8 +122,27 @@ def _unpacked(data: bytes | memoryview, starts: np.ndarray, sizes: np.ndarray) -
         return None
     pairs = np.empty(2 * count, dtype=np.int64)
     pairs[0::2], pairs[1::2] = gaps, sizes
-    layout = struct.Struct("<" + "%dx%ds" * count % tuple(pairs.tolist()))  # not struct's cache
+    layout = struct.Struct(_layout(pairs))  # not struct's cache
     return list(layout.unpack_from(data, int(starts[0])))
+
+
+def _layout(pairs: np.ndarray) -> bytes:
+    """The ``struct`` format ``"<{gap}x{size}s..."`` of ``pairs`` (gap, size, gap, ...;
+    none negative), its numbers written by numpy, all of one width with leading zeros
+    (which ``struct`` reads as the same counts): formatting them one by one in Python
+    costs more than the unpack it lays out."""
+    top = int(pairs.max())
+    width = len(str(top))
+    # uint32 arithmetic where the numbers fit it, int64 beyond (a member over 4 GiB)
+    numbers = pairs.astype(np.uint32) if top < 1 << 32 else pairs.copy()
+    text = np.empty((len(pairs), width + 1), dtype=np.uint8)
+    for column in range(width - 1, -1, -1):
+        text[:, column] = numbers % 10
+        numbers //= 10
+    text[:, :width] += ord("0")
+    text[0::2, width] = ord("x")
+    text[1::2, width] = ord("s")
+    return b"<" + text.tobytes()
 
 
 class _Cutter:
