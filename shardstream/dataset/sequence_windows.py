@@ -55,6 +55,7 @@ class WindowSequences(Sequence[dict[str, Any]]):
             [int(doc_ends(reader.reader.index(r.shard))[r.start - 1]) if r.start else 0 for r in joined],
             dtype=np.int64,
         )
+        self.shards = np.array([run.shard for run in joined], dtype=np.int64)  # each document run's
         self.doc_base = np.array([shards.doc_base[run.shard] for run in joined], dtype=np.int64)
         self.pads = np.array([shards.pads[run.shard] for run in joined], dtype=np.int64)
         streams = shards.streams
@@ -80,11 +81,13 @@ class WindowSequences(Sequence[dict[str, Any]]):
         numbers = np.searchsorted(self.firsts, positions, side="right") - 1
         sequences = self.starts[numbers] + positions - self.firsts[numbers]  # numbered in their shard
         holders = self.holders[numbers]
+        shards = self.shards[holders]
         parts = []
-        for at in np.unique(holders).tolist():
-            targets = np.flatnonzero(holders == at)
-            p = self.reader.layout(self.joined[at].shard).take(sequences[targets])
-            parts.append((targets[p.seq], p.doc + self.doc_base[at], p.lo, p.hi, p.more, np.full(len(p), at)))
+        for shard in np.unique(shards).tolist():  # one take per shard, whatever runs hold it
+            targets = np.flatnonzero(shards == shard)
+            p = self.reader.layout(shard).take(sequences[targets])
+            held = holders[targets[p.seq]]
+            parts.append((targets[p.seq], p.doc + self.doc_base[held], p.lo, p.hi, p.more, held))
         if parts:
             row, doc, lo, hi, more, source = (np.concatenate(column) for column in zip(*parts, strict=True))
             ordered = np.argsort(row, kind="stable")  # a row's pieces come from one holder, in order
@@ -105,12 +108,24 @@ class WindowSequences(Sequence[dict[str, Any]]):
 def _samples(arrays: dict[str, np.ndarray], streams: np.ndarray | None) -> list[dict[str, Any]]:
     """A dict per row of ``arrays`` (views of its rows, under the same names), with its
     stream where it has one."""
-    names = tuple(arrays)
-    rows = [dict(zip(names, row, strict=True)) for row in zip(*arrays.values(), strict=True)]
+    rows = _dicts(tuple(arrays), list(arrays.values()))
     if streams is not None:
         for row, stream in zip(rows, streams, strict=True):
             row[STREAM_KEY] = stream
     return rows
+
+
+def _dicts(names: tuple[str, ...], columns: list[np.ndarray]) -> list[dict[str, Any]]:
+    """A dict per row of ``columns``, ``names[i]`` holding that row of ``columns[i]``: dict
+    displays for input_ids and labels alone and for all five arrays (a dict made from a zip
+    of names and row costs about twice as much per row), a zip for the other choices."""
+    if len(names) == 2:
+        a, b = names
+        return [{a: x, b: y} for x, y in zip(*columns, strict=True)]
+    if len(names) == 5:
+        a, b, c, d, e = names
+        return [{a: v, b: w, c: x, d: y, e: z} for v, w, x, y, z in zip(*columns, strict=True)]
+    return [dict(zip(names, row, strict=True)) for row in zip(*columns, strict=True)]
 
 
 # A layout costs a step per run of the window that its rows hit, whatever its size: fewer,
