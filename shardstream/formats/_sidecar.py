@@ -133,6 +133,15 @@ class StringTable:
             )
         return strings
 
+    def at(self, rows: np.ndarray) -> list[str]:
+        """The strings at ``rows``, in that order: a slice where they are consecutive (a
+        run of samples read in order, the usual case), which makes no int per row."""
+        strings = self.strings()
+        count = len(rows)
+        if count > 1 and int(rows[-1]) - int(rows[0]) == count - 1 and bool((np.diff(rows) == 1).all()):
+            return strings[int(rows[0]) : int(rows[0]) + count]
+        return list(map(strings.__getitem__, rows.tolist()))
+
     def sections(self) -> tuple[bytes, bytes]:
         """(UTF-8 blob, uint64 end offsets), as ``pack_strings`` gives them."""
         if self._blob is not None and self._ends is not None:

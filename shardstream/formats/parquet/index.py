@@ -196,7 +196,7 @@ class ParquetIndex(SampleIndex):
     def keys_at(self, rows: np.ndarray) -> list[str]:
         """The keys of the samples at ``rows``, in that order."""
         if self._keys is not None:
-            return list(map(self._keys.strings().__getitem__, rows.tolist()))
+            return self._keys.at(rows)
         return [f"{self._name}:{row}" for row in rows.tolist()]
 
     def byte_ranges(self, starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

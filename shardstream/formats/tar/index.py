@@ -209,7 +209,7 @@ class TarIndex(SampleIndex):
 
     def keys_at(self, positions: np.ndarray) -> list[str]:
         """The keys of the samples at ``positions``, in that order."""
-        return list(map(self._keys.strings().__getitem__, positions.tolist()))
+        return self._keys.at(positions)
 
     def members(self, start: int, stop: int) -> tuple[int, int]:
         """The flat member positions ``[m0, m1)`` of samples ``[start, stop)``."""
