@@ -141,11 +141,17 @@ def _window_parts(
     used: int,
 ) -> tuple[tuple[Run, ...], np.ndarray]:
     """The runs and order of a window (O(window)), its first ``used`` samples left out."""
-    order = current.order(rank, worker, index, int((spans[1] - spans[0]).sum()))
+    size = int((spans[1] - spans[0]).sum())
+    order = current.order(rank, worker, index, size)
     if used:
         offsets = points(spans)
-        keep = np.sort(order[used:])
-        order = np.searchsorted(keep, order[used:])
+        # The kept samples ascending, and each one's place among them: a mask and its
+        # running count, O(window). Sorting what is kept and a searchsorted of the order in
+        # it give the same, and their cache misses dominate resuming in a big window.
+        kept = np.ones(size, dtype=bool)
+        kept[order[:used]] = False
+        keep = np.flatnonzero(kept)
+        order = (np.cumsum(kept, dtype=np.int64) - 1)[order[used:]]
         runs = current.runs(shift(from_points(offsets[keep]), start))
     order.setflags(write=False)
     return runs, order
