@@ -152,7 +152,9 @@ class Pass:
         current = layout.window(window)
         if used:
             offsets = points(current)
-            left = np.sort(self.order(rank, worker, window, offsets.size)[used:])
+            left = np.ones(offsets.size, dtype=bool)  # a mask, not a sort: O(window)
+            left[self.order(rank, worker, window, offsets.size)[:used]] = False
+            left = np.flatnonzero(left)
             current = from_points(offsets[left])
         starts, stops = concat([current, layout.after(window)])
         ascending = np.argsort(starts, kind="stable")
