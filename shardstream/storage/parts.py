@@ -14,7 +14,9 @@ Storage or a dataset made before ``fork`` works after it.
 
 from __future__ import annotations
 
+import collections
 import functools
+import statistics
 import sys
 import threading
 import time
@@ -76,6 +78,13 @@ __all__ = [
 #   A connection that carried that much is not capped below it, so a later GET that reads
 #   slower is slowed by this process's CPU or the server's, which parts would only load
 #   more (a server that copies the object for each GET copies it once more per part).
+# - Once the pool measured its connections (the latency and rate of its last GETs, LINK
+#   of them) and found them slow, a long read is cut up front, by the same rule, with no
+#   probe of its own: a probe holds the read to one connection for its first bytes and
+#   the latency of the parts cut after it, so each read of a slow link took about twice
+#   the time its parts need, and the bytes it holds (NOTE [ Read budget ]) stayed held
+#   that much longer. A pool proven fast, or whose reads carry FAST_CONNECTION together,
+#   probes as before.
 #   tools/bench_wan.py measures it.
 PART_MIN = 1 * 2**20
 PART_MAX = 8 * 2**20
@@ -85,6 +94,7 @@ PROBE = 2 * CHUNK  # its bytes before it may be cut (NOTE [ Reads in parts ])
 FAST_CONNECTION = 256 * 2**20  # bytes/s: a GET this fast is never cut
 FAST_PROOF = 4 * 2**20  # bytes a GET reads at FAST_CONNECTION before its pool cuts no more reads
 PART_LATENCIES = 2  # a part lasts about this many latencies at the measured rate
+LINK = 8  # the last GETs whose latency and rate a pool's up-front cuts go by
 GETS_IN_FLIGHT = 24  # a pool's long reads are cut only while they have fewer GETs in flight
 # A streamed read shorter than this is never cut (its rest after the probe is shorter than
 # two parts), so it is one plain GET read at once: no chunks, no probe, no buffer to fill.
@@ -119,6 +129,8 @@ class _Gets:
         self.count = 0
         self.streams: set[_Stream] = set()
         self.fast = False  # a GET was measured fast over FAST_PROOF bytes (NOTE [ Reads in parts ])
+        # (latency, rate) of the last GETs measured (NOTE [ Reads in parts ])
+        self.link: collections.deque[tuple[float, float]] = collections.deque(maxlen=LINK)
 
 
 class ReadPool:
@@ -170,6 +182,26 @@ class ReadPool:
 
     def proven_fast(self) -> None:
         self._gets.get().fast = True
+
+    def measured(self, stream: _Stream) -> None:
+        """Keep ``stream``'s latency and rate, where it measured both."""
+        rate = stream.rate()
+        if stream.latency is not None and rate is not None:
+            gets = self._gets.get()
+            with gets.lock:
+                gets.link.append((stream.latency, rate))
+
+    def link(self) -> tuple[float, float] | None:
+        """The median latency (s) and rate (bytes/s) of this pool's last GETs measured in
+        this process, or None before any (NOTE [ Reads in parts ])."""
+        gets = self._gets.peek()
+        if gets is None:
+            return None
+        with gets.lock:
+            link = list(gets.link)
+        if not link:
+            return None
+        return statistics.median(t for t, _ in link), statistics.median(r for _, r in link)
 
     def rate(self) -> float:
         """Bytes/s of this pool's long reads being read, together (NOTE [ Reads in parts ])."""
@@ -246,11 +278,15 @@ def read_long(
         else:
             wait_all([pool.submit(_read_part, io, path, part, size, sink, tell) for part in parts])
         return
-    stream = _Stream(io, path, rng, size, whole_object, tell)
+    planned = _planned(rng, pool) if pool is not None else [rng]  # cut up front: no probe
+    stream = _Stream(io, path, planned[0], size, whole_object and len(planned) == 1, tell)
     if pool is not None:
         pool.count_gets(1)
         pool.reading(stream, True)
     try:
+        if pool is not None and len(planned) > 1:
+            _read_cut(stream, planned, pool, sink)
+            return
         stream.read_to(min(rng.end, rng.start + PROBE), sink)
         if pool is None:
             stream.read_to(rng.end, sink)
@@ -261,22 +297,41 @@ def read_long(
             if not pool.fast and stream.carried(FAST_PROOF) >= FAST_CONNECTION:
                 pool.proven_fast()  # NOTE [ Reads in parts ]
             parts = _cut(ByteRange(stream.pos, rng.end), stream, pool)
-        if not parts:
-            return
-        later = [_submit_part(pool, stream, part, sink) for part in parts[1:]]
-        try:
-            stream.read_to(parts[0].end, sink)
-        except BaseException:
-            for future in later:
-                future.cancel()
-            wait(later)  # no thread still writes to the sink
-            raise
-        wait_all(later)
+        if parts:
+            _read_cut(stream, parts, pool, sink)
     finally:
         stream.close()
         if pool is not None:
             pool.reading(stream, False)
             pool.count_gets(-1)
+            pool.measured(stream)
+
+
+def _read_cut(stream: _Stream, parts: list[ByteRange], pool: ReadPool, sink: Sink) -> None:
+    """``parts[0]`` by ``stream``, the others in ``pool``'s threads at once."""
+    later = [_submit_part(pool, stream, part, sink) for part in parts[1:]]
+    try:
+        stream.read_to(parts[0].end, sink)
+    except BaseException:
+        for future in later:
+            future.cancel()
+        wait(later)  # no thread still writes to the sink
+        raise
+    wait_all(later)
+
+
+def _planned(rng: ByteRange, pool: ReadPool) -> list[ByteRange]:
+    """``rng`` cut up front where the pool's last GETs measured a slow link, as ``_cut``
+    would cut it after a probe (NOTE [ Reads in parts ]); else whole (it probes)."""
+    link = pool.link()
+    if link is None or pool.fast or link[1] >= FAST_CONNECTION or pool.rate() >= FAST_CONNECTION:
+        return [rng]
+    latency, rate = link
+    part = max(float(PART_MIN), rate * PART_LATENCIES * latency)
+    count = min(PARTS, pool.threads, GETS_IN_FLIGHT - pool.gets, -(-rng.length // int(part)))
+    if count < 2:
+        return [rng]
+    return split(rng, count, maximum=max(PART_MAX, -(-rng.length // count)))
 
 
 def _submit_part(pool: ReadPool, first: _Stream, part: ByteRange, sink: Sink) -> Future[None]:
@@ -324,6 +379,7 @@ def _stream_part(first: _Stream, part: ByteRange, sink: Sink, pool: ReadPool) ->
     finally:
         pool.reading(stream, False)
         stream.close()
+        pool.measured(stream)
 
 
 def _read_part(io: RetriedIO, path: str, part: ByteRange, size: int | None, sink: Sink, tell: Tell) -> None:
