@@ -690,16 +690,66 @@ def bench_deliver(args: argparse.Namespace) -> None:
     record(args, "tokens-deliver", {name: value / 1e6 for name, value in best.items()}, paired)
 
 
+def _options_deliver_wan(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("deliver-wan")
+    group.add_argument("--wan-shards", type=int, default=40, help="token shards on S3 (default: 40)")
+    group.add_argument(
+        "--wan-shard-tokens", type=float, default=4e6, help="tokens per shard on S3 (default: 4M, 8 MB)"
+    )
+
+
+OPTIONS.append(_options_deliver_wan)
+
+
+def _wan_corpus(url: str, shards: int, per_shard: int, options: dict[str, str]) -> None:
+    """``shards`` token shards of about ``per_shard`` uint16 tokens each (lognormal documents,
+    mean ~800 tokens) at ``url``, written straight to the store."""
+    import numpy as np
+
+    import shardstream
+
+    rng = np.random.default_rng(0)
+    with shardstream.ShardWriter(
+        url, format="tokens", shard_size=per_shard * 2, storage_options=options
+    ) as writer:
+        written, number = 0, 0
+        while written < shards * per_shard:
+            n = int(max(1, rng.lognormal(6.4, 0.9)))
+            writer.write({"__key__": f"{number:09d}", "tokens": rng.integers(0, 50000, n, dtype=np.uint16)})
+            written, number = written + n, number + 1
+
+
+def _wan_wire(client, bucket: str, prefix: str, shards: list, ranged: bool) -> int:  # type: ignore[no-untyped-def]
+    """Every byte of the shard files through the proxy, as tools/bench_matrix.py's wire:
+    whole objects in as many threads as shards (up to 16), or 8 MiB ranged GETs in 16
+    threads; the tokens read (uint16)."""
+    import concurrent.futures
+
+    part = 8 << 20
+    jobs = [
+        (f"{prefix}/{info.path}", lo, min(lo + part, info.bytes) - 1)
+        for info in shards
+        for lo in (range(0, info.bytes, part) if ranged else [0])
+    ]
+
+    def get(job: tuple[str, int, int]) -> int:
+        key, lo, hi = job
+        given = {"Range": f"bytes={lo}-{hi}"} if ranged else {}
+        return len(client.get_object(Bucket=bucket, Key=key, **given)["Body"].read())
+
+    with concurrent.futures.ThreadPoolExecutor(16 if ranged else min(16, len(jobs))) as pool:
+        return sum(pool.map(get, jobs)) // 2
+
+
 @section("deliver-wan")
 def bench_deliver_wan(args: argparse.Namespace) -> None:
     """Packed sequences from S3 behind the WAN proxy (moto, 30 ms before each request, 40 MB/s
-    per response) in one process (best_fit's bins recorded beside the shards), against the
-    wire: 16 threads of ranged boto3 GETs of the same shard files through the same proxy."""
-    import concurrent.futures
+    per response) in one process, shuffled, an epoch of many windows (best_fit's bins recorded
+    beside the shards), against the wire at its best in each round: the shard files as whole
+    objects in threads, or as 8 MiB ranged GETs in 16 threads (tools/bench_matrix.py's two)."""
     import time
 
     import boto3
-    import numpy as np
 
     import shardstream
     from shardstream.catalog import record_sequences
@@ -714,21 +764,12 @@ def bench_deliver_wan(args: argparse.Namespace) -> None:
     try:
         direct = {"endpoint_url": server.env["AWS_ENDPOINT_URL"], "key": server.env["AWS_ACCESS_KEY_ID"]}
         direct["secret"] = server.env["AWS_SECRET_ACCESS_KEY"]
-        url, rng = f"s3://{bucket}/tokens", np.random.default_rng(0)
-        per_shard = int(args.deliver_tokens) // 4
-        with shardstream.ShardWriter(
-            url, format="tokens", shard_size=per_shard * 2, storage_options=direct
-        ) as writer:
-            written, number = 0, 0
-            while written < args.deliver_tokens:
-                n = int(max(1, rng.lognormal(6.4, 0.9)))
-                writer.write(
-                    {"__key__": f"{number:09d}", "tokens": rng.integers(0, 50000, n, dtype=np.uint16)}
-                )
-                written, number = written + n, number + 1
+        url = f"s3://{bucket}/tokens"
+        _wan_corpus(url, args.wan_shards, int(args.wan_shard_tokens), direct)
         record_sequences(url, size, storage_options=direct)  # best_fit's bins beside the shards
         far = {**direct, "endpoint_url": proxy.endpoint}
-        manifest = shardstream.StreamingDataset(url, storage_options=far).manifest
+        probe = shardstream.StreamingDataset(url, seq_len=size, shuffle=True, seed=0, storage_options=far)
+        manifest, windows = probe.manifest, len(list(probe.make_plan(consume=False).worker_windows(0, 0)))
         client = boto3.client(
             "s3",
             endpoint_url=proxy.endpoint,
@@ -736,52 +777,48 @@ def bench_deliver_wan(args: argparse.Namespace) -> None:
             aws_secret_access_key=direct["secret"],
             region_name="us-east-1",
         )
-        part = 8 << 20
-
-        def wire() -> int:
-            jobs = [
-                (f"tokens/{info.path}", lo, min(lo + part, info.bytes) - 1)
-                for info in manifest.shards
-                for lo in range(0, info.bytes, part)
-            ]
-
-            def get(job: tuple[str, int, int]) -> int:
-                key, lo, hi = job
-                body = client.get_object(Bucket=bucket, Key=key, Range=f"bytes={lo}-{hi}")["Body"]
-                return len(body.read())
-
-            with concurrent.futures.ThreadPoolExecutor(16) as pool:
-                return sum(pool.map(get, jobs)) // 2  # uint16 tokens
 
         def ours(packing: str) -> int:
-            dataset = shardstream.StreamingDataset(url, seq_len=size, packing=packing, storage_options=far)
+            dataset = shardstream.StreamingDataset(
+                url, seq_len=size, packing=packing, shuffle=True, seed=0, storage_options=far
+            )
             return sum(sample["input_ids"].size for sample in dataset)
 
-        rates: dict[str, list[float]] = {"wire": [], "concat": [], "best_fit": []}
-        for _ in range(args.rounds):
-            for name in rates:
+        runs: dict[str, Callable[[], int]] = {
+            "whole objects": lambda: _wan_wire(client, bucket, "tokens", manifest.shards, ranged=False),
+            "ranged parts": lambda: _wan_wire(client, bucket, "tokens", manifest.shards, ranged=True),
+            "concat": lambda: ours("concat"),
+            "best_fit": lambda: ours("best_fit"),
+        }
+        rates: dict[str, list[float]] = {name: [] for name in runs}
+        for _ in range(args.rounds):  # paired rounds, each side by side
+            for name, run in runs.items():
                 start = time.perf_counter()
-                made = wire() if name == "wire" else ours(name)
+                made = run()
                 rates[name].append(made / (time.perf_counter() - start))
     finally:
         proxy.stop()
         server.stop()
+    wire = [max(a, b) for a, b in zip(rates["whole objects"], rates["ranged parts"], strict=True)]
+    tokens = sum(info.tokens or 0 for info in manifest.shards)
+    print(
+        f"{tokens / 1e6:.0f}M tokens in {len(manifest.shards)} shards of ~{args.wan_shard_tokens / 1e6:g}M "
+        f"(uint16, lognormal documents of mean ~800 tokens) on S3 (moto) behind the WAN proxy "
+        f"({LATENCY * 1000:.0f} ms, {BANDWIDTH / 1e6:.0f} MB/s per response), S={size}, shuffled, "
+        f"{windows} windows in the epoch, one process"
+    )
+    for name in ("whole objects", "ranged parts"):
+        print(f"the wire, {name:<14}            {statistics.median(rates[name]) / 1e6:8.1f} M tokens/s")
     paired: dict[str, float] = {}
-    print(
-        f"{int(args.deliver_tokens) / 1e6:.0f}M tokens in 4 shards on S3 behind the WAN proxy "
-        f"({LATENCY * 1000:.0f} ms, {BANDWIDTH / 1e6:.0f} MB/s per response), S={size}, one process"
-    )
-    print(
-        f"the wire (16 threads of 8 MiB ranged GETs) {statistics.median(rates['wire']) / 1e6:8.1f} M tokens/s"
-    )
     for name in ("concat", "best_fit"):
-        ratios = [a / b for a, b in zip(rates[name], rates["wire"], strict=True)]
+        ratios = [a / b for a, b in zip(rates[name], wire, strict=True)]
         print(
             f"shardstream {name:<9} with masks     {statistics.median(rates[name]) / 1e6:8.1f} M tokens/s   "
-            f"{statistics.median(ratios):.2f}x of the wire (median of paired rounds)"
+            f"{statistics.median(ratios):.2f}x of the wire (the better of the two in each round; median)"
         )
         paired[f"{name} / the wire"] = statistics.median(ratios)
     medians = {name: statistics.median(values) / 1e6 for name, values in rates.items()}
+    medians["wire"] = statistics.median(wire) / 1e6
     record(args, "tokens-deliver-wan", medians, paired)
 
 
