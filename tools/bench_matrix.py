@@ -2,7 +2,7 @@
 
     python tools/bench_matrix.py [--quick] [--where local,s3,wan] [--samples 250B,100KB,1MB,16MB]
         [--shards 8MB,32MB,128MB,512MB] [--shuffle no,yes] [--workers 1,2] [--corpus 256MB]
-        [--repeat 3] [--latency 0.03] [--bandwidth 40e6] [--record]
+        [--repeat 3] [--latency 0.03] [--bandwidth 40e6] [--server moto] [--record]
 
 A cell is a sample size x a shard size x shuffle or not x DataLoader workers (1: the
 dataset iterated in the process itself; 2 or more: ``shardstream.DataLoader`` with that
@@ -10,7 +10,11 @@ many workers, started within the timed epoch, as a training job's first epoch st
 them), on one storage:
 
 - local: tar shards in a temp folder on local disk;
-- s3: the same shards on moto's S3 server on 127.0.0.1 (loopback, a process of its own);
+- s3: the same shards on an S3 server on 127.0.0.1 (loopback, a process of its own):
+  moto's, or with ``--server seaweedfs`` SeaweedFS (``weed mini``, one at a time on a
+  machine: its admin ports are fixed). moto copies the whole object for every ranged GET,
+  which no real store does, so a reader that cuts its reads into parts pays a cost there
+  that it does not pay on a store; SeaweedFS serves a range as stores do;
 - wan: that server behind ``shardstream.testing.wanproxy`` (``--latency`` seconds before
   each request, each response at most ``--bandwidth`` bytes/s), as tools/bench_wan.py.
 
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import dataclasses
 import itertools
 import os
 import shutil
@@ -82,11 +87,15 @@ class Cell:
     shard: int
     shuffle: bool
     workers: int
+    server: str = "moto"  # the S3 server of s3 and wan cells
 
     @property
     def name(self) -> str:
         order = "shuffled" if self.shuffle else "in order"
-        return f"{self.where} {shown(self.sample)}/{shown(self.shard)} {order} w{self.workers}"
+        where = (
+            self.where if self.where == "local" or self.server == "moto" else f"{self.where}-{self.server}"
+        )
+        return f"{where} {shown(self.sample)}/{shown(self.shard)} {order} w{self.workers}"
 
 
 @dataclass
@@ -140,8 +149,30 @@ def corpus(store: Store, cell: Cell, total: int, work: str, written: dict[str, d
     litdata = os.path.join(work, f"litdata-{name}")
     if store.where == "local" and write_litdata(litdata, samples(count, cell.sample)):
         spec["litdata"] = litdata
+    elif store.where != "local" and litdata_chunks(litdata, samples(count, cell.sample), cell.shard):
+        direct = dataclasses.replace(store, endpoint=(store.direct or store.options or {})["endpoint_url"])
+        client, prefix = direct.client(), f"corpus/litdata-{name}"
+        for file in sorted(os.listdir(litdata)):
+            client.upload_file(os.path.join(litdata, file), BUCKET, f"{prefix}/{file}")
+        spec["litdata"] = f"s3://{BUCKET}/{prefix}"
+        shutil.rmtree(litdata, ignore_errors=True)
     written[url] = spec
     return spec
+
+
+def litdata_chunks(directory: str, items: Iterator[dict], chunk_bytes: int) -> bool:
+    """``items`` as LitData chunks of about ``chunk_bytes`` (the cell's shard size), or
+    False where litdata is not installed."""
+    try:
+        from litdata.streaming.writer import BinaryWriter
+    except ImportError:
+        return False
+    writer = BinaryWriter(directory, chunk_bytes=chunk_bytes)
+    for i, item in enumerate(items):
+        writer.add_item(i, item)
+    writer.done()
+    writer.merge(1)  # node_rank None: index.json itself, not a node's part of it
+    return True
 
 
 # -- the contenders ---------------------------------------------------------------------------
@@ -198,10 +229,34 @@ def wire_epoch(store: Store, spec: dict, ranged: bool) -> int:
         return sum(pool.map(get, items))
 
 
-def litdata_epoch(cell: Cell, spec: dict) -> int:
+_LITDATA_OPTIONS = ("endpoint_url", "aws_access_key_id", "aws_secret_access_key")
+
+
+def litdata_epoch(store: Store, cell: Cell, spec: dict) -> int:
+    """LitData's epoch; on S3 a cold one (a fresh cache dir), as shardstream's is."""
     import litdata
 
-    dataset = litdata.StreamingDataset(spec["litdata"], shuffle=cell.shuffle, seed=0)
+    if store.where == "local":
+        dataset = litdata.StreamingDataset(spec["litdata"], shuffle=cell.shuffle, seed=0)
+        return _litdata_bytes(litdata, dataset, cell)
+    import litdata.streaming.downloader as downloader
+    from bench_wan_runs import boto_kwargs
+
+    # its obstore client (its fast path) refuses an http:// endpoint without allow_http
+    downloader._OBSTORE_CLIENT_OPTIONS = {**downloader._OBSTORE_CLIENT_OPTIONS, "allow_http": "true"}
+    assert store.env is not None
+    options = {k: v for k, v in boto_kwargs(store.endpoint, store.env).items() if k in _LITDATA_OPTIONS}
+    cache = tempfile.mkdtemp(prefix="bench-matrix-litdata-")
+    try:
+        dataset = litdata.StreamingDataset(
+            spec["litdata"], shuffle=cell.shuffle, seed=0, cache_dir=cache, storage_options=options
+        )
+        return _litdata_bytes(litdata, dataset, cell)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def _litdata_bytes(litdata, dataset, cell: Cell) -> int:  # type: ignore[no-untyped-def]
     if cell.workers <= 1:
         return sum(len(sample["bin"]) for sample in dataset)
     loader = litdata.StreamingDataLoader(dataset, batch_size=8, num_workers=cell.workers, collate_fn=list)
@@ -216,7 +271,7 @@ def contenders(store: Store, cell: Cell, spec: dict) -> dict[str, Callable[[], i
         "ranged parts": lambda: wire_epoch(store, spec, ranged=True) / MB,
     }
     if "litdata" in spec:
-        out["litdata"] = lambda: litdata_epoch(cell, spec) / MB
+        out["litdata"] = lambda: litdata_epoch(store, cell, spec) / MB
     return out
 
 
@@ -235,32 +290,48 @@ class Result:
     def line(self) -> str:
         wire = self.ratio(["whole files", "ranged parts"])
         text = (
-            f"  {self.cell.name:<34} {self.rates.rate('shardstream'):>9,.0f} MB/s   / best wire {wire:.2f}x"
+            f"  {self.cell.name:<44} {self.rates.rate('shardstream'):>9,.0f} MB/s   / best wire {wire:.2f}x"
         )
         if "litdata" in self.rates.names:
             text += f"   / litdata {self.ratio(['litdata']):.2f}x"
-        return text
+        wires = ", ".join(f"{name} {self.rates.rate(name):,.0f}" for name in ("whole files", "ranged parts"))
+        return f"{text}   ({wires} MB/s)"
 
 
-def stores(where: list[str], work: str, latency: float, bandwidth: float, stack: list) -> dict[str, Store]:
+def s3_server(kind: str, stack: list) -> tuple[dict, dict]:
+    """An S3 server of ``kind`` (moto, seaweedfs) with the bucket: its storage options and
+    environment."""
+    if kind == "moto":
+        server = MotoProcess(BUCKET)
+        stack.append(server)
+        return server.options(), server.env
+    from shardstream.testing import SeaweedFS
+
+    seaweed = SeaweedFS()
+    stack.append(seaweed)
+    seaweed.start()
+    seaweed.create_bucket(BUCKET)
+    return seaweed.storage_options(), seaweed.env()
+
+
+def stores(
+    where: list[str], work: str, latency: float, bandwidth: float, stack: list, server: str = "moto"
+) -> dict[str, Store]:
     out = {}
     if "local" in where:
         out["local"] = Store("local", os.path.join(work, "local"))
     if "s3" in where or "wan" in where:
-        server = MotoProcess(BUCKET)
-        stack.append(server)
-        endpoint = server.env["AWS_ENDPOINT_URL"]
+        direct, env = s3_server(server, stack)
+        endpoint = direct["endpoint_url"]
         if "s3" in where:
-            out["s3"] = Store("s3", f"s3://{BUCKET}/corpus", server.options(), endpoint, server.env)
+            out["s3"] = Store("s3", f"s3://{BUCKET}/corpus", direct, endpoint, env)
         if "wan" in where:
             from bench_wan import ProxyProcess
 
             proxy = ProxyProcess(endpoint, latency, bandwidth)
             stack.append(proxy)
-            options = dict(server.options(), endpoint_url=proxy.endpoint)
-            out["wan"] = Store(
-                "wan", f"s3://{BUCKET}/corpus", options, proxy.endpoint, server.env, server.options()
-            )
+            options = dict(direct, endpoint_url=proxy.endpoint)
+            out["wan"] = Store("wan", f"s3://{BUCKET}/corpus", options, proxy.endpoint, env, direct)
     return out
 
 
@@ -269,11 +340,11 @@ def run(args: argparse.Namespace) -> list[Result]:
     stack: list = []
     results = []
     try:
-        where = stores(args.where, work, args.latency, args.bandwidth, stack)
+        where = stores(args.where, work, args.latency, args.bandwidth, stack, args.server)
         written: dict[str, dict] = {}
         for place, sample, shard in itertools.product(args.where, args.samples, args.shards):
             for shuffle, workers in itertools.product(args.shuffle, args.workers):
-                cell = Cell(place, sample, shard, shuffle, workers)
+                cell = Cell(place, sample, shard, shuffle, workers, args.server)
                 spec = corpus(where[place], cell, args.corpus, work, written)
                 result = Result(cell, measure(contenders(where[place], cell, spec), args.repeat))
                 print(result.line(), flush=True)
@@ -314,6 +385,9 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--latency", type=float, default=0.03)
     parser.add_argument("--bandwidth", type=float, default=40e6)
+    parser.add_argument(
+        "--server", choices=["moto", "seaweedfs"], default="moto", help="the S3 server of s3 and wan"
+    )
     parser.add_argument("--record", action="store_true", help="keep the ratios in docs/benchmarks.json")
     args = parser.parse_args()
     if args.quick:
