@@ -32,6 +32,19 @@ os.environ["TMPDIR"] = _SESSION_TMP
 tempfile.tempdir = _SESSION_TMP
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``-n 2 --dist loadgroup``), every test on SeaweedFS runs in one worker.
+
+    Only one ``weed mini`` runs per machine (NOTE [ SeaweedFS in tests ]) and a session
+    holds it to its end, so a second worker asking for it would wait out the first
+    worker's whole session.
+    """
+    for item in items:
+        if "seaweedfs" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("seaweedfs"))
+
+
 def pytest_unconfigure(config):
     import shutil
 
