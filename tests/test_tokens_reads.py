@@ -14,7 +14,7 @@ import shardstream
 import shardstream.storage.local as local_files
 from shardstream.catalog import record_sequences
 from shardstream.dataset import sequences
-from shardstream.dataset.sequence_reads import joined_runs, placed_runs, shared_shards
+from shardstream.dataset.sequence_reads import CHAIN_WINDOWS, joined_runs, placed_runs, shared_shards
 from shardstream.errors import FormatError
 from shardstream.formats.tokens import TokensIndex
 from shardstream.plan import Run, Window
@@ -109,10 +109,25 @@ def test_windows_lend_a_shard_every_other_window_and_never_one_they_borrowed():
     shared = [one for _, one in shared_shards(iter(windows), True)]
     assert [sorted(one.lends) for one in shared] == [[1], [], [2], []]
     assert [sorted(one.borrows) for one in shared] == [[], [1], [], [2]]
-    assert shared[1].before == tuple(windows[0].runs)
-    assert shared[0].after == tuple(windows[1].runs)
+    assert [sorted(one.keeps) for one in shared] == [[1], [], [2], []]
+    assert shared[1].runs == shared[0].runs == (Run(1, 0, 1), Run(1, 0, 1))
     alone = [one for _, one in shared_shards(iter(windows), False)]
     assert all(not one.lends and not one.borrows for one in alone)
+    unshuffled = [one for _, one in shared_shards(iter(windows), lambda window: window is not windows[1])]
+    assert [sorted(one.lends) for one in unshuffled] == [[], [], [2], []]
+
+
+def test_a_chained_shard_is_read_once_and_lent_along_every_window_that_holds_it():
+    windows = [
+        Window([Run(s, w, w + 1) for s in shards], np.arange(len(shards)))
+        for w, shards in enumerate(([0, 1], [1, 2], [1, 2], [1], [0, 2]))
+    ]
+    shared = [one for _, one in shared_shards(iter(windows), True, {1}.__contains__)]
+    assert [sorted(one.lends) for one in shared] == [[1], [2], [], [], []]
+    assert [sorted(one.borrows) for one in shared] == [[], [1], [1, 2], [1], []]
+    assert [sorted(one.keeps) for one in shared] == [[1], [1, 2], [1], [], []]
+    chain = (Run(1, 0, 1), Run(1, 1, 2), Run(1, 2, 3), Run(1, 3, 4))
+    assert all(tuple(one.of(frozenset({1}))) == chain for one in shared[:4])
 
 
 def test_sequence_runs_are_placed_in_the_document_runs_that_hold_them():
@@ -241,3 +256,23 @@ def test_a_corrupt_token_shard_fails_its_sequences(tmp_path):
         dataset = shardstream.StreamingDataset(url, seq_len=S, packing="best_fit", on_error=on_error)
         with pytest.raises(FormatError):
             list(dataset)
+
+
+def test_a_small_best_fit_shard_is_read_once_across_all_the_windows_that_hold_it(corpus, monkeypatch):
+    read: dict[str, int] = {}
+    plain = local_files.read_range
+
+    def counted(path: str, start: int, length: int, **kwargs):  # type: ignore[no-untyped-def]
+        if path.endswith(".tokens"):
+            read[path] = read.get(path, 0) + length
+        return plain(path, start, length, **kwargs)
+
+    monkeypatch.setattr(local_files, "read_range", counted)
+    dataset = shardstream.StreamingDataset(corpus, seq_len=S, packing="best_fit", seed=1, shuffle_window=16)
+    windows = list(dataset.make_plan(num_workers=1, consume=False).worker_windows(0, 0))
+    held = [sum(shard in w.shards for w in windows) for shard in range(7)]
+    assert 2 < max(held) <= CHAIN_WINDOWS  # one read of each shard, shared along its windows
+    same(list(dataset), expected(dataset, corpus, "best_fit"))
+    sizes = {str(pathlib.Path(corpus) / info.path): info.bytes for info in dataset.manifest.shards}
+    assert read
+    assert all(read[path] <= sizes[path] for path in read)

@@ -15,6 +15,7 @@ reads cut by its own index.
 
 from __future__ import annotations
 
+import collections
 import mmap
 import operator
 from collections.abc import Callable, Iterator, Sequence
@@ -38,19 +39,27 @@ from shardstream.tokens import SequenceRun
 __all__ = ["DocumentTokens", "SharedShards", "flat_tokens", "joined_runs", "placed_runs", "shared_shards"]
 
 # NOTE [ A shard read once across windows ]
-# A window of sequences holds runs of sequences of a few shards, and a shard's sequences
-# are often cut between two windows. The documents of a run of concat's or pad's sequences
-# lie together, so each window reads its part of the shard. A best-fit bin mixes documents
-# from all over its shard, so the documents of half a shard's bins are nearly all of its
-# documents: each of the two windows would read nearly the whole shard. So with best_fit a
-# window lends a shard to the window after it when both hold sequences of it: it reads the
-# documents of its own sequences and of the next window's of that shard at once, and the
-# next window reads none of that shard but takes those tokens (``SharedShards``). A window
-# never lends a shard it borrowed (it did not read it), so a shard cut between many windows
-# is read by every other one. Which tokens make each sequence is the same either way: a
-# document run is cut from the shard's tokens wherever it was read. The lent tokens stay
-# until the next window's sequences are built, after the lender's bytes went back to the
-# read budget: fewer bytes than the next window would have read of that shard itself.
+# A shuffled window of sequences holds runs of sequences of many shards, and the plan cuts
+# a shard's sequences between several consecutive windows. Each window reading its own part
+# of every shard costs a request per run, and the runs of a shuffled window are short; and
+# a best-fit bin mixes documents from all over its block, so the documents of a run of
+# bins are nearly all of the block's: every window holding bins of a shard would read
+# nearly the whole of it. So a shard's read is shared (``shared_shards``): the first
+# window holding its sequences reads the documents of its own sequences of that shard and
+# of the windows after it that hold some (one ranged read, where they touch), and those
+# windows read none of it but borrow those tokens. A window lends to the next window only,
+# and never a shard it borrowed (it did not read it), so a shard cut between many windows
+# is read by every other one; concat's and pad's windows lend only where they are
+# shuffled (an unshuffled window's pieces go on where the one before ended, NOTE [
+# Unshuffled windows in pieces ] in budget.py). A best-fit shard no larger than an
+# unshuffled piece of the read budget (``piece_limit``) is lent on along every window
+# after the reader that holds it, up to ``CHAIN_WINDOWS`` windows: its one read is about
+# what each of those windows would have read of it alone. Which tokens make each sequence
+# is the same either way: a document run is cut from the shard's tokens wherever it was
+# read. The lent tokens stay until the last window that borrows them is built, after the
+# reader's bytes went back to the read budget: at most the bytes the borrowers would have
+# read of that shard themselves (a best-fit chain), or one window's share (a lend to the
+# next window).
 
 
 class DocumentTokens:
@@ -144,40 +153,88 @@ class DocumentTokens:
 @dataclass(frozen=True, slots=True)
 class SharedShards:
     """What a window of sequences shares with its neighbours (NOTE [ A shard read once
-    across windows ]): the shards it ``borrows`` from the window ``before`` and those it
-    ``lends`` to the window ``after`` (their sequence runs, where it shares any)."""
+    across windows ]): the shards it ``borrows`` from a window before it, those it ``lends``
+    to the windows after it, those whose tokens it ``keeps`` for the window after it (lent
+    or borrowed), and ``runs``: the sequence runs of every shard it shares, in all the
+    windows that share that shard's read (its own runs too)."""
 
     borrows: frozenset[int]
     lends: frozenset[int]
-    before: tuple[Run, ...]
-    after: tuple[Run, ...]
+    keeps: frozenset[int]
+    runs: tuple[Run, ...]
+
+    def of(self, shards: frozenset[int]) -> list[Run]:
+        """``runs`` of ``shards``."""
+        return [run for run in self.runs if run.shard in shards]
 
 
-_ALONE = SharedShards(frozenset(), frozenset(), (), ())
+_ALONE = SharedShards(frozenset(), frozenset(), frozenset(), ())
+CHAIN_WINDOWS = 8  # the most windows that share one read of a shard (windows looked ahead)
 
 
-def shared_shards(windows: Iterator[Window], lending: bool) -> Iterator[tuple[Window, SharedShards]]:
-    """Each of ``windows`` with what it shares (nothing unless ``lending``); the window after
-    each is taken from ``windows`` before it is given."""
-    if not lending:
+def shared_shards(
+    windows: Iterator[Window],
+    lending: bool | Callable[[Window], bool],
+    chained: Callable[[int], bool] | None = None,
+) -> Iterator[tuple[Window, SharedShards]]:
+    """Each of ``windows`` with what it shares: nothing unless ``lending`` (or where it says
+    no of the window); a shard ``chained`` says yes of is lent on along every window after
+    the reader that holds sequences of it (up to ``CHAIN_WINDOWS`` in all), any other to
+    the next window only. The windows a read is shared with are taken from ``windows``
+    before the reader is given."""
+    if lending is False:
         yield from zip(windows, repeat(_ALONE))
         return
-    before: Window | None = None
-    borrows: frozenset[int] = frozenset()
-    window = next(windows, None)
-    while window is not None:
-        after = next(windows, None)
-        lends = frozenset(window.shards).intersection(after.shards if after is not None else ()) - borrows
-        yield (
-            window,
-            SharedShards(
-                borrows,
-                lends,
-                tuple(before.runs) if borrows and before is not None else (),
-                tuple(after.runs) if lends and after is not None else (),
-            ),
-        )
-        before, borrows, window = window, lends, after
+    lends = (lambda _: True) if lending is True else lending
+    ahead: collections.deque[tuple[Window, frozenset[int], bool]] = collections.deque()
+    # per window still to give, its number -> shard -> (borrowed, kept, runs of the read)
+    told: collections.defaultdict[int, dict[int, tuple[bool, bool, tuple[Run, ...]]]] = (
+        collections.defaultdict(dict)
+    )
+    number = 0
+    for window in windows:
+        ahead.append((window, frozenset(window.shards), lends(window)))
+        if len(ahead) == CHAIN_WINDOWS:
+            yield ahead[0][0], _share(ahead, told, number, chained)
+            ahead.popleft()
+            number += 1
+    while ahead:
+        yield ahead[0][0], _share(ahead, told, number, chained)
+        ahead.popleft()
+        number += 1
+
+
+def _share(
+    ahead: collections.deque[tuple[Window, frozenset[int], bool]],
+    told: collections.defaultdict[int, dict[int, tuple[bool, bool, tuple[Run, ...]]]],
+    number: int,
+    chained: Callable[[int], bool] | None,
+) -> SharedShards:
+    """What ``ahead[0]`` (window ``number``) shares: the reads it shares with the windows
+    after it decided now, those it borrows as decided before."""
+    window, _, lending = ahead[0]
+    mine = told.pop(number, {})
+    lent = set()
+    for shard in window.shards if lending else ():
+        if shard in mine:
+            continue  # borrowed: never read, so never the start of a read shared on
+        most = CHAIN_WINDOWS if chained is not None and chained(shard) else 2
+        last = 1
+        while last < min(most, len(ahead)) and ahead[last][2] and shard in ahead[last][1]:
+            last += 1
+        if last < 2:
+            continue
+        runs = tuple(run for held, _, _ in list(ahead)[:last] for run in held.runs if run.shard == shard)
+        lent.add(shard)
+        mine[shard] = (False, True, runs)
+        for after in range(1, last):
+            told[number + after][shard] = (True, after < last - 1, runs)
+    return SharedShards(
+        frozenset(shard for shard, (borrowed, _, _) in mine.items() if borrowed),
+        frozenset(lent),
+        frozenset(shard for shard, (_, kept, _) in mine.items() if kept),
+        tuple(run for _, _, runs in mine.values() for run in runs),
+    )
 
 
 def joined_runs(runs: list[tuple[int, SequenceRun]]) -> list[Run]:

@@ -14,8 +14,8 @@ sidecars at once (its best-fit sidecars beside them), so a window's sidecars cos
 round trip, taken in a fetch thread (one sidecar after another in the caller's thread
 left the wire idle that long). Its
 documents in run order are one flat token array per joined run, cut from its read
-(NOTE [ Tokens without documents ] in sequence_reads.py; with best_fit, runs read by the
-window before are taken from it, NOTE [ A shard read once across windows ]), and its
+(NOTE [ Tokens without documents ] in sequence_reads.py; runs read by a window before
+are taken from it, NOTE [ A shard read once across windows ]), and its
 sequences are built from those a block of rows at a time, in the sequence window's order
 (NOTE [ Building sequences ] in tokens/build.py). The document window keeps its documents
 in run order and is never cut in pieces, so every window read gives back one window of
@@ -32,13 +32,13 @@ import concurrent.futures
 import dataclasses
 import functools
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from shardstream.dataset.budget import in_pieces, piece_limit
+from shardstream.dataset.budget import DEFAULT_READ_BUDGET, in_pieces, piece_limit
 from shardstream.dataset.mixture_reader import MixtureReader
 from shardstream.dataset.reader import WindowReader
 from shardstream.dataset.sequence_reads import (
@@ -224,10 +224,9 @@ class SequenceReader:
     def stream(self, windows: Iterator[Window]) -> Iterator[tuple[Window, WindowSequences, bool]]:
         """``(window, sequences, False)`` for each window of sequences, in yield order."""
         pending: collections.deque[tuple[Window, Window, dict[str, Any]]] = collections.deque()
-        lending = self.packing.mode == "best_fit"  # NOTE [ A shard read once across windows ]
 
         def documents() -> Iterator[Window]:
-            for window, shared in shared_shards(self._in_pieces(windows), lending):
+            for window, shared in shared_shards(self._in_pieces(windows), *self._sharing()):
                 made: dict[str, Any] = {}
                 laid = Window.lazy(window.shards, functools.partial(self._documents, window, shared, made))
                 pending.append((window, laid, made))
@@ -239,7 +238,7 @@ class SequenceReader:
         read = (
             DocumentTokens(self.reader, self.shards.streams, early).stream if tokens else self.reader.stream
         )
-        lent: dict[Run, np.ndarray] = {}  # the tokens of the document runs the last window lent
+        lent: dict[Run, np.ndarray] = {}  # the tokens of the document runs kept for the next window
         for _, docs, holes in read(documents()):
             window, laid, made = pending.popleft()
             if holes:
@@ -249,13 +248,28 @@ class SequenceReader:
             joined = list(laid.runs)  # laid out by its fetch
             flats = docs if tokens else _flat_tokens(joined, docs)
             del docs
-            lends = made["shared"].lends
-            kept = {run: flat for run, flat in zip(joined, flats, strict=True) if run.shard in lends}
             borrowed = made["borrowed"]
             flats = [*flats, *(lent[run] for run in borrowed)]
-            lent = kept
-            sequences = WindowSequences(self, window.order, made["placed"], [*joined, *borrowed], flats)
+            keeps = made["shared"].keeps
+            every = [*joined, *borrowed]
+            lent = {run: flat for run, flat in zip(every, flats, strict=True) if run.shard in keeps}
+            sequences = WindowSequences(self, window.order, made["placed"], every, flats)
             yield window, sequences, False
+
+    def _sharing(self) -> tuple[Any, Any]:
+        """What ``shared_shards`` takes (NOTE [ A shard read once across windows ]): best-fit
+        windows lend, concat's and pad's where they are shuffled (an unshuffled window's
+        next piece goes on where it ends); a best-fit shard no larger than an unshuffled
+        piece is lent on along all the windows after that hold it (one dataset read)."""
+        if self.packing.mode != "best_fit":
+            return (lambda window: not window.in_run_order), None
+        reader = self.reader
+        if not isinstance(reader, WindowReader):
+            return True, None
+        budget = DEFAULT_READ_BUDGET if reader.budget is None else reader.budget.limit
+        limit = piece_limit(budget, cached=reader.storage.cached)
+        small = frozenset(n for n, info in enumerate(reader.manifest.shards) if info.bytes <= limit)
+        return True, small.__contains__
 
     def _in_pieces(self, windows: Iterator[Window]) -> Iterator[Window]:
         """``windows``, those in run order in pieces as the reader's budget takes them (NOTE
@@ -276,22 +290,21 @@ class SequenceReader:
         self, window: Window, shared: SharedShards, made: dict[str, Any]
     ) -> tuple[tuple[Run, ...], np.ndarray]:
         """The document runs that ``window`` reads, in run order: those of its sequence runs
-        but of the shards it borrows, and those of the next window's sequences of the shards
-        it lends (NOTE [ A shard read once across windows ]). ``made["borrowed"]``: the
-        document runs the window before read for it; ``made["placed"]``: where each of its
-        sequence runs is among its runs and those."""
+        of the shards it shares with no other window, and those of all the sequences of the
+        windows it lends a shard to (NOTE [ A shard read once across windows ]).
+        ``made["borrowed"]``: the document runs a window before read for it;
+        ``made["placed"]``: where each of its sequence runs is among its runs and those."""
         self._fit_sidecars(window.shards)
         made["shared"] = shared
 
-        def laid(runs: Iterator[Run]) -> list[tuple[int, SequenceRun]]:
+        def laid(runs: Iterable[Run]) -> list[tuple[int, SequenceRun]]:
             return [(run.shard, self.layout(run.shard).run(run.start, run.stop)) for run in runs]
 
-        own = laid(iter(window.runs))
-        borrows, lends = shared.borrows, shared.lends
-        read = [run for run in own if run[0] not in borrows]
-        joined = joined_runs(read + laid(run for run in shared.after if run.shard in lends))
-        before = laid(run for run in shared.before if run.shard in borrows)
-        made["borrowed"] = joined_runs(before + [run for run in own if run[0] in borrows])
+        own = laid(window.runs)
+        borrows, shared_ones = shared.borrows, shared.borrows | shared.lends
+        read = [run for run in own if run[0] not in shared_ones]
+        joined = joined_runs(read + laid(shared.of(shared.lends)))
+        made["borrowed"] = joined_runs(laid(shared.of(borrows)))
         made["placed"] = placed_runs(own, [*joined, *made["borrowed"]])
         return tuple(joined), np.arange(sum(len(r) for r in joined), dtype=np.int64)
 
