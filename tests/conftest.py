@@ -32,19 +32,6 @@ os.environ["TMPDIR"] = _SESSION_TMP
 tempfile.tempdir = _SESSION_TMP
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (``-n 2 --dist loadgroup``), every test on SeaweedFS runs in one worker.
-
-    Only one ``weed mini`` runs per machine (NOTE [ SeaweedFS in tests ]) and a session
-    holds it to its end, so a second worker asking for it would wait out the first
-    worker's whole session.
-    """
-    for item in items:
-        if "seaweedfs" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("seaweedfs"))
-
-
 def pytest_unconfigure(config):
     import shutil
 
@@ -80,12 +67,15 @@ def s3(moto_server, monkeypatch):
     return f"s3://{bucket}", moto_server.storage_options()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def seaweedfs():
-    """A SeaweedFS S3 server (``weed mini``) for the whole session; yields the server.
+    """A SeaweedFS S3 server (``weed mini``) for one test; yields the server.
 
     Only one runs per machine at a time (fixed internal ports; see shardstream/testing.py),
-    so starting it may wait for another test session to finish with it. Tests make
+    so starting it may wait for another test to finish with it. One per test, not per
+    session: under pytest-xdist (the test command's ``-n 2``) a session-wide server would
+    make the other worker's SeaweedFS tests wait out this worker's whole session, and a
+    start and stop take a few seconds. Tests make
     their own bucket with ``seaweedfs.create_bucket`` and pass
     ``seaweedfs.storage_options()``.
     """
