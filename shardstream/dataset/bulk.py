@@ -18,7 +18,10 @@
 # where its bytes end; anything else (leading whitespace, a non-ASCII column, a NUL, a bad
 # value) falls back to ``json.loads`` per value, so the values are always those
 # ``json.loads`` gives. Typed Parquet values (not bytes)
-# pass through without a call per value.
+# pass through without a call per value. Which values are bytes to decode and which typed
+# values to pass is read off their types, unless the format says it of the whole column
+# (``SampleColumns.kinds``: a tar member is always bytes, a typed Parquet column never):
+# then no value's type is looked at, a pass over each column of every chunk saved.
 # Errors are exactly those of ``SampleDecoder.__call__``: a failing column is redone value
 # by value to find which sample failed; a sample keeps the error of its first failing
 # field (dict order), with the same message, and only that sample is skipped with
@@ -166,7 +169,7 @@ def decode_columns(
     """``decode_samples(decoder, columns.samples())`` without building the undecoded
     samples: each column decoded, then each sample's dict built once. The columns'
     field names are distinct (``SampleColumns.samples`` keeps a repeated one's last value)."""
-    return ColumnDecoding.of(decoder, columns.fields, url, shard)(columns.keys, columns.values)
+    return ColumnDecoding.of(decoder, columns.fields, url, shard)(columns.keys, columns.values, columns.kinds)
 
 
 @dataclass(slots=True)
@@ -239,11 +242,11 @@ def _column_chunks(
     window: Any,
     reader: Any,
 ) -> Iterator[Any]:
-    keys, values = columns.keys, columns.values
+    keys, values, kinds = columns.keys, columns.values, columns.kinds
     decode = ColumnDecoding.of(decoder, columns.fields, decoding.url, None)  # once per window
 
     def chunk(lo: int) -> Iterator[Any]:
-        decoded, errors = decode(keys[lo : lo + CHUNK], [column[lo : lo + CHUNK] for column in values])
+        decoded, errors = decode(keys[lo : lo + CHUNK], [column[lo : lo + CHUNK] for column in values], kinds)
         return _yielded(
             decoding, decoded, errors, itertools.islice(ordered, len(decoded)), window, reader, lo
         )

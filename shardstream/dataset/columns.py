@@ -19,6 +19,7 @@ from shardstream.dataset.decode import (
 )
 from shardstream.errors import ShardstreamError
 from shardstream.formats.base import sample_builder
+from shardstream.formats.samples import BYTES_COLUMN, TYPED_COLUMN, UNKNOWN_COLUMN
 
 __all__ = ["ColumnDecoding", "Errors", "decode_column", "raw_column"]
 
@@ -45,17 +46,39 @@ class ColumnDecoding:
         functions = tuple(map(decoder.lookup, fields))
         return cls(decoder, fields, functions, sample_builder(fields), url, shard)
 
-    def __call__(self, keys: list[str], values: list[list[Any]]) -> tuple[list[Any], Errors]:
+    def __call__(
+        self, keys: list[str], values: list[list[Any]], kinds: tuple[str, ...] = ()
+    ) -> tuple[list[Any], Errors]:
+        """The samples of ``keys`` and ``values`` (a column per field) decoded, and the
+        error of each that failed; ``kinds``: what the format knows of each column's
+        types (``SampleColumns.kinds``), which spares looking at every value's."""
         errors: Errors = {}
         decoded = [
-            raw_column(column)
-            if function is None
-            else decode_column(
-                self.decoder, function, name, column, keys.__getitem__, errors, self.url, self.shard
-            )
-            for name, function, column in zip(self.fields, self.functions, values, strict=True)
+            self._column(number, kinds[number] if kinds else UNKNOWN_COLUMN, column, keys, errors)
+            for number, column in enumerate(values)
         ]
         return list(map(self.build, keys, *decoded)), errors
+
+    def _column(
+        self, number: int, kind: str, column: list[Any], keys: list[str], errors: Errors
+    ) -> list[Any]:
+        function = self.functions[number]
+        if kind == TYPED_COLUMN or (function is None and kind == BYTES_COLUMN):
+            return column  # nothing to decode, no memoryview to make bytes of
+        if function is None:
+            return raw_column(column)
+        name = self.fields[number]
+        return decode_column(
+            self.decoder,
+            function,
+            name,
+            column,
+            keys.__getitem__,
+            errors,
+            self.url,
+            self.shard,
+            all_bytes=kind == BYTES_COLUMN,
+        )
 
 
 def raw_column(values: list[Any]) -> list[Any]:
@@ -74,10 +97,13 @@ def decode_column(
     errors: Errors,
     url: str | None,
     shard: str | None,
+    *,
+    all_bytes: bool = False,
 ) -> list[Any]:
     """One field's values decoded (``key_of(position)``: the key of the sample at that
-    position); the errors of failing samples go into ``errors`` (a sample's first error is kept)."""
-    kinds = set(map(type, values))
+    position); the errors of failing samples go into ``errors`` (a sample's first error is
+    kept). ``all_bytes``: every value is known to be a ``bytes``, so no value's type is looked at."""
+    kinds = _ONLY_BYTES if all_bytes else set(map(type, values))
     fast = column_form(function)  # None for pickle: refused or not, value by value below
     if fast is not None and kinds == _ONLY_BYTES:
         try:

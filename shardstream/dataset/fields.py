@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from shardstream.formats.base import Sample, SampleColumns
+from shardstream.formats.samples import TYPED_COLUMN
 
 __all__ = ["with_all_fields", "with_all_fields_one"]
 
@@ -30,8 +31,9 @@ def with_all_fields(
         if not missing:
             return part
         rows = len(part.keys)
+        kinds = part.kinds and part.kinds + (TYPED_COLUMN,) * len(missing)  # None is no bytes
         return SampleColumns(
-            part.fields + tuple(missing), part.keys, [*part.values, *([None] * rows for _ in missing)]
+            part.fields + tuple(missing), part.keys, [*part.values, *([None] * rows for _ in missing)], kinds
         )
     for sample in part:
         if sample is not None:

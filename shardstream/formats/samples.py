@@ -17,6 +17,11 @@ from shardstream.types import ByteRange
 
 Sample = dict[str, Any]
 
+# What ``SampleColumns.kinds`` knows of a column: every value is a ``bytes`` (a tar
+# member), no value is bytes-like (a typed Parquet column: ``str``, ``int``, ``None``...),
+# or nothing (the values' types must be looked at).
+BYTES_COLUMN, TYPED_COLUMN, UNKNOWN_COLUMN = "bytes", "typed", ""
+
 
 @dataclass(slots=True)
 class SampleColumns:
@@ -29,9 +34,17 @@ class SampleColumns:
     fields: tuple[str, ...]
     keys: list[str]
     values: list[list[Any]]
+    # per column, what its format knows of its values' types (BYTES_COLUMN, TYPED_COLUMN or
+    # UNKNOWN_COLUMN), so that a decoder need not look at every value to tell bytes to
+    # decode from typed values to pass through; empty: nothing known of any column
+    kinds: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.keys)
+
+    def kind(self, column: int) -> str:
+        """What is known of column ``column``'s values (``UNKNOWN_COLUMN`` where nothing is)."""
+        return self.kinds[column] if self.kinds else UNKNOWN_COLUMN
 
     def samples(self) -> list[Sample]:
         return list(map(sample_builder(self.fields), self.keys, *self.values))
@@ -42,6 +55,7 @@ class SampleColumns:
             self.fields,
             list(map(self.keys.__getitem__, positions)),
             [list(map(column.__getitem__, positions)) for column in self.values],
+            self.kinds,
         )
 
     @staticmethod
@@ -55,7 +69,11 @@ class SampleColumns:
         values = [
             list(chain.from_iterable(part.values[f] for part in parts)) for f in range(len(parts[0].fields))
         ]
-        return SampleColumns(parts[0].fields, keys, values)
+        kinds = tuple(
+            parts[0].kind(f) if all(part.kind(f) == parts[0].kind(f) for part in parts) else UNKNOWN_COLUMN
+            for f in range(len(parts[0].fields))
+        )
+        return SampleColumns(parts[0].fields, keys, values, kinds)
 
 
 def check_covers_all(

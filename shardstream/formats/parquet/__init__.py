@@ -290,7 +290,8 @@ def _rows_at(
         columns = [values_of(table.column(n), n in typed, wanted.get(n)) for n in names]
     except _arrow_errors() as error:
         raise FormatError(f"cannot decode {len(rows)} rows: {error}", shard=name) from None
-    return SampleColumns(tuple(names), index.keys_at(rows), columns)
+    values = [column for column, _ in columns]
+    return SampleColumns(tuple(names), index.keys_at(rows), values, tuple(kind for _, kind in columns))
 
 
 def _taken(table: pa.Table, taken: np.ndarray) -> pa.Table:

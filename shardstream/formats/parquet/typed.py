@@ -35,6 +35,7 @@ from typing import Any
 import pyarrow as pa
 
 from shardstream.errors import PackError, shown
+from shardstream.formats.samples import BYTES_COLUMN, TYPED_COLUMN, UNKNOWN_COLUMN
 
 EXTENSION_KEY = b"shardstream.extension"
 _TEXT = frozenset({"txt", "text", "transcript", "caption", "md"})
@@ -108,15 +109,31 @@ def as_bytes(column: pa.ChunkedArray) -> list[Any]:
     return list(map(str.encode, values)) if None not in values else [v and v.encode() for v in values]
 
 
-def values_of(column: pa.ChunkedArray, typed: bool, wanted: str | None) -> list[Any]:
+def values_of(column: pa.ChunkedArray, typed: bool, wanted: str | None) -> tuple[list[Any], str]:
     """A column's values for a reader: a typed column as its bytes (``as_bytes``), or as it
     is where ``wanted`` names its kind ("text", "integer": the reader's decoder would make
-    the same values of the bytes); any other column as it is."""
-    if not typed:
-        return column.to_pylist()
+    the same values of the bytes); any other column as it is. And what is known of their
+    types (``SampleColumns.kinds``)."""
     kind = column.type
-    if (wanted == "integer" and pa.types.is_integer(kind)) or (
-        wanted == "text" and (pa.types.is_string(kind) or pa.types.is_large_string(kind))
+    if (
+        not typed
+        or (wanted == "integer" and pa.types.is_integer(kind))
+        or (wanted == "text" and _text_type(kind))
     ):
-        return column.to_pylist()
-    return as_bytes(column)
+        return column.to_pylist(), _kind_of(kind, column.null_count)
+    return as_bytes(column), BYTES_COLUMN if not column.null_count else UNKNOWN_COLUMN
+
+
+def _text_type(kind: pa.DataType) -> bool:
+    return bool(pa.types.is_string(kind) or pa.types.is_large_string(kind))
+
+
+def _kind_of(kind: pa.DataType, nulls: int) -> str:
+    """What ``to_pylist`` of a column of type ``kind`` with ``nulls`` nulls gives: bytes
+    alone (a binary column without nulls), no bytes-like value at all (text, numbers,
+    booleans: a null is None), or either (any other type: a dictionary or extension
+    type may hold bytes)."""
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind):
+        return BYTES_COLUMN if not nulls else UNKNOWN_COLUMN
+    plain = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean, _text_type)
+    return TYPED_COLUMN if any(test(kind) for test in plain) else UNKNOWN_COLUMN

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from shardstream.formats.base import Sample, SampleColumns, run_positions, sample_builder
+from shardstream.formats.samples import BYTES_COLUMN
 from shardstream.formats.tar.header import BLOCK as HEADER_BLOCK
 from shardstream.formats.tar.index import TarIndex
 from shardstream.formats.tar.members import check_uncompressed
@@ -104,7 +105,7 @@ def tar_runs(
     if values is None:  # members out of order in the shard: sliced one by one
         cut = _Cutter(data)
         values = cut(*index.member_spans_at(members, base - cut.offset))
-    return SampleColumns(uniform, keys, [values[f::k] for f in range(k)])
+    return SampleColumns(uniform, keys, [values[f::k] for f in range(k)], (BYTES_COLUMN,) * k)
 
 
 def _unpacked(data: bytes | memoryview, starts: np.ndarray, sizes: np.ndarray) -> list[bytes] | None:
