@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import mmap
 import operator
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -78,16 +79,43 @@ class DocumentTokens:
         its shards' other sidecars)."""
         self.reader, self.streams, self.beside = reader, streams, beside
         self.prefetch, self.budget = reader.prefetch, reader.budget
+        self.turns = _Turns()
+        self.numbers: dict[int, int] = {}  # id of a window given -> its number
 
     def stream(self, windows: Iterator[Any]) -> Iterator[tuple[Any, list[np.ndarray], bool]]:
         """``(window, tokens of each run, holes)`` for each window of documents."""
-        return prefetched(self, windows)
+        return prefetched(self, self._numbered(windows))
+
+    def _numbered(self, windows: Iterator[Any]) -> Iterator[Any]:
+        for number, window in enumerate(windows):
+            self.numbers[id(window)] = number
+            yield window
 
     def fetch(
         self,
         window: Any,
         take: Callable[[int], None] | None = None,
         tell: Callable[[int], None] | None = None,
+    ) -> Any:
+        """``window``'s bytes, its sidecars read once the window before it has its own
+        (NOTE [ Sidecars in turn ])."""
+        number = self.numbers.pop(id(window), None)
+        if number is None or take is None:
+            return self._fetch(window, take, tell)
+        self.turns.wait(number)
+        given = take
+
+        def taking(size: int) -> None:
+            self.turns.done(number)
+            given(size)
+
+        try:
+            return self._fetch(window, taking, tell)
+        finally:
+            self.turns.done(number)
+
+    def _fetch(
+        self, window: Any, take: Callable[[int], None] | None, tell: Callable[[int], None] | None
     ) -> Any:
         if self.beside is None:
             return self.reader.fetch(window, take, tell)
@@ -147,7 +175,42 @@ class DocumentTokens:
         self.reader.hold(prefetcher)
 
     def close(self) -> None:
+        self.turns.close()
         self.reader.close()
+
+
+# NOTE [ Sidecars in turn ]
+# A stream's first windows are fetched at once, each first reading its shards' sidecars
+# (sample indexes, best-fit bins), then its bytes. Left to themselves, the sidecar GETs of
+# all the windows ahead share the connections with the first window's, whose bytes then
+# wait for the sidecars of windows long after it. So a window's fetch reads its sidecars
+# only once the window before it has all of its own (it asks the read budget for its
+# bytes then): its sidecars come beside the earlier window's bytes, never before them.
+# Once a stream runs, a window's sidecars are long in when its turn comes.
+
+
+class _Turns:
+    """Numbered fetches let through one after another up to a point (``done``)."""
+
+    def __init__(self) -> None:
+        self.turn, self.closed = 0, False
+        self.cond = threading.Condition()
+
+    def wait(self, number: int) -> None:
+        with self.cond:
+            while not self.closed and self.turn < number:
+                self.cond.wait()
+
+    def done(self, number: int) -> None:
+        with self.cond:
+            if self.turn <= number:
+                self.turn = number + 1
+                self.cond.notify_all()
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
 
 
 @dataclass(frozen=True, slots=True)
