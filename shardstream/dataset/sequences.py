@@ -31,6 +31,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import functools
+import itertools
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -260,9 +261,12 @@ class SequenceReader:
         """What ``shared_shards`` takes (NOTE [ A shard read once across windows ]): best-fit
         windows lend, concat's and pad's where they are shuffled (an unshuffled window's
         next piece goes on where it ends); a best-fit shard no larger than an unshuffled
-        piece is lent on along all the windows after that hold it (one dataset read)."""
+        piece is lent on along all the windows after that hold it (one dataset read). A
+        stream's first window of concat or pad lends nothing: its samples wait for all its
+        reads, and those of the next window would only hold up the first sample."""
         if self.packing.mode != "best_fit":
-            return (lambda window: not window.in_run_order), None
+            given = itertools.count()
+            return (lambda window: next(given) > 0 and not window.in_run_order), None
         reader = self.reader
         if not isinstance(reader, WindowReader):
             return True, None
