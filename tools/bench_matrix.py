@@ -29,7 +29,8 @@ installed. Rates are MB/s of sample bytes; each contender runs once untimed, the
 ``--repeat`` rounds in rotating order, and a ratio is the median of per-round ratios (as
 in tools/bench_stream.py). ``--quick`` runs a small subset (250 B and 1 MB samples in 8 MB
 shards, each order, 1 and 2 workers, 16 MB a cell, one round) in a few minutes on a 2-core
-machine. ``--record`` keeps the cells' ratios in docs/benchmarks.json (claim ``matrix``;
+machine. ``--record`` keeps the cells' ratios in docs/benchmarks.json (claim ``matrix``, or
+``matrix-seaweedfs`` for a run on SeaweedFS;
 tools/bench_report.py draws them into docs/benchmarks.md).
 """
 
@@ -364,7 +365,9 @@ def recorded(results: list[Result], command: str) -> None:
         f"{r.cell.name} / litdata": r.ratio(["litdata"]) for r in results if "litdata" in r.rates.names
     }
     rates = "; ".join(f"{r.cell.name} {r.rates.rate('shardstream'):,.0f}" for r in results)
-    record("matrix", command, {}, ratios={**ratios, **litdata}, note=f"shardstream MB/s by cell: {rates}.")
+    seaweed = any(r.cell.server == "seaweedfs" and r.cell.where != "local" for r in results)
+    claim = "matrix-seaweedfs" if seaweed else "matrix"
+    record(claim, command, {}, ratios={**ratios, **litdata}, note=f"shardstream MB/s by cell: {rates}.")
 
 
 def main() -> int:
