@@ -18,8 +18,6 @@ import pytest
 
 from shardstream.testing import MotoServer, SeaweedFS
 
-_SESSION_PIDS: set[int] = set()
-
 # Each test session gets a private temp dir, so the leak check below sees only what this
 # session made (other sessions on the machine make shardstream-* temp files too), and
 # subprocesses (the CLI, torchrun) inherit it through TMPDIR.
@@ -81,7 +79,6 @@ def seaweedfs():
     """
     server = SeaweedFS()
     server.start()
-    register_session_pid(server.pid)
     try:
         yield server
     finally:
@@ -149,7 +146,7 @@ def _no_leaks(request):
     for t in deadline_threads:
         t.join(timeout=5)
     leaked_threads = [t.name for t in deadline_threads if t.is_alive()]
-    leaked_children = _child_pids() - children_before - _SESSION_PIDS - _multiprocessing_helpers()
+    leaked_children = _child_pids() - children_before - _multiprocessing_helpers()
     leaked_temps = _temp_entries() - temps_before
     problems = []
     if leaked_threads:
@@ -160,8 +157,3 @@ def _no_leaks(request):
         problems.append(f"temp files {sorted(leaked_temps)}")
     if problems:
         pytest.fail("test leaked " + ", ".join(problems), pytrace=False)
-
-
-def register_session_pid(pid: int) -> None:
-    """Session-scoped servers (SeaweedFS) register their pid so the leak check allows it."""
-    _SESSION_PIDS.add(pid)

@@ -192,12 +192,11 @@ def test_index_refuses_a_part_whose_overwrite_was_interrupted(tmp_path):
 # -- M5: claims that could never run out ----------------------------------------------
 
 
-def raw_claim(lease: str = "60.0", renewed: str | None = None) -> bytes:
-    renewed = repr(time.time()) if renewed is None else renewed
-    if (
-        renewed == "an hour from now"
-    ):  # made here: a parameter that differs per collection breaks pytest-xdist
-        renewed = repr(time.time() + 3600)
+def raw_claim(lease: str = "60.0", renewed: str | float | None = None) -> bytes:
+    """A claim's JSON; ``renewed`` a float is seconds from now (made here, not at collection:
+    pytest-xdist's workers must collect the same parameters)."""
+    if renewed is None or isinstance(renewed, float):
+        renewed = repr(time.time() + (renewed or 0.0))
     text = f'{{"run": "{"ab" * 8}", "host": "another-machine", "pid": 1, "lease": {lease}, "renewed": {renewed}}}'
     return text.encode()
 
@@ -213,7 +212,7 @@ def raw_claim(lease: str = "60.0", renewed: str | None = None) -> bytes:
         ("1e9", None),
         ("0.01", None),
         ("60.0", "1e300"),
-        ("60.0", "an hour from now"),
+        ("60.0", 3600.0),  # renewed an hour from now
     ],
 )
 def test_an_impossible_claim_is_taken_over_with_a_warning(tmp_path, caplog, lease, renewed):

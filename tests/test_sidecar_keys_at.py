@@ -34,3 +34,11 @@ def test_at_gives_the_rows_strings(rows: list[int]) -> None:
     assert got == [KEYS[r] for r in rows]
     got.append("x")  # a list of its own: the table's strings stay as they are
     assert table.strings() == KEYS
+
+
+@pytest.mark.parametrize("rows", [[50, 51, 52, 53], [51, 52], [60, 61]])
+def test_rows_past_the_table_raise_and_never_come_back_short(rows: list[int]) -> None:
+    """Consecutive rows that run past the table are no slice: a slice would give fewer keys
+    than rows, and a sample's values would lose their keys silently."""
+    with pytest.raises(IndexError):
+        _table().at(np.array(rows, dtype=np.int64))

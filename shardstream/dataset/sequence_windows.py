@@ -117,8 +117,8 @@ def _samples(arrays: dict[str, np.ndarray], streams: np.ndarray | None) -> list[
 
 def _dicts(names: tuple[str, ...], columns: list[np.ndarray]) -> list[dict[str, Any]]:
     """A dict per row of ``columns``, ``names[i]`` holding that row of ``columns[i]``: dict
-    displays for input_ids and labels alone and for all five arrays (a dict made from a zip
-    of names and row costs about twice as much per row), a zip for the other choices."""
+    displays for input_ids and labels alone and for all five arrays (the usual choices; a
+    display costs less per row than a dict made from a zip), a zip for the other choices."""
     if len(names) == 2:
         a, b = names
         return [{a: x, b: y} for x, y in zip(*columns, strict=True)]

@@ -138,8 +138,13 @@ class StringTable:
         run of samples read in order, the usual case), which makes no int per row."""
         strings = self.strings()
         count = len(rows)
-        if count > 1 and int(rows[-1]) - int(rows[0]) == count - 1 and bool((np.diff(rows) == 1).all()):
-            return strings[int(rows[0]) : int(rows[0]) + count]
+        if count > 1:
+            first, last = int(rows[0]), int(rows[-1])
+            # only rows inside the table: a slice past its end would come back short, where
+            # a row's own lookup raises
+            inside = first >= 0 and last < len(strings)
+            if inside and last - first == count - 1 and bool((np.diff(rows) == 1).all()):
+                return strings[first : last + 1]
         return list(map(strings.__getitem__, rows.tolist()))
 
     def sections(self) -> tuple[bytes, bytes]:
