@@ -100,8 +100,13 @@ class DocumentTokens:
         """``window``'s bytes, its sidecars read once the window before it has its own
         (NOTE [ Sidecars in turn ])."""
         number = self.numbers.pop(id(window), None)
-        if number is None or take is None:
+        if number is None:
             return self._fetch(window, take, tell)
+        if take is None:  # no bytes to ask for: not held in turn, but lets the next one by
+            try:
+                return self._fetch(window, take, tell)
+            finally:
+                self.turns.done(number)
         self.turns.wait(number)
         given = take
 
@@ -186,7 +191,10 @@ class DocumentTokens:
 # wait for the sidecars of windows long after it. So a window's fetch reads its sidecars
 # only once the window before it has all of its own (it asks the read budget for its
 # bytes then): its sidecars come beside the earlier window's bytes, never before them.
-# Once a stream runs, a window's sidecars are long in when its turn comes.
+# Once a stream runs, a window's sidecars are long in when its turn comes. Windows are
+# numbered as they are given and fetched in that order, so a window waits only for one
+# whose fetch has begun: one that fails, or that asks no bytes (no read budget), lets the
+# next by as it ends, and closing lets every waiter by.
 
 
 class _Turns:
@@ -287,7 +295,7 @@ def _share(
             last += 1
         if last < 2:
             continue
-        runs = tuple(run for held, _, _ in list(ahead)[:last] for run in held.runs if run.shard == shard)
+        runs = tuple(run for held, _, _ in list(ahead)[:last] for run in _runs(held) if run.shard == shard)
         lent.add(shard)
         mine[shard] = (False, True, runs)
         for after in range(1, last):
@@ -298,6 +306,13 @@ def _share(
         frozenset(shard for shard, (_, kept, _) in mine.items() if kept),
         tuple(run for _, _, runs in mine.values() for run in runs),
     )
+
+
+def _runs(window: Window) -> tuple[Run, ...]:
+    """``window``'s runs, without laying it out where the plan knows them: the windows a
+    shared read looks ahead at are laid out in their own turn (a laid-out window holds its
+    order, O(window))."""
+    return window.runs if window.known_runs is None else window.known_runs
 
 
 def joined_runs(runs: list[tuple[int, SequenceRun]]) -> list[Run]:
