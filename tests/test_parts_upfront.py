@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 
 import pytest
 
 from shardstream.storage import Storage
 from shardstream.storage.expect import Expected
-from shardstream.storage.parts import PART_MIN, ReadPool, _planned
+from shardstream.storage.parts import CHUNK, LINK, PART_MIN, ReadPool, _planned, _Stream
 from shardstream.storage.retried import RetriedIO
 from shardstream.types import ByteRange
 
@@ -82,3 +83,62 @@ def test_a_read_cut_up_front_asks_for_its_parts_only_and_gives_every_byte(s3, mo
     finally:
         pool.close()
         storage.close()
+
+
+def test_a_slow_verdict_is_measured_again_after_reads_that_measured_nothing():
+    """Reads cut up front into parts too short to give a rate measure nothing: after LINK of
+    them in a row the next read probes, so a link once slow is not taken as slow for good."""
+    pool = ReadPool(8)
+    rng = ByteRange(0, 12 * MB)
+    try:
+        pool.measured(_Measured(0.03, 40e6))  # type: ignore[arg-type]
+        cut = [len(_planned(rng, pool)) > 1 for _ in range(LINK + 1)]
+        assert cut == [True] * LINK + [False]  # the last one probes
+        pool.measured(_Measured(0.03, 40e6))  # type: ignore[arg-type]  # its probe measured
+        assert len(_planned(rng, pool)) > 1
+    finally:
+        pool.close()
+
+
+class _Body:
+    """A GET's body: ``chunks`` of CHUNK bytes, then its end."""
+
+    def __init__(self, chunks: int) -> None:
+        self.left = chunks * CHUNK
+
+    def readinto(self, view: memoryview) -> int:
+        n = min(len(view), self.left)
+        view[:n] = b"x" * n
+        self.left -= n
+        return n
+
+    def close(self) -> None:
+        pass
+
+
+class _IO:
+    def stream(self, path, rng, size):  # type: ignore[no-untyped-def]
+        return _Body(-(-rng.length // CHUNK))
+
+    def retry(self, attempt, *args):  # type: ignore[no-untyped-def]
+        return attempt()
+
+
+def test_a_gets_rate_ends_with_its_last_byte_not_when_it_is_asked():
+    """A read's first GET is measured after its other parts are in: the time it then waited
+    is not its connection's, and must not lower the rate the pool cuts by."""
+    stream = _Stream(_IO(), "blob", ByteRange(0, 4 * CHUNK), None, False, None)  # type: ignore[arg-type]
+    buffer = bytearray(4 * CHUNK)
+
+    class _Sink:
+        def view(self, chunk: ByteRange) -> memoryview:
+            return memoryview(buffer)[chunk.start : chunk.end]
+
+        def done(self, chunk: ByteRange, view: memoryview) -> None:
+            pass
+
+    stream.read_to(4 * CHUNK, _Sink())  # type: ignore[arg-type]
+    rate = stream.rate()
+    assert rate is not None
+    time.sleep(0.2)  # as if waiting for the read's other parts
+    assert stream.rate() == rate

@@ -81,10 +81,11 @@ __all__ = [
 # - Once the pool measured its connections (the latency and rate of its last GETs, LINK
 #   of them) and found them slow, a long read is cut up front, by the same rule, with no
 #   probe of its own: a probe holds the read to one connection for its first bytes and
-#   the latency of the parts cut after it, so each read of a slow link took about twice
-#   the time its parts need, and the bytes it holds (NOTE [ Read budget ]) stayed held
-#   that much longer. A pool proven fast, or whose reads carry FAST_CONNECTION together,
-#   probes as before.
+#   the latency of the parts cut after it, so a read of a slow link takes longer than its
+#   parts need, and the bytes it holds (NOTE [ Read budget ]) stay held that much longer.
+#   A pool proven fast, or whose reads carry FAST_CONNECTION together, probes as before;
+#   so does the read after LINK reads cut up front that measured nothing (parts too short
+#   to give a rate), so that a verdict of slow is measured again, never kept for good.
 #   tools/bench_wan.py measures it.
 PART_MIN = 1 * 2**20
 PART_MAX = 8 * 2**20
@@ -131,6 +132,7 @@ class _Gets:
         self.fast = False  # a GET was measured fast over FAST_PROOF bytes (NOTE [ Reads in parts ])
         # (latency, rate) of the last GETs measured (NOTE [ Reads in parts ])
         self.link: collections.deque[tuple[float, float]] = collections.deque(maxlen=LINK)
+        self.unmeasured = 0  # reads cut up front since a GET was last measured
 
 
 class ReadPool:
@@ -190,6 +192,17 @@ class ReadPool:
             gets = self._gets.get()
             with gets.lock:
                 gets.link.append((stream.latency, rate))
+                gets.unmeasured = 0
+
+    def cut_up_front(self) -> bool:
+        """Count a read cut up front; False where LINK of them in a row measured nothing
+        (parts too short to give a rate), so this one probes (NOTE [ Reads in parts ])."""
+        gets = self._gets.get()
+        with gets.lock:
+            if gets.unmeasured >= LINK:
+                return False
+            gets.unmeasured += 1
+            return True
 
     def link(self) -> tuple[float, float] | None:
         """The median latency (s) and rate (bytes/s) of this pool's last GETs measured in
@@ -329,7 +342,7 @@ def _planned(rng: ByteRange, pool: ReadPool) -> list[ByteRange]:
     latency, rate = link
     part = max(float(PART_MIN), rate * PART_LATENCIES * latency)
     count = min(PARTS, pool.threads, GETS_IN_FLIGHT - pool.gets, -(-rng.length // int(part)))
-    if count < 2:
+    if count < 2 or not pool.cut_up_front():
         return [rng]
     return split(rng, count, maximum=max(PART_MAX, -(-rng.length // count)))
 
@@ -406,6 +419,7 @@ class _Stream:
         self._mark: tuple[int, float] | None = None  # (pos, time) once a GET's first CHUNK is in
         self._opened_at = rng.start  # where the GET being read began
         self._opened_time = 0.0  # when its headers came
+        self._last = 0.0  # when its last chunk came
 
     def read_to(self, stop: int, sink: Sink) -> None:
         self.io.retry(lambda: self._try(stop, sink), "read", self.path, ByteRange(self.pos, stop))
@@ -424,6 +438,7 @@ class _Stream:
                 if self.tell is not None:
                     self.tell(chunk.length)
                 self.pos = chunk.end
+                self._last = time.monotonic()
                 self._measure()
         except BaseException:
             self.close()
@@ -439,7 +454,7 @@ class _Stream:
 
     def _measure(self) -> None:
         if self._mark is None and self.pos - self._opened_at >= CHUNK:
-            self._mark = (self.pos, time.monotonic())
+            self._mark = (self.pos, self._last)
 
     def carried(self, least: int) -> float:
         """Bytes/s the GET being read carried since its headers came, once it read ``least``
@@ -448,12 +463,13 @@ class _Stream:
         return got / max(time.monotonic() - self._opened_time, 1e-6) if got >= least else 0.0
 
     def rate(self) -> float | None:
-        """Bytes/s of the GET being read, since its first CHUNK (None before a second one
-        is in): a burst of bytes that waited in the socket's buffers while this thread
-        was busy weighs less and less as the GET goes on."""
+        """Bytes/s of the GET being read, from its first CHUNK to its last byte in (None
+        before a second chunk is in): a burst of bytes that waited in the socket's buffers
+        while this thread was busy weighs less and less as the GET goes on, and time spent
+        after the last byte (waiting for the read's other parts) is not the connection's."""
         if self._mark is None or self.pos - self._mark[0] < CHUNK:
             return None
-        return (self.pos - self._mark[0]) / max(time.monotonic() - self._mark[1], 1e-6)
+        return (self.pos - self._mark[0]) / max(self._last - self._mark[1], 1e-6)
 
     def close(self) -> None:
         body, self.body = self.body, None
