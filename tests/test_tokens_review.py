@@ -3,13 +3,16 @@ turn, sidecars come in turn, and a missing best-fit sidecar names its shard."""
 
 from __future__ import annotations
 
+import pathlib
 import threading
 
 import pytest
 
 import shardstream
+from shardstream.catalog import record_sequences
 from shardstream.dataset.sequence_reads import DocumentTokens
 from shardstream.errors import StorageError
+from shardstream.folder import fit_sidecar_name
 from shardstream.plan import epoch
 from tests.test_tokens_reads import S, write_corpus
 
@@ -127,3 +130,27 @@ def test_closing_wakes_a_window_waiting_its_turn():
     assert not reader.begun
     tokens.close()
     assert _ends(waiting)
+
+
+@pytest.mark.parametrize("packing", ["best_fit", "pad"])
+def test_a_missing_sample_index_names_its_shard_under_any_packing(tmp_path, packing):
+    url = str(tmp_path / "ds")
+    write_corpus(url)
+    info = shardstream.StreamingDataset(url).manifest.shards[3]
+    (pathlib.Path(url) / info.index).unlink()
+    with pytest.raises(StorageError) as raised:
+        list(shardstream.StreamingDataset(url, seq_len=S, packing=packing, seed=1))
+    assert raised.value.shard == info.path
+    assert raised.value.url is not None
+    assert raised.value.url.endswith(info.index)
+
+
+def test_a_missing_best_fit_sidecar_names_its_shard(tmp_path):
+    url = str(tmp_path / "ds")
+    write_corpus(url)
+    record_sequences(url, S)
+    info = shardstream.StreamingDataset(url).manifest.shards[3]
+    (pathlib.Path(url) / fit_sidecar_name(info.path, S)).unlink()
+    with pytest.raises(StorageError) as raised:
+        list(shardstream.StreamingDataset(url, seq_len=S, packing="best_fit", seed=1))
+    assert raised.value.shard == info.path

@@ -51,7 +51,7 @@ from shardstream.dataset.sequence_reads import (
 )
 from shardstream.dataset.sequence_reads import flat_tokens as _flat_tokens
 from shardstream.dataset.sequence_windows import WindowSequences
-from shardstream.errors import FormatError, UsageError
+from shardstream.errors import FormatError, StorageError, UsageError
 from shardstream.folder import fit_sidecar_name
 from shardstream.formats.tokens import doc_ends
 from shardstream.manifest import Manifest, sequences_key
@@ -183,12 +183,18 @@ class SequenceReader:
     def _laid_out(self, shard: int) -> SequenceLayout:
         name, fit_name = self.shards.paths[shard], self.shards.fits[shard]
         fit = None
-        if fit_name is not None:
-            with self._lock:
-                early = self._fits.pop(shard, None)
-            data = early.result() if early is not None else self.reader.sidecar(shard, fit_name)
-            fit = BestFit.from_bytes(data, name=fit_name)
-        return sequence_layout(self.packing, doc_ends(self.reader.index(shard)), fit=fit, shard=name)
+        try:
+            if fit_name is not None:
+                with self._lock:
+                    early = self._fits.pop(shard, None)
+                data = early.result() if early is not None else self.reader.sidecar(shard, fit_name)
+                fit = BestFit.from_bytes(data, name=fit_name)
+            ends = doc_ends(self.reader.index(shard))
+        except StorageError as error:  # a sidecar read alone, not a window's: name its shard
+            if error.shard is not None:
+                raise
+            raise type(error)(error.message, url=error.url, shard=name, offset=error.offset) from error
+        return sequence_layout(self.packing, ends, fit=fit, shard=name)
 
     def _fit_sidecars(self, shards: Sequence[int]) -> None:
         """Lay out those of ``shards`` whose best-fit sidecars are to be read, their GETs at
