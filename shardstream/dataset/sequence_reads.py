@@ -52,10 +52,15 @@ __all__ = ["DocumentTokens", "SharedShards", "flat_tokens", "joined_runs", "plac
 # and never a shard it borrowed (it did not read it), so a shard cut between many windows
 # is read by every other one; concat's and pad's windows lend only where they are
 # shuffled (an unshuffled window's pieces go on where the one before ended, NOTE [
-# Unshuffled windows in pieces ] in budget.py). A best-fit shard no larger than an
-# unshuffled piece of the read budget (``piece_limit``) is lent on along every window
-# after the reader that holds it, up to ``CHAIN_WINDOWS`` windows: its one read is about
-# what each of those windows would have read of it alone. Which tokens make each sequence
+# Unshuffled windows in pieces ] in budget.py), and never a stream's first window (its
+# samples wait for all of its reads, so the next window's would only hold up the first
+# sample). A best-fit shard no larger than an unshuffled piece of the read budget
+# (``piece_limit``: a part of the budget, or all of it with a cache) is lent on along the
+# consecutive windows after the reader that hold it: the chain ends at the first window
+# that does not, and holds at most ``CHAIN_WINDOWS`` windows, the reader's among them (as
+# many windows are looked ahead at, their runs as the plan knows them, none laid out); a
+# later window that holds it reads it again. Its one read is about what each of those
+# windows would have read of it alone. Which tokens make each sequence
 # is the same either way: a document run is cut from the shard's tokens wherever it was
 # read. The lent tokens stay until the last window that borrows them is built, after the
 # reader's bytes went back to the read budget: at most the bytes the borrowers would have
