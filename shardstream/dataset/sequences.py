@@ -267,7 +267,8 @@ class SequenceReader:
         """What ``shared_shards`` takes (NOTE [ A shard read once across windows ]): best-fit
         windows lend, concat's and pad's where they are shuffled (an unshuffled window's
         next piece goes on where it ends); a best-fit shard no larger than an unshuffled
-        piece is lent on along all the windows after that hold it (one dataset read). A
+        piece is lent on along the consecutive windows after that hold it, up to
+        ``CHAIN_WINDOWS`` in all (one dataset read). A
         stream's first window of concat or pad lends nothing: its samples wait for all its
         reads, and those of the next window would only hold up the first sample."""
         if self.packing.mode != "best_fit":
