@@ -16,6 +16,7 @@ reads cut by its own index.
 from __future__ import annotations
 
 import collections
+import functools
 import mmap
 import operator
 import threading
@@ -107,18 +108,10 @@ class DocumentTokens:
         number = self.numbers.pop(id(window), None)
         if number is None:
             return self._fetch(window, take, tell)
-        if take is None:  # no bytes to ask for: not held in turn, but lets the next one by
-            try:
-                return self._fetch(window, take, tell)
-            finally:
-                self.turns.done(number)
-        self.turns.wait(number)
-        given = take
-
-        def taking(size: int) -> None:
-            self.turns.done(number)
-            given(size)
-
+        taking = None
+        if take is not None:  # one asking no bytes is not held, but lets the next by as it ends
+            self.turns.wait(number)
+            taking = functools.partial(_taking, self.turns, number, take)
         try:
             return self._fetch(window, taking, tell)
         finally:
@@ -200,6 +193,11 @@ class DocumentTokens:
 # numbered as they are given and fetched in that order, so a window waits only for one
 # whose fetch has begun: one that fails, or that asks no bytes (no read budget), lets the
 # next by as it ends, and closing lets every waiter by.
+
+
+def _taking(turns: _Turns, number: int, take: Callable[[int], None], size: int) -> None:
+    turns.done(number)  # the window has its sidecars: the next one may read its own
+    take(size)
 
 
 class _Turns:
@@ -314,9 +312,7 @@ def _share(
 
 
 def _runs(window: Window) -> tuple[Run, ...]:
-    """``window``'s runs, without laying it out where the plan knows them: the windows a
-    shared read looks ahead at are laid out in their own turn (a laid-out window holds its
-    order, O(window))."""
+    """``window``'s runs, not laid out (O(window)) where the plan knows them."""
     return window.runs if window.known_runs is None else window.known_runs
 
 
