@@ -80,7 +80,9 @@ def test_every_sequence_is_the_one_built_alone_from_its_shard(corpus, packing, s
     same(list(dataset), expected(dataset, corpus, packing))
 
 
-def test_a_best_fit_shard_cut_between_two_windows_is_read_once(corpus, monkeypatch):
+@pytest.fixture
+def tokens_read(monkeypatch):
+    """Bytes read from each local ``.tokens`` file, by path, as the test goes on."""
     read: dict[str, int] = {}
     plain = local_files.read_range
 
@@ -90,6 +92,11 @@ def test_a_best_fit_shard_cut_between_two_windows_is_read_once(corpus, monkeypat
         return plain(path, start, length, **kwargs)
 
     monkeypatch.setattr(local_files, "read_range", counted)
+    return read
+
+
+def test_a_best_fit_shard_cut_between_two_windows_is_read_once(corpus, tokens_read):
+    read = tokens_read
     dataset = shardstream.StreamingDataset(corpus, seq_len=S, packing="best_fit", seed=1)
     windows = list(dataset.make_plan(num_workers=1, consume=False).worker_windows(0, 0))
     cut = {shard for one in windows for shard in one.shards if sum(shard in w.shards for w in windows) > 1}
@@ -258,16 +265,8 @@ def test_a_corrupt_token_shard_fails_its_sequences(tmp_path):
             list(dataset)
 
 
-def test_a_small_best_fit_shard_is_read_once_across_all_the_windows_that_hold_it(corpus, monkeypatch):
-    read: dict[str, int] = {}
-    plain = local_files.read_range
-
-    def counted(path: str, start: int, length: int, **kwargs):  # type: ignore[no-untyped-def]
-        if path.endswith(".tokens"):
-            read[path] = read.get(path, 0) + length
-        return plain(path, start, length, **kwargs)
-
-    monkeypatch.setattr(local_files, "read_range", counted)
+def test_a_small_best_fit_shard_is_read_once_across_all_the_windows_that_hold_it(corpus, tokens_read):
+    read = tokens_read
     dataset = shardstream.StreamingDataset(corpus, seq_len=S, packing="best_fit", seed=1, shuffle_window=16)
     windows = list(dataset.make_plan(num_workers=1, consume=False).worker_windows(0, 0))
     held = [sum(shard in w.shards for w in windows) for shard in range(7)]
