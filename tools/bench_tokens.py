@@ -243,6 +243,16 @@ def bench_tokenize(args: argparse.Namespace) -> None:
                 end="",
             )
         print()
+        ratios = {f"pack --workers {w} / encoder alone": rates[w] / base for w in counts}
+        ratios.update({f"pack --workers {w} / encoder alone, CPU": cpus["encoder"] / cpus[w] for w in counts})
+        ratios.update(
+            {f"--workers {w} / --workers {first}": rates[w] / rates[first] for w in sorted(rates)[1:]}
+        )
+        figures = {"encoder alone": base, **{f"pack --workers {w}": rates[w] for w in counts}}
+        # one encoder thread a process shows how packs scale with --workers alone: its own claim
+        record(
+            args, "tokens-pack-one-thread" if args.encoder_threads == 1 else "tokens-pack", figures, ratios
+        )
 
 
 # -- section tokenize (end) --
