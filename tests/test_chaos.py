@@ -143,12 +143,16 @@ FLEET_PER_SHARD = 40  # of ~3.7 KB each: ~150 KB shards, several check blocks ea
 
 class CacheChaos:
     """Evicts cache entries and swaps others for corrupt copies of the same size, as
-    another process's eviction and a damaged disk would, until stopped."""
+    another process's eviction and a damaged disk would, until stopped. An entry is
+    corrupted once: a reader heals an entry once (NOTE [ Healing the cache ]), and a
+    disk that damages the same file again right after it was filled anew is not the
+    damage that rule is for."""
 
     def __init__(self, cache: pathlib.Path, seed: int) -> None:
         self.cache, self.rng = cache, random.Random(seed)
         self.done = threading.Event()
         self.evicted = self.corrupted = 0
+        self._damaged: set[str] = set()  # entries corrupted once
         self.thread = threading.Thread(target=self._run, name="cache-chaos")
 
     def __enter__(self) -> CacheChaos:
@@ -171,9 +175,12 @@ class CacheChaos:
                     self.evicted += 1
                     continue
                 # a corrupt copy renamed over it: readers that mapped the entry keep its bytes
+                if victim.name in self._damaged:
+                    continue
                 data = bytearray(victim.read_bytes())
                 if len(data) < 1024:  # a sidecar's entry: leave it
                     continue
+                self._damaged.add(victim.name)
                 data[self.rng.randrange(512, len(data))] ^= 0x5A
                 spare = victim.with_name(f".chaos-{victim.name}")
                 spare.write_bytes(bytes(data))
