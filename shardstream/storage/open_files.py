@@ -41,15 +41,12 @@ class OpenFiles:
         self._files: collections.OrderedDict[str, _Entry] = collections.OrderedDict()
         self._lock = threading.Lock()
 
-    def pread(self, path: str, rng: ByteRange, expect: Expected | None, named: Named) -> bytes:
-        """Bytes ``rng`` of ``path`` (fewer where the file ends first); the file is opened
-        (its size checked against ``expect``) on first use, its error passed through ``named``."""
-        return self.read_span(path, expect, named, rng.start, rng.end)
-
     def read_span(self, path: str, expect: Expected | None, named: Named, start: int, end: int) -> bytes:
-        """:meth:`pread` of bytes ``[start, end)``, its arguments in the order that a reader
-        of one file binds first (``functools.partial(files.read_span, path, expect, named)``):
-        a single sample's read is then one call, with no range made for it."""
+        """Bytes ``[start, end)`` of ``path`` (fewer where the file ends first); the file is
+        opened (its size checked against ``expect``) on first use, its error passed through
+        ``named``. The arguments come in the order a reader of one file binds first
+        (``functools.partial(files.read_span, path, expect, named)``): a single sample's
+        read is then one call, with no range made for it."""
         entry = self._acquire(path, expect, named)
         try:
             return os.pread(entry.file.fileno(), end - start, start)

@@ -134,7 +134,7 @@ class SingleReads:
         ``whole_object`` read as all of the object, then cut. Errors of a read are passed
         through ``named`` with what was read."""
         if self._files is not None:
-            return self._files.pread(path, rng, expect, named)
+            return self._files.read_span(path, expect, named, rng.start, rng.end)
         item = (path, None if whole_object else rng)
         try:
             data = self._read(*item)
