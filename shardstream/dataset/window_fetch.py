@@ -20,7 +20,7 @@ from shardstream.dataset.runs import COALESCE_GAP, REMOTE_COALESCE_GAP, Read, pl
 from shardstream.dataset.sidecars import Sidecars
 from shardstream.errors import StorageError
 from shardstream.formats.base import SampleIndex
-from shardstream.manifest import Manifest
+from shardstream.manifest import Manifest, ShardInfo
 from shardstream.storage import Storage
 from shardstream.storage.parts import Tell
 from shardstream.storage.ranged import SingleReads
@@ -184,9 +184,11 @@ class WindowFetcher:
         """What to read for ``read``: the whole object where the read covers all of a shard
         on object storage but its trailer (see NOTE [ Whole shards ])."""
         info = self.manifest.shards[read.shard]
-        if not self.bytes.local and read.rng.start == 0 and info.bytes - read.rng.end <= WHOLE_SHARD_SLACK:
-            return info.path, None
-        return info.path, read.rng
+        return info.path, None if self._whole(info, read.rng) else read.rng
+
+    def _whole(self, info: ShardInfo, rng: ByteRange) -> bool:
+        """Whether ``rng`` of a shard is read as all of it (NOTE [ Whole shards ])."""
+        return not self.bytes.local and rng.start == 0 and info.bytes - rng.end <= WHOLE_SHARD_SLACK
 
     def single_reads(self, open_files: int) -> SingleReads:
         """Reads of single samples for :meth:`read_bytes`, from up to ``open_files`` local
@@ -197,11 +199,13 @@ class WindowFetcher:
         """Bytes ``rng`` of ``shard`` by ``reads`` (:meth:`single_reads`), as a window's read
         would ask for them (all of the shard, cut, where NOTE [ Whole shards ] says so);
         a ``StorageError`` names the shard and the bytes, as a window's reads do."""
-        # item()'s rule inline, with no Read made: this runs once per sample of a MapDataset
-        info = self.manifest.shards[shard]
-        whole = not self.bytes.local and rng.start == 0 and info.bytes - rng.end <= WHOLE_SHARD_SLACK
+        info = self.manifest.shards[shard]  # no Read made: this runs once per sample of a MapDataset
         data = reads.read(
-            info.path, rng, self.bytes.expected(info.path), self.storage_error, whole_object=whole
+            info.path,
+            rng,
+            self.bytes.expected(info.path),
+            self.storage_error,
+            whole_object=self._whole(info, rng),
         )
         if len(data) != rng.length:
             self.too_short(Read(shard, rng, (0,)), rng.start + len(data))
