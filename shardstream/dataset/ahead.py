@@ -79,8 +79,7 @@ def prefetched(reader: AheadReader[F], windows: Iterator[Any]) -> Iterator[Any]:
         max_pending=ahead,
     )
     reader.hold(prefetcher)
-    if budget is not None:
-        windows = reader.in_pieces(windows)
+    windows = reader.in_pieces(windows)
     try:
         yield from fetched_in_order(windows, prefetcher, ahead, budget, reader.in_yield_order)
     finally:

@@ -63,6 +63,18 @@ __all__ = [
 Samples = SampleColumns | list[Sample | None]
 
 
+# NOTE [ Local copies in pieces ]
+# A local folder read by copy has no read budget (its reads cost no request, so windows
+# are fetched one ahead, in one thread), but its unshuffled windows are still taken in
+# pieces of a quarter of ``read_budget`` (NOTE [ Unshuffled windows in pieces ] in
+# budget.py): a window is whole before its first sample, so its copy (a default window
+# holds four shards) was a wait at every epoch's start, and one window copied ahead of
+# the one decoded held two windows' bytes. In pieces, the first samples come after one
+# piece's copy, the next piece is copied while this one is decoded, and every read of a
+# piece's size goes into a read buffer taken again (NOTE [ Local reads into buffers ] in
+# storage/ranged.py). A mapped folder's windows stay whole: mapping them costs no copy.
+
+
 class WindowReader:
     """Fetches the samples of plan windows from one dataset, for one worker.
 
@@ -109,6 +121,7 @@ class WindowReader:
         self.healer = CacheHealer(self.bytes)  # NOTE [ Healing the cache ] in heal.py
         # Object storage, cached too: how far ahead windows are fetched (NOTE [ Read budget ]).
         self.budget = ReadBudget(read_budget) if self.bytes.ahead else None  # else one window at a time
+        self.read_budget = read_budget  # a local copy's pieces (NOTE [ Local copies in pieces ])
         self._prefetcher: Prefetcher[Any, Any] | None = None
         url_of = storage.full_url
         # a window's reads are checked and decoded through this reader's ``check`` and
@@ -245,10 +258,14 @@ class WindowReader:
 
     def in_pieces(self, windows: Iterator[Any]) -> Iterator[Any]:
         """``windows``, those in run order larger than a piece of the budget in pieces (NOTE
-        [ Unshuffled windows in pieces ] in budget.py)."""
-        if self.budget is None:
+        [ Unshuffled windows in pieces ] in budget.py): on object storage, and from a local
+        folder read by copy (NOTE [ Local copies in pieces ]); a mapped folder's as they are."""
+        if self.budget is not None:
+            limit = piece_limit(self.budget.limit, cached=self.storage.cached)
+        elif self.bytes.local and not self.bytes.mapped:
+            limit = piece_limit(self.read_budget)
+        else:
             return windows
-        limit = piece_limit(self.budget.limit, cached=self.storage.cached)
         return in_pieces(windows, self.manifest.shards, limit)
 
     def check_beside_decoding(self) -> None:

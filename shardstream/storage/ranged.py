@@ -29,16 +29,19 @@ Read = Callable[[str, "ByteRange | None"], "bytes | memoryview"]
 
 # NOTE [ Local reads into buffers ]
 # A local folder read by copy (the default: a shard truncated in place cannot crash a
-# copy) copies a read longer than ``LOCAL_BUFFERED`` into a read buffer (NOTE [ Read
-# buffers ] in sinks.py), as object storage's long reads are, not into a new ``bytes``:
-# glibc's malloc serves a block that long from a fresh mapping every time (its mmap
-# threshold never rises above 32 MiB), whose every 4 KiB page costs a fault as the copy
-# first touches it, several times the copy itself. Shorter reads stay plain ``pread``s
-# into ``bytes``: once a block of their size was freed, malloc serves them from the heap
-# it keeps, faster than any new mapping. The buffer is copied into with ``preadv`` (the
-# copy path still: a short file is a short read, retried and reported, never a SIGBUS),
-# in parts, through ``Storage.read_parts``.
-LOCAL_BUFFERED = 32 * 2**20
+# copy) copies a read of ``LOCAL_BUFFERED`` or more into a read buffer taken again
+# (NOTE [ Reusing read buffers ] in sinks.py), as object storage's long reads are, not
+# into a new ``bytes``. A new block of MiBs is new memory: glibc's malloc serves one
+# over its mmap threshold from a fresh mapping, and one below it, freed by another
+# thread (the reads run in the fetch thread, the bytes are let go in the caller's), often
+# from an arena that gave its pages back. Either way every 4 KiB page costs a fault as
+# the copy first touches it, several times the copy itself; a buffer taken again faults
+# no more. Shorter reads (single samples, small runs) stay plain ``pread``s into
+# ``bytes``: malloc keeps blocks that small, and a buffer's thread hop would cost more
+# than it saves. The buffer is copied into with ``preadv`` (the copy path still: a short
+# file is a short read, retried and reported, never a SIGBUS), in parts, through
+# ``Storage.read_parts``.
+LOCAL_BUFFERED = 2**20
 
 
 def _length(rng: ByteRange | None, expect: Expected | None) -> int:

@@ -1,0 +1,84 @@
+"""A local folder read by copy takes its unshuffled windows in pieces of a quarter of the
+read budget (NOTE [ Local copies in pieces ] in shardstream/dataset/reader.py): no read of a
+piece passes its bytes, the samples and the resume state are those of whole windows, and a
+mapped folder's windows stay whole."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import shardstream
+from shardstream.dataset.budget import PIECES_IN_BUDGET
+from shardstream.dataset.fetch import ByteFetcher
+from shardstream.pack import ShardWriter
+
+SAMPLE = 64 * 1024  # one 64 KiB member a sample: 512 B of header, the rest payload
+PER_SHARD = 16
+BLOCK = 64 * 1024  # a read reaches out to the CRC blocks at its ends (NOTE [ Checksummed reads ])
+
+
+def _pack(url: str, shards: int = 6) -> dict[str, bytes]:
+    payloads = {f"{i:05d}": os.urandom(SAMPLE - 512 - 16 * (i % 3)) for i in range(shards * PER_SHARD)}
+    with ShardWriter(url, format="tar", samples_per_shard=PER_SHARD) as writer:
+        for key, payload in payloads.items():
+            writer.write({"__key__": key, "bin": payload})
+    return payloads
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """The byte ranges of every shard read, as ``(path, length)``; sidecars left out."""
+    seen: list[tuple[str, int]] = []
+    read = ByteFetcher.read
+
+    def spy(self, path, rng):  # type: ignore[no-untyped-def]
+        data = read(self, path, rng)
+        if path.endswith(".tar"):
+            seen.append((path, len(data)))
+        return data
+
+    monkeypatch.setattr(ByteFetcher, "read", spy)
+    return seen
+
+
+def _epoch(url: str, **options: object) -> list[tuple[str, bytes]]:
+    dataset = shardstream.StreamingDataset(url, shuffle=False, decode=False, **options)
+    return [(s["__key__"], bytes(s["bin"])) for s in dataset]
+
+
+def test_a_copied_window_is_read_in_pieces_of_a_quarter_of_the_budget(tmp_path, reads):
+    url = str(tmp_path / "ds")
+    payloads = _pack(url)
+    shard = PER_SHARD * SAMPLE
+    budget = PIECES_IN_BUDGET * shard // 2  # a piece is half a shard
+    got = _epoch(url, local_reads="copy", read_budget=budget)
+    assert got == list(payloads.items())
+    piece = budget // PIECES_IN_BUDGET
+    assert reads, "no shard was read"
+    assert max(length for _, length in reads) <= 1.5 * piece + 2 * BLOCK < shard
+    assert len(reads) >= 2 * 6  # two pieces a shard at least: no window read whole
+
+
+def test_a_mapped_window_stays_whole(tmp_path, reads):
+    url = str(tmp_path / "ds")
+    payloads = _pack(url)
+    budget = PIECES_IN_BUDGET * PER_SHARD * SAMPLE // 2
+    assert _epoch(url, local_reads="map", read_budget=budget) == list(payloads.items())
+    assert len(reads) <= 6  # a read a shard at most: its runs whole
+
+
+def test_a_resume_inside_a_piece_gives_the_rest_of_the_epoch(tmp_path):
+    url = str(tmp_path / "ds")
+    payloads = _pack(url)
+    budget = PIECES_IN_BUDGET * PER_SHARD * SAMPLE // 3
+    first = shardstream.StreamingDataset(url, shuffle=False, decode=False, read_budget=budget)
+    stream = iter(first)
+    head = [next(stream)["__key__"] for _ in range(PER_SHARD + 7)]
+    state = first.state_dict()
+    stream.close()
+    again = shardstream.StreamingDataset(url, shuffle=False, decode=False, read_budget=budget)
+    again.load_state_dict(state)
+    tail = [s["__key__"] for s in again]
+    assert head + tail == list(payloads)
