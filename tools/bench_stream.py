@@ -275,13 +275,47 @@ def bench_small(work: str, count: int, repeat: int) -> None:
         "checked / unchecked, mapped": paired(rates, ["shardstream mapped unchecked"], "shardstream mapped"),
     }
     recorded("checks-cost", {}, checks)
+    # decode=True's limit: decode=False plus parsing the same field values alone, with the
+    # parsers shardstream uses (str, int, orjson where installed), each value once
+    parse = measure({"parse alone": _parse_alone(count)}, repeat).rate("parse alone")
+    limits = {
+        name: statistics.median(r[name] for r in rates.rounds) / parse
+        for name in ("shardstream", "shardstream parquet")
+    }
+    tar_limit, parquet_limit = (1 / (1 + limit) for limit in limits.values())
+    print(
+        f"  decode=True's limit, decode=False plus the parse alone ({parse:,.0f} samples/s): "
+        f"{tar_limit:.2f}x (tar), {parquet_limit:.2f}x (Parquet)"
+    )
     decode = {
         "decode=True / decode=False": paired(rates, ["shardstream"], "shardstream decoded"),
         "decode=True / decode=False, Parquet": paired(
             rates, ["shardstream parquet"], "shardstream parquet decoded"
         ),
+        "limit: decode=False plus the parse alone, tar": tar_limit,
+        "limit: decode=False plus the parse alone, Parquet": parquet_limit,
     }
     recorded("decode-cost", {}, decode)
+
+
+def _parse_alone(count: int) -> Callable[[], int]:
+    """Parsing the small samples' field values alone, as decode=True does (text, integer,
+    JSON; NOTE [ JSON by orjson ] in shardstream/dataset/decode.py), nothing read."""
+    try:
+        from orjson import loads
+    except ImportError:
+        from json import loads
+    samples = [small_sample(i) for i in range(count)]
+    texts, classes, documents = ([s[k] for s in samples] for k in ("txt", "cls", "json"))
+
+    def parse() -> int:  # a column at a time, in chunks of samples let go as they are parsed
+        for lo in range(0, count, 64):
+            list(map(bytes.decode, texts[lo : lo + 64]))
+            list(map(int, classes[lo : lo + 64]))
+            list(map(loads, documents[lo : lo + 64]))
+        return count
+
+    return parse
 
 
 def large_sample(i: int) -> dict:
