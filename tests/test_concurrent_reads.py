@@ -90,7 +90,8 @@ def test_a_read_is_not_cut_while_the_reads_in_flight_together_are_fast():
     from shardstream.storage.parts import FAST_CONNECTION, _cut
 
     pool = ReadPool(8)
-    slow = _Measured(40e6)  # 40 MB/s through 30 ms: parts of ~2.4 MB
+    slow = _Measured(40e6)  # 40 MB/s through 1 ms: a short link (over a long one, see test_parts_long_link)
+    slow.latency = 0.001
     rest = ByteRange(PROBE, 32 * MB)
     pool.reading(slow, True)  # type: ignore[arg-type]
     assert len(_cut(rest, slow, pool)) > 1  # type: ignore[arg-type]

@@ -70,8 +70,14 @@ __all__ = [
 #   more parts than it takes to get there: a part adds a connection where a worker has few,
 #   but only requests where its window's reads keep that many busy (a rate per connection
 #   cannot tell the two apart); the bound leaves room for the reads probed last to be cut.
-# - Only while the long reads being read carry less than FAST_CONNECTION together: then the
-#   connections are slow, not this process or the server.
+# - Only while the long reads being read carry less than FAST_CONNECTION together (then the
+#   connections are slow, not this process or the server), unless the link is a long one:
+#   a connection that carries at least PART_MIN bytes in one latency (``_long_link``). On a
+#   short link (loopback, a LAN) one connection is not held back by its round trips, so
+#   slow ones sharing a fast total are slowed by this process's CPU or the server's, which
+#   more GETs only load more. Over a long link each connection is held to what its window
+#   carries per round trip whatever the others carry, so the total grows with the GETs in
+#   flight: stopping the cuts at a fixed total would hold a worker there, below the wire.
 # - Never once a GET of the pool read FAST_PROOF bytes at FAST_CONNECTION or more since its
 #   headers came (every byte of it arrived since then, so no burst of bytes that waited in
 #   the socket's buffers can make that rate: it is at most what the connection carried).
@@ -337,14 +343,23 @@ def _planned(rng: ByteRange, pool: ReadPool) -> list[ByteRange]:
     """``rng`` cut up front where the pool's last GETs measured a slow link, as ``_cut``
     would cut it after a probe (NOTE [ Reads in parts ]); else whole (it probes)."""
     link = pool.link()
-    if link is None or pool.fast or link[1] >= FAST_CONNECTION or pool.rate() >= FAST_CONNECTION:
+    if link is None or pool.fast or link[1] >= FAST_CONNECTION:
         return [rng]
     latency, rate = link
+    if not _long_link(latency, rate) and pool.rate() >= FAST_CONNECTION:
+        return [rng]
     part = max(float(PART_MIN), rate * PART_LATENCIES * latency)
     count = min(PARTS, pool.threads, GETS_IN_FLIGHT - pool.gets, -(-rng.length // int(part)))
     if count < 2 or not pool.cut_up_front():
         return [rng]
     return split(rng, count, maximum=max(PART_MAX, -(-rng.length // count)))
+
+
+def _long_link(latency: float, rate: float) -> bool:
+    """Whether a connection of ``latency`` (s) and ``rate`` (bytes/s) carries at least
+    PART_MIN bytes in one latency: held by its round trips, so the reads in flight
+    together carry more the more of them there are (NOTE [ Reads in parts ])."""
+    return latency * rate >= PART_MIN
 
 
 def _submit_part(pool: ReadPool, first: _Stream, part: ByteRange, sink: Sink) -> Future[None]:
@@ -372,8 +387,8 @@ def _cut(rest: ByteRange, stream: _Stream, pool: ReadPool | None) -> list[ByteRa
         return [rest]
     if pool.fast:  # a GET of it read fast: slower ones are slowed by CPU, not the wire
         return [rest]
-    if pool.rate() >= FAST_CONNECTION:  # the reads in flight together: CPU-bound, not the wire
-        return [rest]
+    if not _long_link(stream.latency, rate) and pool.rate() >= FAST_CONNECTION:
+        return [rest]  # the reads in flight together: CPU-bound, not the wire
     part = max(1.0, rate * PART_LATENCIES * stream.latency)
     count = min(PARTS, pool.threads, 1 + room, -(-rest.length // int(part)))
     if count < 2:  # a part would not last its latencies: the GET reads on
