@@ -2,7 +2,8 @@
 
     python tools/bench_matrix.py [--quick] [--where local,s3,wan] [--samples 250B,100KB,1MB,16MB]
         [--shards 8MB,32MB,128MB,512MB] [--shuffle no,yes] [--workers 1,2] [--corpus 256MB]
-        [--repeat 3] [--latency 0.03] [--bandwidth 40e6] [--server moto] [--record]
+        [--repeat 3] [--latency 0.03] [--bandwidth 40e6] [--server moto] [--read-budget 64MB,128MB]
+        [--record]
 
 A cell is a sample size x a shard size x shuffle or not x DataLoader workers (1: the
 dataset iterated in the process itself; 2 or more: ``shardstream.DataLoader`` with that
@@ -25,7 +26,9 @@ files: "whole files", each shard in one read (``get_object`` on S3, ``open().rea
 disk) in as many threads as shards, up to 16, and "ranged parts", the shards cut into
 parts of at most 8 MB read in 16 threads (ranged GETs, ``os.pread``), and against
 ``litdata.StreamingDataset`` on the same samples in its own format where litdata is
-installed. Rates are MB/s of sample bytes; each contender runs once untimed, then
+installed. ``--read-budget`` gives shardstream's ``read_budget`` (default: the library's);
+more than one adds a contender per further budget (``shardstream budget=128MB``), each
+with its own ratio to the best wire reference in the same rounds. Rates are MB/s of sample bytes; each contender runs once untimed, then
 ``--repeat`` rounds in rotating order, and a ratio is the median of per-round ratios (as
 in tools/bench_stream.py). ``--quick`` runs a small subset (250 B and 1 MB samples in 8 MB
 shards, each order, 1 and 2 workers, 16 MB a cell, one round) in a few minutes on a 2-core
@@ -39,6 +42,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
+import functools
 import itertools
 import os
 import shutil
@@ -179,9 +183,10 @@ def litdata_chunks(directory: str, items: Iterator[dict], chunk_bytes: int) -> b
 # -- the contenders ---------------------------------------------------------------------------
 
 
-def shardstream_epoch(store: Store, cell: Cell, spec: dict) -> int:
+def shardstream_epoch(store: Store, cell: Cell, spec: dict, budget: int | None = None) -> int:
+    options = {} if budget is None else {"read_budget": budget}
     dataset = shardstream.StreamingDataset(
-        spec["url"], shuffle=cell.shuffle, seed=0, decode=False, storage_options=store.options
+        spec["url"], shuffle=cell.shuffle, seed=0, decode=False, storage_options=store.options, **options
     )
     if cell.workers <= 1:
         return sum(len(sample["bin"]) for sample in dataset)
@@ -264,16 +269,27 @@ def _litdata_bytes(litdata, dataset, cell: Cell) -> int:  # type: ignore[no-unty
     return sum(len(sample["bin"]) for batch in loader for sample in batch)
 
 
-def contenders(store: Store, cell: Cell, spec: dict) -> dict[str, Callable[[], int]]:
-    """Each contender's epoch, giving the sample bytes it read (MB/s: bytes / 2**20 / s)."""
+def contenders(
+    store: Store, cell: Cell, spec: dict, budgets: list[int] | None = None
+) -> dict[str, Callable[[], int]]:
+    """Each contender's epoch, giving the sample bytes it read (MB/s: bytes / 2**20 / s);
+    shardstream with ``budgets[0]`` (None: the default read budget), and once more with
+    each further one."""
+    first, *more = budgets or [None]
     out: dict[str, Callable[[], int]] = {
-        "shardstream": lambda: shardstream_epoch(store, cell, spec) / MB,
+        "shardstream": lambda: shardstream_epoch(store, cell, spec, first) / MB,
         "whole files": lambda: wire_epoch(store, spec, ranged=False) / MB,
         "ranged parts": lambda: wire_epoch(store, spec, ranged=True) / MB,
     }
+    for budget in more:
+        out[f"shardstream budget={shown(budget)}"] = functools.partial(_budgeted, store, cell, spec, budget)
     if "litdata" in spec:
         out["litdata"] = lambda: _peer("litdata", lambda: litdata_epoch(store, cell, spec) / MB)
     return out
+
+
+def _budgeted(store: Store, cell: Cell, spec: dict, budget: int) -> float:
+    return shardstream_epoch(store, cell, spec, budget) / MB
 
 
 class PeerFailed(Exception):
@@ -295,9 +311,9 @@ class Result:
     cell: Cell
     rates: Rates
 
-    def ratio(self, others: list[str]) -> float:
+    def ratio(self, others: list[str], ours: str = "shardstream") -> float:
         present = [o for o in others if o in self.rates.names]
-        return statistics.median(self.rates.ratios(present)) if present else float("nan")
+        return statistics.median(self.rates.ratios(present, ours)) if present else float("nan")
 
     def line(self) -> str:
         wire = self.ratio(["whole files", "ranged parts"])
@@ -307,7 +323,12 @@ class Result:
         if "litdata" in self.rates.names:
             text += f"   / litdata {self.ratio(['litdata']):.2f}x"
         wires = ", ".join(f"{name} {self.rates.rate(name):,.0f}" for name in ("whole files", "ranged parts"))
-        return f"{text}   ({wires} MB/s)"
+        lines = [f"{text}   ({wires} MB/s)"]
+        for name in self.rates.names:
+            if name.startswith("shardstream "):  # another read budget (--read-budget)
+                ratio = self.ratio(["whole files", "ranged parts"], name)
+                lines.append(f"    {name:<42} {self.rates.rate(name):>9,.0f} MB/s   / best wire {ratio:.2f}x")
+        return "\n".join(lines)
 
 
 def s3_server(kind: str, stack: list) -> tuple[dict, dict]:
@@ -358,7 +379,7 @@ def run(args: argparse.Namespace) -> list[Result]:
             for shuffle, workers in itertools.product(args.shuffle, args.workers):
                 cell = Cell(place, sample, shard, shuffle, workers, args.server)
                 spec = corpus(where[place], cell, args.corpus, work, written)
-                runs = contenders(where[place], cell, spec)
+                runs = contenders(where[place], cell, spec, args.read_budget)
                 try:
                     result = Result(cell, measure(runs, args.repeat))
                 except PeerFailed as failed:
@@ -408,6 +429,11 @@ def main() -> int:
     parser.add_argument(
         "--server", choices=["moto", "seaweedfs"], default="moto", help="the S3 server of s3 and wan"
     )
+    parser.add_argument(
+        "--read-budget",
+        type=listed(size),
+        help="shardstream's read_budget (default: the library's); more than one: a contender each",
+    )
     parser.add_argument("--record", action="store_true", help="keep the ratios in docs/benchmarks.json")
     args = parser.parse_args()
     if args.quick:
@@ -416,6 +442,8 @@ def main() -> int:
     unknown = set(args.where) - {"local", "s3", "wan"}
     if unknown:
         parser.error(f"--where: unknown storage {sorted(unknown)} (local, s3, wan)")
+    if args.record and args.read_budget:
+        parser.error("--record keeps the default read options' figures: not with --read-budget")
     if args.record and args.quick:
         parser.error("--record keeps a run's figures as the current ones: not those of a --quick run")
     print(
