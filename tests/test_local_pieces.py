@@ -82,3 +82,47 @@ def test_a_resume_inside_a_piece_gives_the_rest_of_the_epoch(tmp_path):
     again.load_state_dict(state)
     tail = [s["__key__"] for s in again]
     assert head + tail == list(payloads)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"decode": True},  # windows decoded in bulk, a column at a time
+        {"decode": False, "on_error": "skip"},
+        {"decode": False, "verify_checksums": False},
+    ],
+    ids=["decoded", "skip", "unchecked"],
+)
+def test_pieces_give_what_whole_windows_give(tmp_path, options):
+    url = str(tmp_path / "ds")
+    with ShardWriter(url, format="tar", samples_per_shard=PER_SHARD) as writer:
+        for i in range(5 * PER_SHARD + 3):
+            writer.write(
+                {
+                    "__key__": f"{i:05d}",
+                    "bin": os.urandom(SAMPLE - 600),
+                    "cls": b"%d" % i,
+                    "json": b"[%d]" % i,
+                }
+            )
+    budget = PIECES_IN_BUDGET * PER_SHARD * SAMPLE // 3
+
+    def epoch(**reads: object) -> list:  # type: ignore[type-arg]
+        dataset = shardstream.StreamingDataset(url, shuffle=False, read_budget=budget, **options, **reads)
+        return [{k: (bytes(v) if isinstance(v, memoryview) else v) for k, v in s.items()} for s in dataset]
+
+    pieces, whole = epoch(local_reads="copy"), epoch(local_reads="map")
+    assert len(pieces) == 5 * PER_SHARD + 3
+    assert pieces == whole
+
+
+def test_a_data_loader_over_pieces_gives_every_sample_once(tmp_path):
+    url = str(tmp_path / "ds")
+    payloads = _pack(url)
+    budget = PIECES_IN_BUDGET * PER_SHARD * SAMPLE // 3
+    dataset = shardstream.StreamingDataset(
+        url, shuffle=False, decode=False, read_budget=budget, local_reads="copy"
+    )
+    loader = shardstream.DataLoader(dataset, batch_size=5, num_workers=2, collate_fn=list)
+    got = {s["__key__"]: bytes(s["bin"]) for batch in loader for s in batch}
+    assert got == payloads
