@@ -78,6 +78,7 @@ __all__ = [
 #   more GETs only load more. Over a long link each connection is held to what its window
 #   carries per round trip whatever the others carry, so the total grows with the GETs in
 #   flight: stopping the cuts at a fixed total would hold a worker there, below the wire.
+#   A server slow to answer looks like a long link too; the rules on fast GETs still hold.
 # - Never once a GET of the pool read FAST_PROOF bytes at FAST_CONNECTION or more since its
 #   headers came (every byte of it arrived since then, so no burst of bytes that waited in
 #   the socket's buffers can make that rate: it is at most what the connection carried).
