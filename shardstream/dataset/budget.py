@@ -41,7 +41,7 @@ from shardstream.errors import UsageError
 from shardstream.lifecycle import before_threads_join
 from shardstream.manifest import ShardInfo
 from shardstream.plan import Run, Window
-from shardstream.storage import Prefetcher
+from shardstream.storage import Prefetcher, trim_read_buffers
 
 __all__ = [
     "DEFAULT_READ_BUDGET",
@@ -194,7 +194,10 @@ def fetched_in_order(
         window = pending.popleft()
         fetched, ticket = prefetcher.next()
         taken.append(ticket)
-        return (window, *decode(window, fetched))  # type: ignore[misc]
+        decoded = (window, *decode(window, fetched))  # type: ignore[misc]
+        del fetched  # the reads the samples do not hold are free: past the idle ones, let go
+        trim_read_buffers()  # NOTE [ Reusing read buffers ] in storage/sinks.py
+        return decoded  # type: ignore[return-value]
 
     try:
         for ticket, window in enumerate(windows):

@@ -10,7 +10,7 @@ from shardstream.storage.cache import ShardCache
 from shardstream.storage.core import Storage
 from shardstream.storage.expect import Expected
 from shardstream.storage.local import absolute_url, file_kind
-from shardstream.storage.parts import ReadPool
+from shardstream.storage.parts import ReadPool, trim_read_buffers
 from shardstream.storage.prefetch import Prefetcher
 from shardstream.storage.retry import RetryPolicy, is_transient
 
@@ -24,4 +24,5 @@ __all__ = [
     "absolute_url",
     "file_kind",
     "is_transient",
+    "trim_read_buffers",
 ]

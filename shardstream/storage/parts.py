@@ -45,6 +45,7 @@ __all__ = [
     "read_long",
     "read_parts",
     "split",
+    "trim_read_buffers",
 ]
 
 # NOTE [ Reads in parts ]
@@ -111,6 +112,15 @@ NEVER_CUT = PROBE + 2 * PART_MIN
 T = TypeVar("T")
 
 _BUFFERS = PerProcess(Buffers)  # a fork child's are its own (NOTE [ Reusing read buffers ] in sinks.py)
+
+
+def trim_read_buffers() -> None:
+    """Let go of this process's read buffers that nobody holds, beyond ``IDLE_BUFFERS``
+    bytes of them: called as a window's reads are let go (NOTE [ Reusing read buffers ])."""
+    buffers = _BUFFERS.peek()
+    if buffers is not None:
+        buffers.trim()
+
 
 # Whom a read tells of its bytes as they arrive (NOTE [ Read budget ] in dataset/budget.py):
 # passed down by whoever starts the read, None where nobody counts them.

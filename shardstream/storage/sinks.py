@@ -79,8 +79,11 @@ def new_buffer(size: int) -> mmap.mmap:
 # one is rounded up to huge pages so reads of about one size share them. The buffers are
 # the process's, shared by its readers, so the next epoch's reader (a new one) takes the
 # last one's. Buffers nobody holds beyond ``IDLE_BUFFERS`` bytes are let go when a buffer
-# is taken and when a reader closes: the RSS is that of the reads held at once, as
-# without reuse, and at most that many bytes of buffers waiting to be taken again.
+# is taken, when a reader closes, and as each window's reads are let go once it is
+# decoded (``trim_read_buffers``: else a shuffled window's reads, freed, stayed kept until
+# the next window's first read, beside that window and the samples of this one): the RSS
+# is that of the reads held at once, as without reuse, and at most that many bytes of
+# buffers waiting to be taken again.
 IDLE_BUFFERS = 64 * 2**20  # a default read budget (dataset/budget.py) of buffers
 _ROUND = 2 * 2**20  # a new buffer's length is a multiple of this (a huge page)
 
