@@ -197,7 +197,7 @@ def fetched_in_order(
         decoded = (window, *decode(window, fetched))  # type: ignore[misc]
         del fetched  # the reads the samples do not hold are free: past the idle ones, let go
         trim_read_buffers()  # NOTE [ Reusing read buffers ] in storage/sinks.py
-        return decoded  # type: ignore[return-value]
+        return decoded
 
     try:
         for ticket, window in enumerate(windows):
