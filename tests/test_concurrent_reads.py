@@ -29,6 +29,7 @@ from shardstream.storage.parts import PART_MIN, PROBE, split
 from shardstream.testing import WanProxy
 from shardstream.types import ByteRange
 from tests.faultproxy import FaultProxy
+from tests.test_parts_upfront import _Measured
 
 MB = 2**20
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,27 +77,18 @@ def test_split_cuts_long_reads_into_parts_that_tile_them():
     assert all(part.length <= 8 * MB for part in split(ByteRange(0, 200 * MB)))
 
 
-class _Measured:
-    """A stream as ``parts._cut`` sees it: a latency and a rate."""
-
-    def __init__(self, rate: float) -> None:
-        self.latency, self._rate = 0.03, rate
-
-    def rate(self) -> float:
-        return self._rate
-
-
 def test_a_read_is_not_cut_while_the_reads_in_flight_together_are_fast():
     from shardstream.storage.parts import FAST_CONNECTION, _cut
 
     pool = ReadPool(8)
-    slow = _Measured(40e6)  # 40 MB/s through 1 ms: a short link (over a long one, see test_parts_long_link)
-    slow.latency = 0.001
+    slow = _Measured(
+        0.001, 40e6
+    )  # 40 MB/s through 1 ms: a short link (over a long one, see test_parts_long_link)
     rest = ByteRange(PROBE, 32 * MB)
     pool.reading(slow, True)  # type: ignore[arg-type]
     assert len(_cut(rest, slow, pool)) > 1  # type: ignore[arg-type]
     # other GETs of the window read as fast together: the process or the server is the limit
-    others = [_Measured(FAST_CONNECTION / 2), _Measured(FAST_CONNECTION / 2)]
+    others = [_Measured(0.03, FAST_CONNECTION / 2), _Measured(0.03, FAST_CONNECTION / 2)]
     for other in others:
         pool.reading(other, True)  # type: ignore[arg-type]
     assert _cut(rest, slow, pool) == [rest]  # type: ignore[arg-type]

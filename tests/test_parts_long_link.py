@@ -9,18 +9,9 @@ import pytest
 
 from shardstream.storage.parts import FAST_CONNECTION, PART_MIN, PROBE, ReadPool, _cut, _long_link, _planned
 from shardstream.types import ByteRange
+from tests.test_parts_upfront import _Measured
 
 MB = 2**20
-
-
-class _Measured:
-    """A stream as ``parts`` sees it: a latency and a rate."""
-
-    def __init__(self, latency: float, rate: float) -> None:
-        self.latency, self._rate = latency, rate
-
-    def rate(self) -> float:
-        return self._rate
 
 
 @pytest.fixture

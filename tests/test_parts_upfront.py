@@ -19,7 +19,8 @@ MB = 2**20
 
 
 class _Measured:
-    """A stream as ``ReadPool.measured`` sees it: a latency and a rate."""
+    """A stream as ``ReadPool.measured`` and ``parts._cut`` see it: a latency and a rate
+    (the other tests of parts take it from here)."""
 
     def __init__(self, latency: float, rate: float) -> None:
         self.latency, self._rate = latency, rate

@@ -278,11 +278,9 @@ def bench_small(work: str, count: int, repeat: int) -> None:
     # decode=True's limit: decode=False plus parsing the same field values alone, with the
     # parsers shardstream uses (str, int, orjson where installed), each value once
     parse = measure({"parse alone": _parse_alone(count)}, repeat).rate("parse alone")
-    limits = {
-        name: statistics.median(r[name] for r in rates.rounds) / parse
-        for name in ("shardstream", "shardstream parquet")
-    }
-    tar_limit, parquet_limit = (1 / (1 + limit) for limit in limits.values())
+    tar_limit, parquet_limit = (
+        1 / (1 + rates.rate(name) / parse) for name in ("shardstream", "shardstream parquet")
+    )
     print(
         f"  decode=True's limit, decode=False plus the parse alone ({parse:,.0f} samples/s): "
         f"{tar_limit:.2f}x (tar), {parquet_limit:.2f}x (Parquet)"

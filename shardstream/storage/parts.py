@@ -116,7 +116,8 @@ _BUFFERS = PerProcess(Buffers)  # a fork child's are its own (NOTE [ Reusing rea
 
 def trim_read_buffers() -> None:
     """Let go of this process's read buffers that nobody holds, beyond ``IDLE_BUFFERS``
-    bytes of them: called as a window's reads are let go (NOTE [ Reusing read buffers ])."""
+    bytes of them: called as a window's reads are let go and as a pool closes (NOTE [
+    Reusing read buffers ])."""
     buffers = _BUFFERS.peek()
     if buffers is not None:
         buffers.trim()
@@ -253,9 +254,7 @@ class ReadPool:
         pool = self._pool.clear()  # this process's: a parent's is dropped
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-        buffers = _BUFFERS.peek()
-        if buffers is not None:
-            buffers.trim()  # at most IDLE_BUFFERS kept for the next reader
+        trim_read_buffers()  # at most IDLE_BUFFERS kept for the next reader
 
     def __reduce__(self):  # configuration only, never threads
         return (ReadPool, (self.threads,))
