@@ -127,6 +127,11 @@ class Backend:
         order with ``readinto`` and then closed; only where ``streams`` is True."""
         raise NotImplementedError
 
+    def latency(self) -> float | None:
+        """Seconds a GET takes to answer here, as this process's last ones did (None where
+        not measured; NOTE [ A link's latency before its reads ] in parts.py)."""
+        return None
+
     def size(self, fspath: str) -> int:
         raise NotImplementedError
 
@@ -360,6 +365,9 @@ class S3Backend(FsspecBackend):
     def stream(self, fspath: str, rng: ByteRange | None, size: int | None) -> Body:
         bucket, _, key = fspath.partition("/")
         return cast(S3Reader, self.reader).stream(bucket, key, rng, size=size)
+
+    def latency(self) -> float | None:
+        return self.reader.latency() if self.reader is not None else None
 
     def close(self) -> None:
         if self.reader is not None:

@@ -95,6 +95,19 @@ __all__ = [
 #   so does the read after LINK reads cut up front that measured nothing (parts too short
 #   to give a rate), so that a verdict of slow is measured again, never kept for good.
 #   tools/bench_wan.py measures it.
+#
+# NOTE [ A link's latency before its reads ]
+# A pool that has measured nothing yet would probe its first long reads, each held to one
+# connection for its first PROBE bytes and then the latency of the parts cut after it. But
+# on object storage a dataset's first long reads come after its manifest and sidecars:
+# small GETs whose time to headers is the link's latency already (``RetriedIO.latency``:
+# the median of the storage's last few GETs). Where that is LONG_LATENCY or more, the link
+# is a long one (``_long_link``) for any connection that carries up to PART_MIN /
+# LONG_LATENCY, 100 MB/s, so a probe would cut the read too: it is cut up front into PARTS
+# parts (a connection faster than that is then measured fast, and cut no more). Loopback
+# and a LAN answer in a few milliseconds and probe as before; so does a DataLoader worker
+# whose storage made no GET yet. A verdict of slow still counts among the reads cut up
+# front that measured nothing. tools/bench_matrix.py's WAN cells measure it.
 PART_MIN = 1 * 2**20
 PART_MAX = 8 * 2**20
 PARTS = 4  # a read is cut into at most this many parts (this many where nothing was measured)
@@ -108,6 +121,9 @@ GETS_IN_FLIGHT = 24  # a pool's long reads are cut only while they have fewer GE
 # A streamed read shorter than this is never cut (its rest after the probe is shorter than
 # two parts), so it is one plain GET read at once: no chunks, no probe, no buffer to fill.
 NEVER_CUT = PROBE + 2 * PART_MIN
+LONG_LATENCY = (
+    0.01  # s: a storage answering this late is a long link (NOTE [ A link's latency before its reads ])
+)
 
 T = TypeVar("T")
 
@@ -307,7 +323,7 @@ def read_long(
         else:
             wait_all([pool.submit(_read_part, io, path, part, size, sink, tell) for part in parts])
         return
-    planned = _planned(rng, pool) if pool is not None else [rng]  # cut up front: no probe
+    planned = _planned(rng, pool, io.latency()) if pool is not None else [rng]  # cut up front: no probe
     stream = _Stream(io, path, planned[0], size, whole_object and len(planned) == 1, tell)
     if pool is not None:
         pool.count_gets(1)
@@ -349,17 +365,27 @@ def _read_cut(stream: _Stream, parts: list[ByteRange], pool: ReadPool, sink: Sin
     wait_all(later)
 
 
-def _planned(rng: ByteRange, pool: ReadPool) -> list[ByteRange]:
+def _planned(rng: ByteRange, pool: ReadPool, answers: float | None = None) -> list[ByteRange]:
     """``rng`` cut up front where the pool's last GETs measured a slow link, as ``_cut``
-    would cut it after a probe (NOTE [ Reads in parts ]); else whole (it probes)."""
+    would cut it after a probe (NOTE [ Reads in parts ]), or, before the pool measured
+    any, where its storage's GETs took ``answers`` >= LONG_LATENCY s to answer (NOTE [ A
+    link's latency before its reads ]); else whole (it probes)."""
     link = pool.link()
-    if link is None or pool.fast or link[1] >= FAST_CONNECTION:
-        return [rng]
+    if link is None:  # no rate yet: as many parts as a read may have, on a long link only
+        late = answers is not None and answers >= LONG_LATENCY
+        return _cut_up_front(rng, pool, PART_MIN) if late and not pool.fast else [rng]
     latency, rate = link
+    if pool.fast or rate >= FAST_CONNECTION:
+        return [rng]
     if not _long_link(latency, rate) and pool.rate() >= FAST_CONNECTION:
         return [rng]
-    part = max(float(PART_MIN), rate * PART_LATENCIES * latency)
-    count = min(PARTS, pool.threads, GETS_IN_FLIGHT - pool.gets, -(-rng.length // int(part)))
+    return _cut_up_front(rng, pool, max(PART_MIN, int(rate * PART_LATENCIES * latency)))
+
+
+def _cut_up_front(rng: ByteRange, pool: ReadPool, part: int) -> list[ByteRange]:
+    """``rng`` in parts of about ``part`` bytes, as many as the pool allows (at least two:
+    else whole, as after LINK reads cut up front that measured nothing)."""
+    count = min(PARTS, pool.threads, GETS_IN_FLIGHT - pool.gets, -(-rng.length // part))
     if count < 2 or not pool.cut_up_front():
         return [rng]
     return split(rng, count, maximum=max(PART_MAX, -(-rng.length // count)))

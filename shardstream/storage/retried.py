@@ -47,6 +47,10 @@ class RetriedIO:
         """Whether ``stream`` gives a GET's body to read as it arrives (NOTE [ Reads in parts ])."""
         return self.backend.streams
 
+    def latency(self) -> float | None:
+        """The backend's time to answer a GET (NOTE [ A link's latency before its reads ] in parts.py)."""
+        return self.backend.latency()
+
     @property
     def endpoint_url(self) -> str:
         """The S3 endpoint the folder is read through ("" for the default one or no S3)."""

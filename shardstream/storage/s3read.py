@@ -28,12 +28,15 @@
 
 from __future__ import annotations
 
+import collections
 import errno
 import functools
 import inspect
 import io
 import os
+import statistics
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -45,7 +48,9 @@ from shardstream.storage.s3lean import LeanClient
 from shardstream.storage.streams import Body
 from shardstream.types import ByteRange
 
-__all__ = ["POOL_CONNECTIONS", "S3Reader", "client_arguments", "s3_options", "timeouts_of"]
+__all__ = ["ANSWERS", "POOL_CONNECTIONS", "S3Reader", "client_arguments", "s3_options", "timeouts_of"]
+
+ANSWERS = 8  # the last GETs whose time to headers ``S3Reader.latency`` goes by
 
 # s3fs options that do not change how one object is read: the fast path ignores them.
 _FS_ONLY = frozenset(
@@ -210,6 +215,8 @@ class S3Reader:
         self._client: Any = None
         self._pid = -1
         self._extras: dict[str, Any] = {}
+        # seconds to the headers of this reader's last GETs (NOTE [ A link's latency before its reads ])
+        self._answers: collections.deque[float] = collections.deque(maxlen=ANSWERS)
 
     @classmethod
     def create(cls, options: Mapping[str, Any]) -> S3Reader | None:
@@ -295,6 +302,7 @@ class S3Reader:
         request = dict(self._extras, Bucket=bucket, Key=key)
         if rng is not None:
             request["Range"] = f"bytes={rng.start}-{rng.end - 1}"
+        started = time.monotonic()
         try:
             response = client.get_object(**request)
         except ClientError as error:
@@ -302,9 +310,17 @@ class S3Reader:
                 _check_total(error.response.get("Error", {}).get("ActualObjectSize"), size)
                 return None
             raise _translated(error) from error
+        self._answers.append(time.monotonic() - started)
         if size is not None:
             _check_total(_total_size(response), size)
         return response
+
+    def latency(self) -> float | None:
+        """The median time to the headers of this reader's last ``ANSWERS`` GETs in this
+        process (None before any): the link's latency (NOTE [ A link's latency before its
+        reads ] in parts.py)."""
+        answers = list(self._answers)  # a copy: other threads append
+        return statistics.median(answers) if answers else None
 
     def close(self) -> None:
         """Close this process's client (a parent's is left alone); it is remade on use."""

@@ -1,0 +1,81 @@
+"""NOTE [ A link's latency before its reads ] in storage/parts.py: before a pool measured
+anything, its storage's time to answer small GETs decides whether a long read is cut up
+front."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from shardstream.storage import Storage
+from shardstream.storage.expect import Expected
+from shardstream.storage.parts import LONG_LATENCY, PART_MIN, PARTS, ReadPool, _planned
+from shardstream.storage.retried import RetriedIO
+from shardstream.testing import WanProxy
+from shardstream.types import ByteRange
+from tests.test_parts_upfront import _Measured
+
+MB = 2**20
+
+
+def test_a_late_answering_storage_cuts_a_fresh_pools_first_read_into_parts():
+    pool = ReadPool(8)
+    rng = ByteRange(0, 12 * MB)
+    try:
+        parts = _planned(rng, pool, LONG_LATENCY * 3)
+        assert len(parts) == PARTS
+        assert parts[0].start == rng.start
+        assert parts[-1].end == rng.end
+        assert min(part.length for part in parts) >= PART_MIN
+        assert _planned(rng, pool, LONG_LATENCY / 10) == [rng]  # loopback: it probes
+        assert _planned(rng, pool, None) == [rng]  # no GET yet: it probes
+        assert _planned(ByteRange(0, PART_MIN + 5), pool, 1.0) == [ByteRange(0, PART_MIN + 5)]
+        pool.proven_fast()
+        assert _planned(rng, pool, 1.0) == [rng]
+    finally:
+        pool.close()
+
+
+def test_what_the_pool_measured_goes_before_the_storages_answers():
+    pool = ReadPool(8)
+    rng = ByteRange(0, 12 * MB)
+    try:
+        pool.measured(_Measured(0.03, 1e12))  # type: ignore[arg-type]  # its GETs were fast
+        assert _planned(rng, pool, 1.0) == [rng]
+    finally:
+        pool.close()
+
+
+@pytest.mark.s3
+def test_the_first_long_read_after_a_small_get_over_a_long_link_asks_for_parts_only(
+    s3, moto_server, monkeypatch
+):
+    base, options = s3
+    data = os.urandom(12 * MB + 5)
+    Storage(base + "/o", options).write("blob", data)
+    Storage(base + "/o", options).write("small", b"x" * 100)
+    asked: list[ByteRange | None] = []
+    stream = RetriedIO.stream
+
+    def recorded(self, path, rng, size):  # type: ignore[no-untyped-def]
+        asked.append(rng)
+        return stream(self, path, rng, size)
+
+    monkeypatch.setattr(RetriedIO, "stream", recorded)
+    with WanProxy(moto_server.endpoint, latency=0.05, bandwidth=0) as proxy:
+        storage = Storage(base + "/o", dict(options, endpoint_url=proxy.endpoint))
+        pool = ReadPool(8)
+        try:
+            whole = ByteRange(0, len(data))
+            assert storage.read("small") == b"x" * 100
+            assert storage._io.latency() >= 0.05
+            got = storage.read_parts("blob", whole, expect=Expected(len(data)), pool=pool)
+            assert bytes(got) == data
+            assert len(asked) == PARTS  # no probe: every GET asks for one part
+            assert None not in asked
+            assert whole not in asked
+            assert sorted(r.start for r in asked if r)[0] == 0
+        finally:
+            pool.close()
+            storage.close()
