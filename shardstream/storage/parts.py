@@ -62,11 +62,14 @@ __all__ = [
 #   window's other reads are done.
 # - A connection carrying FAST_CONNECTION or more is not what limits a worker (its CPU is,
 #   and more GETs only add work): the GET reads on. Slower, the rest is cut into parts that
-#   last about PART_LATENCIES latencies each (so a part's latency is a small share of its
-#   time), at least PART_MIN bytes, at most PARTS of them (the server's copies stay few),
-#   longer than PART_MAX only where that keeps them that few. Where not even two parts would
-#   last their latencies (a loaded server answers late), the GET reads on. The first GET
-#   reads to the end of the first part; the others are ranged GETs in the pool's threads.
+#   last about PART_LATENCIES latencies each, at least PART_MIN bytes, at most PARTS of
+#   them (the server's copies stay few), longer than PART_MAX only where that keeps them
+#   that few. One latency, not several: a read's bytes are held in the read budget from
+#   its first GET to its last byte (NOTE [ Read budget ] in dataset/budget.py), so a worker
+#   carries at most its budget per such time, and parts that end sooner carry more of it,
+#   though each spends half its time on its latency. Where not even two parts would last
+#   a latency (a loaded server answers late), the GET reads on. The first GET reads to the
+#   end of the first part; the others are ranged GETs in the pool's threads.
 # - Only while the pool's long reads have fewer than GETS_IN_FLIGHT GETs in flight, into no
 #   more parts than it takes to get there: a part adds a connection where a worker has few,
 #   but only requests where its window's reads keep that many busy (a rate per connection
@@ -115,7 +118,7 @@ CHUNK = PART_MIN  # the first GET's body is read in pieces of this many bytes
 PROBE = 2 * CHUNK  # its bytes before it may be cut (NOTE [ Reads in parts ])
 FAST_CONNECTION = 256 * 2**20  # bytes/s: a GET this fast is never cut
 FAST_PROOF = 4 * 2**20  # bytes a GET reads at FAST_CONNECTION before its pool cuts no more reads
-PART_LATENCIES = 2  # a part lasts about this many latencies at the measured rate
+PART_LATENCIES = 1  # a part lasts about this many latencies at the measured rate
 LINK = 8  # the last GETs whose latency and rate a pool's up-front cuts go by
 GETS_IN_FLIGHT = 24  # a pool's long reads are cut only while they have fewer GETs in flight
 # A streamed read shorter than this is never cut (its rest after the probe is shorter than
