@@ -11,7 +11,7 @@ import pytest
 
 import shardstream
 from shardstream.pack import ShardWriter
-from shardstream.storage import parts, ranged, sinks
+from shardstream.storage import ranged, read_pool, sinks
 
 MB = 2**20
 
@@ -21,7 +21,7 @@ def buffers(monkeypatch):
     """This process's read buffers, with an idle bound of one MiB; local reads of 64 KiB or
     more go into them."""
     monkeypatch.setattr(ranged, "LOCAL_BUFFERED", 64 * 1024)
-    held = parts._BUFFERS.get()
+    held = read_pool._BUFFERS.get()
     held.clear()
     monkeypatch.setattr(held, "idle", MB)
     yield held

@@ -7,33 +7,28 @@ arrive, in order within each part: one buffer allocated up front (on the botocor
 body is read straight into it; elsewhere one copy; NOTE [ Read buffers ]), or the cache's
 temp file, hashed in order as the parts complete (NOTE [ Filling the cache ] in
 cached.py). Where the backend cannot stream a body (the fsspec path), the read is cut up
-front into ``PARTS`` parts. The threads are a ``ReadPool``: made on first use by the
-process that uses it, never reused by a fork child (its threads did not fork), so a
-Storage or a dataset made before ``fork`` works after it.
+front into ``PARTS`` parts. The threads are a ``ReadPool`` (read_pool.py), which also
+keeps what its GETs measured of the link.
 """
 
 from __future__ import annotations
 
-import collections
-import functools
-import statistics
-import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import Any, TypeVar
+from concurrent.futures import Future, wait
+from typing import Any
 
-from shardstream.errors import UsageError
-from shardstream.lifecycle import PerProcess
 from shardstream.storage.expect import Expected
+from shardstream.storage.read_pool import LINK, ReadPool, trim_read_buffers
 from shardstream.storage.retried import RetriedIO
-from shardstream.storage.sinks import Buffers, MemorySink, Sink
+from shardstream.storage.sinks import MemorySink, Sink
 from shardstream.types import ByteRange
 
 __all__ = [
     "FAST_CONNECTION",
     "GETS_IN_FLIGHT",
+    "LINK",
+    "LONG_LATENCY",
     "NEVER_CUT",
     "PARTS",
     "PART_MAX",
@@ -119,27 +114,12 @@ PROBE = 2 * CHUNK  # its bytes before it may be cut (NOTE [ Reads in parts ])
 FAST_CONNECTION = 256 * 2**20  # bytes/s: a GET this fast is never cut
 FAST_PROOF = 4 * 2**20  # bytes a GET reads at FAST_CONNECTION before its pool cuts no more reads
 PART_LATENCIES = 1  # a part lasts about this many latencies at the measured rate
-LINK = 8  # the last GETs whose latency and rate a pool's up-front cuts go by
 GETS_IN_FLIGHT = 24  # a pool's long reads are cut only while they have fewer GETs in flight
 # A streamed read shorter than this is never cut (its rest after the probe is shorter than
 # two parts), so it is one plain GET read at once: no chunks, no probe, no buffer to fill.
 NEVER_CUT = PROBE + 2 * PART_MIN
-LONG_LATENCY = (
-    0.01  # s: a storage answering this late is a long link (NOTE [ A link's latency before its reads ])
-)
-
-T = TypeVar("T")
-
-_BUFFERS = PerProcess(Buffers)  # a fork child's are its own (NOTE [ Reusing read buffers ] in sinks.py)
-
-
-def trim_read_buffers() -> None:
-    """Let go of this process's read buffers that nobody holds, beyond ``IDLE_BUFFERS``
-    bytes of them: called as a window's reads are let go and as a pool closes (NOTE [
-    Reusing read buffers ])."""
-    buffers = _BUFFERS.peek()
-    if buffers is not None:
-        buffers.trim()
+# s: a storage answering this late is a long link (NOTE [ A link's latency before its reads ])
+LONG_LATENCY = 0.01
 
 
 # Whom a read tells of its bytes as they arrive (NOTE [ Read budget ] in dataset/budget.py):
@@ -157,126 +137,6 @@ def split(
     if rng.length < 2 * minimum or size >= rng.length:
         return [rng]
     return [ByteRange(start, min(start + size, rng.end)) for start in range(rng.start, rng.end, size)]
-
-
-class _Gets:
-    """A pool's long reads in flight in one process: their GETs and their streams."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.count = 0
-        self.streams: set[_Stream] = set()
-        self.fast = False  # a GET was measured fast over FAST_PROOF bytes (NOTE [ Reads in parts ])
-        # (latency, rate) of the last GETs measured (NOTE [ Reads in parts ])
-        self.link: collections.deque[tuple[float, float]] = collections.deque(maxlen=LINK)
-        self.unmeasured = 0  # reads cut up front since a GET was last measured
-
-
-class ReadPool:
-    """``threads`` threads for reads, made on first use in each process (see NOTE
-    [ Reads in parts ]); ``close`` joins them (a pool made by a parent is dropped)."""
-
-    def __init__(self, threads: int) -> None:
-        if threads < 1:
-            raise UsageError(f"a read pool needs at least 1 thread, not {threads}")
-        self.threads = threads
-        # no reference back to the pool: a pool dropped unclosed lets its threads go at once
-        self._pool = PerProcess(
-            functools.partial(ThreadPoolExecutor, threads, thread_name_prefix="shardstream-read")
-        )
-        self._gets = PerProcess(_Gets)  # a fork child's count and lock are its own
-
-    @property
-    def buffers(self) -> Buffers:
-        """This process's buffers for long reads, shared by its pools (NOTE [ Reusing read buffers ])."""
-        return _BUFFERS.get()
-
-    @property
-    def gets(self) -> int:
-        """GETs of this pool's long reads in flight in this process: their first GETs
-        and parts (NOTE [ Reads in parts ])."""
-        gets = self._gets.peek()
-        return gets.count if gets is not None else 0
-
-    def count_gets(self, change: int) -> None:
-        gets = self._gets.get()
-        with gets.lock:
-            gets.count += change
-
-    def reading(self, stream: _Stream, now: bool) -> None:
-        """``stream`` is being read (``now``) or is done: ``rate`` sums those being read."""
-        gets = self._gets.get()
-        with gets.lock:
-            if now:
-                gets.streams.add(stream)
-            else:
-                gets.streams.discard(stream)
-
-    @property
-    def fast(self) -> bool:
-        """Whether a GET of this pool read at FAST_CONNECTION over FAST_PROOF bytes in this
-        process: its reads are cut no more (NOTE [ Reads in parts ])."""
-        gets = self._gets.peek()
-        return gets is not None and gets.fast
-
-    def proven_fast(self) -> None:
-        self._gets.get().fast = True
-
-    def measured(self, stream: _Stream) -> None:
-        """Keep ``stream``'s latency and rate, where it measured both."""
-        rate = stream.rate()
-        if stream.latency is not None and rate is not None:
-            gets = self._gets.get()
-            with gets.lock:
-                gets.link.append((stream.latency, rate))
-                gets.unmeasured = 0
-
-    def cut_up_front(self) -> bool:
-        """Count a read cut up front; False where LINK of them in a row measured nothing
-        (parts too short to give a rate), so this one probes (NOTE [ Reads in parts ])."""
-        gets = self._gets.get()
-        with gets.lock:
-            if gets.unmeasured >= LINK:
-                return False
-            gets.unmeasured += 1
-            return True
-
-    def link(self) -> tuple[float, float] | None:
-        """The median latency (s) and rate (bytes/s) of this pool's last GETs measured in
-        this process, or None before any (NOTE [ Reads in parts ])."""
-        gets = self._gets.peek()
-        if gets is None:
-            return None
-        with gets.lock:
-            link = list(gets.link)
-        if not link:
-            return None
-        return statistics.median(t for t, _ in link), statistics.median(r for _, r in link)
-
-    def rate(self) -> float:
-        """Bytes/s of this pool's long reads being read, together (NOTE [ Reads in parts ])."""
-        gets = self._gets.peek()
-        if gets is None:
-            return 0.0
-        with gets.lock:
-            streams = list(gets.streams)
-        return sum(stream.rate() or 0.0 for stream in streams)
-
-    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
-        """``fn(*args)`` in a thread of the pool."""
-        return self._pool.get().submit(fn, *args)
-
-    def close(self) -> None:
-        # at interpreter exit the threads are joined already, and the modules may be gone
-        if sys.is_finalizing():
-            return
-        pool = self._pool.clear()  # this process's: a parent's is dropped
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-        trim_read_buffers()  # at most IDLE_BUFFERS kept for the next reader
-
-    def __reduce__(self):  # configuration only, never threads
-        return (ReadPool, (self.threads,))
 
 
 def read_parts(
