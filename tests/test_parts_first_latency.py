@@ -63,13 +63,13 @@ def test_the_first_long_read_after_a_small_get_over_a_long_link_asks_for_parts_o
         return stream(self, path, rng, size)
 
     monkeypatch.setattr(RetriedIO, "stream", recorded)
-    with WanProxy(moto_server.endpoint, latency=0.05, bandwidth=0) as proxy:
+    with WanProxy(moto_server.endpoint, latency=0.06, bandwidth=0) as proxy:
         storage = Storage(base + "/o", dict(options, endpoint_url=proxy.endpoint))
         pool = ReadPool(8)
         try:
             whole = ByteRange(0, len(data))
             assert storage.read("small") == b"x" * 100
-            assert storage._io.latency() >= 0.05
+            assert storage._io.latency() >= LONG_LATENCY
             got = storage.read_parts("blob", whole, expect=Expected(len(data)), pool=pool)
             assert bytes(got) == data
             assert len(asked) == PARTS  # no probe: every GET asks for one part

@@ -99,13 +99,15 @@ __all__ = [
 # connection for its first PROBE bytes and then the latency of the parts cut after it. But
 # on object storage a dataset's first long reads come after its manifest and sidecars:
 # small GETs whose time to headers is the link's latency already (``RetriedIO.latency``:
-# the median of the storage's last few GETs). Where that is LONG_LATENCY or more, the link
-# is a long one (``_long_link``) for any connection that carries up to PART_MIN /
-# LONG_LATENCY, 100 MB/s, so a probe would cut the read too: it is cut up front into PARTS
-# parts (a connection faster than that is then measured fast, and cut no more). Loopback
-# and a LAN answer in a few milliseconds and probe as before; so does a DataLoader worker
-# whose storage made no GET yet. A verdict of slow still counts among the reads cut up
-# front that measured nothing. tools/bench_matrix.py's WAN cells measure it.
+# the median of the storage's last few GETs). Where that is LONG_LATENCY or more, a
+# connection faster than PART_MIN / LONG_LATENCY (40 MiB/s) is held by its round trips
+# (``_long_link``) and a slower one is slow: a probe would cut the read either way, so it
+# is cut up front into PARTS parts (a connection found fast is then cut no more). Below
+# it the first reads probe as before: loopback and a LAN answer in a few milliseconds,
+# and moto, a server in Python that copies the whole object for every ranged GET, in 4 to
+# 20, where parts up front make the first batch later, not sooner. So does a DataLoader
+# worker whose storage made no GET yet. A verdict of slow still counts among the reads cut up front
+# that measured nothing. tools/bench_matrix.py's WAN cells measure it.
 PART_MIN = 1 * 2**20
 PART_MAX = 8 * 2**20
 PARTS = 4  # a read is cut into at most this many parts (this many where nothing was measured)
@@ -119,7 +121,7 @@ GETS_IN_FLIGHT = 24  # a pool's long reads are cut only while they have fewer GE
 # two parts), so it is one plain GET read at once: no chunks, no probe, no buffer to fill.
 NEVER_CUT = PROBE + 2 * PART_MIN
 # s: a storage answering this late is a long link (NOTE [ A link's latency before its reads ])
-LONG_LATENCY = 0.01
+LONG_LATENCY = 0.025
 
 
 # Whom a read tells of its bytes as they arrive (NOTE [ Read budget ] in dataset/budget.py):
