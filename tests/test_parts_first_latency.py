@@ -10,7 +10,15 @@ import pytest
 
 from shardstream.storage import Storage
 from shardstream.storage.expect import Expected
-from shardstream.storage.parts import LONG_LATENCY, PART_MIN, PARTS, ReadPool, _planned
+from shardstream.storage.parts import (
+    LONG_LATENCY,
+    PART_LATENCIES,
+    PART_MIN,
+    PARTS,
+    ReadPool,
+    _part_bytes,
+    _planned,
+)
 from shardstream.storage.retried import RetriedIO
 from shardstream.testing import WanProxy
 from shardstream.types import ByteRange
@@ -79,3 +87,14 @@ def test_the_first_long_read_after_a_small_get_over_a_long_link_asks_for_parts_o
         finally:
             pool.close()
             storage.close()
+
+
+def test_a_part_lasts_one_latency_where_the_latency_is_the_wires_and_two_elsewhere():
+    assert _part_bytes(LONG_LATENCY * 2, 40e6) == 40e6 * LONG_LATENCY * 2 * PART_LATENCIES / 2
+    assert _part_bytes(LONG_LATENCY / 5, 40e6) == 40e6 * LONG_LATENCY / 5 * PART_LATENCIES
+    pool = ReadPool(8)
+    try:  # 50 ms at 40 MB/s: parts of 2 MB, so an 8 MiB read takes all PARTS (of 4 MB: 3)
+        pool.measured(_Measured(0.05, 40e6))  # type: ignore[arg-type]
+        assert len(_planned(ByteRange(0, 8 * MB), pool)) == PARTS
+    finally:
+        pool.close()

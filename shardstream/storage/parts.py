@@ -31,6 +31,7 @@ __all__ = [
     "LONG_LATENCY",
     "NEVER_CUT",
     "PARTS",
+    "PART_LATENCIES",
     "PART_MAX",
     "PART_MIN",
     "MemorySink",
@@ -57,14 +58,17 @@ __all__ = [
 #   window's other reads are done.
 # - A connection carrying FAST_CONNECTION or more is not what limits a worker (its CPU is,
 #   and more GETs only add work): the GET reads on. Slower, the rest is cut into parts that
-#   last about PART_LATENCIES latencies each, at least PART_MIN bytes, at most PARTS of
-#   them (the server's copies stay few), longer than PART_MAX only where that keeps them
-#   that few. One latency, not several: a read's bytes are held in the read budget from
-#   its first GET to its last byte (NOTE [ Read budget ] in dataset/budget.py), so a worker
-#   carries at most its budget per such time, and parts that end sooner carry more of it,
-#   though each spends half its time on its latency. Where not even two parts would last
-#   a latency (a loaded server answers late), the GET reads on. The first GET reads to the
-#   end of the first part; the others are ranged GETs in the pool's threads.
+#   last about PART_LATENCIES latencies each (so a part's latency is a small share of its
+#   time), at least PART_MIN bytes, at most PARTS of them (the server's copies stay few),
+#   longer than PART_MAX only where that keeps them that few. Half that, one latency, where
+#   the latency is LONG_LATENCY or more: there it is the wire's round trip, which costs the
+#   server nothing, and a read's bytes are held in the read budget from its first GET to
+#   its last byte (NOTE [ Read budget ] in dataset/budget.py), so a worker carries at most
+#   its budget per such time and parts that end sooner carry more of it. On a short link
+#   the latency is mostly the server's work per GET (moto's copy of the object), which
+#   more parts multiply. Where not even two parts would last their latencies (a loaded
+#   server answers late), the GET reads on. The first GET reads to the end of the first
+#   part; the others are ranged GETs in the pool's threads.
 # - Only while the pool's long reads have fewer than GETS_IN_FLIGHT GETs in flight, into no
 #   more parts than it takes to get there: a part adds a connection where a worker has few,
 #   but only requests where its window's reads keep that many busy (a rate per connection
@@ -115,7 +119,7 @@ CHUNK = PART_MIN  # the first GET's body is read in pieces of this many bytes
 PROBE = 2 * CHUNK  # its bytes before it may be cut (NOTE [ Reads in parts ])
 FAST_CONNECTION = 256 * 2**20  # bytes/s: a GET this fast is never cut
 FAST_PROOF = 4 * 2**20  # bytes a GET reads at FAST_CONNECTION before its pool cuts no more reads
-PART_LATENCIES = 1  # a part lasts about this many latencies at the measured rate
+PART_LATENCIES = 2  # a part lasts about this many latencies at the measured rate (half on a long link)
 GETS_IN_FLIGHT = 24  # a pool's long reads are cut only while they have fewer GETs in flight
 # A streamed read shorter than this is never cut (its rest after the probe is shorter than
 # two parts), so it is one plain GET read at once: no chunks, no probe, no buffer to fill.
@@ -244,7 +248,7 @@ def _planned(rng: ByteRange, pool: ReadPool, answers: float | None = None) -> li
         return [rng]
     if not _long_link(latency, rate) and pool.rate() >= FAST_CONNECTION:
         return [rng]
-    return _cut_up_front(rng, pool, max(PART_MIN, int(rate * PART_LATENCIES * latency)))
+    return _cut_up_front(rng, pool, max(PART_MIN, int(_part_bytes(latency, rate))))
 
 
 def _cut_up_front(rng: ByteRange, pool: ReadPool, part: int) -> list[ByteRange]:
@@ -254,6 +258,13 @@ def _cut_up_front(rng: ByteRange, pool: ReadPool, part: int) -> list[ByteRange]:
     if count < 2 or not pool.cut_up_front():
         return [rng]
     return split(rng, count, maximum=max(PART_MAX, -(-rng.length // count)))
+
+
+def _part_bytes(latency: float, rate: float) -> float:
+    """The bytes of a part that lasts PART_LATENCIES latencies at ``rate``, half that where
+    the latency is the wire's, LONG_LATENCY or more (NOTE [ Reads in parts ])."""
+    latencies = PART_LATENCIES / 2 if latency >= LONG_LATENCY else PART_LATENCIES
+    return rate * latencies * latency
 
 
 def _long_link(latency: float, rate: float) -> bool:
@@ -290,7 +301,7 @@ def _cut(rest: ByteRange, stream: _Stream, pool: ReadPool | None) -> list[ByteRa
         return [rest]
     if not _long_link(stream.latency, rate) and pool.rate() >= FAST_CONNECTION:
         return [rest]  # the reads in flight together: CPU-bound, not the wire
-    part = max(1.0, rate * PART_LATENCIES * stream.latency)
+    part = max(1.0, _part_bytes(stream.latency, rate))
     count = min(PARTS, pool.threads, 1 + room, -(-rest.length // int(part)))
     if count < 2:  # a part would not last its latencies: the GET reads on
         return [rest]
