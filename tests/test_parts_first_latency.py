@@ -20,6 +20,7 @@ from shardstream.storage.parts import (
     _planned,
 )
 from shardstream.storage.retried import RetriedIO
+from shardstream.storage.s3read import SMALL_ANSWER
 from shardstream.testing import WanProxy
 from shardstream.types import ByteRange
 from tests.test_parts_upfront import _Measured
@@ -89,12 +90,30 @@ def test_the_first_long_read_after_a_small_get_over_a_long_link_asks_for_parts_o
             storage.close()
 
 
-def test_a_part_lasts_one_latency_where_the_latency_is_the_wires_and_two_elsewhere():
-    assert _part_bytes(LONG_LATENCY * 2, 40e6) == 40e6 * LONG_LATENCY * 2 * PART_LATENCIES / 2
-    assert _part_bytes(LONG_LATENCY / 5, 40e6) == 40e6 * LONG_LATENCY / 5 * PART_LATENCIES
+def test_a_part_lasts_one_latency_where_small_gets_answer_late_and_two_elsewhere():
+    full = 40e6 * 0.05 * PART_LATENCIES
+    assert _part_bytes(0.05, 40e6, LONG_LATENCY) == full / 2  # the latency is the wire's
+    assert _part_bytes(0.05, 40e6, LONG_LATENCY / 5) == full  # the server's work on a large object
+    assert _part_bytes(0.05, 40e6, None) == full
     pool = ReadPool(8)
     try:  # 50 ms at 40 MB/s: parts of 2 MB, so an 8 MiB read takes all PARTS (of 4 MB: 3)
         pool.measured(_Measured(0.05, 40e6))  # type: ignore[arg-type]
-        assert len(_planned(ByteRange(0, 8 * MB), pool)) == PARTS
+        assert len(_planned(ByteRange(0, 8 * MB), pool, LONG_LATENCY)) == PARTS
+        assert len(_planned(ByteRange(0, 8 * MB), pool, None)) == 3
     finally:
         pool.close()
+
+
+@pytest.mark.s3
+def test_only_small_gets_tell_the_links_latency(s3):
+    base, options = s3
+    storage = Storage(base + "/o", options)
+    try:
+        storage.write("big", b"x" * (SMALL_ANSWER + 1))
+        storage.write("small", b"x")
+        storage.read("big")
+        assert storage._io.latency() is None  # its time to headers holds the server's work
+        storage.read("small")
+        assert storage._io.latency() is not None
+    finally:
+        storage.close()

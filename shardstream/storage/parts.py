@@ -61,12 +61,13 @@ __all__ = [
 #   last about PART_LATENCIES latencies each (so a part's latency is a small share of its
 #   time), at least PART_MIN bytes, at most PARTS of them (the server's copies stay few),
 #   longer than PART_MAX only where that keeps them that few. Half that, one latency, where
-#   the latency is LONG_LATENCY or more: there it is the wire's round trip, which costs the
-#   server nothing, and a read's bytes are held in the read budget from its first GET to
+#   small GETs take LONG_LATENCY or more to answer (NOTE [ A link's latency before its
+#   reads ]): there the latency is the wire's round trip, which costs the server nothing,
+#   and a read's bytes are held in the read budget from its first GET to
 #   its last byte (NOTE [ Read budget ] in dataset/budget.py), so a worker carries at most
-#   its budget per such time and parts that end sooner carry more of it. On a short link
-#   the latency is mostly the server's work per GET (moto's copy of the object), which
-#   more parts multiply. Where not even two parts would last their latencies (a loaded
+#   its budget per such time and parts that end sooner carry more of it. Elsewhere a long
+#   read's latency is mostly the server's work per GET (moto's copy of the object, tens of
+#   ms for a large one), which more parts multiply. Where not even two parts would last their latencies (a loaded
 #   server answers late), the GET reads on. The first GET reads to the end of the first
 #   part; the others are ranged GETs in the pool's threads.
 # - Only while the pool's long reads have fewer than GETS_IN_FLIGHT GETs in flight, into no
@@ -103,7 +104,8 @@ __all__ = [
 # connection for its first PROBE bytes and then the latency of the parts cut after it. But
 # on object storage a dataset's first long reads come after its manifest and sidecars:
 # small GETs whose time to headers is the link's latency already (``RetriedIO.latency``:
-# the median of the storage's last few GETs). Where that is LONG_LATENCY or more, a
+# the median of the storage's last few GETs of at most ``SMALL_ANSWER`` bytes; a larger
+# one's time to headers also holds the server's work on the object). Where that is LONG_LATENCY or more, a
 # connection faster than PART_MIN / LONG_LATENCY (40 MiB/s) is held by its round trips
 # (``_long_link``) and a slower one is slow: a probe would cut the read either way, so it
 # is cut up front into PARTS parts (a connection found fast is then cut no more). Below
@@ -192,7 +194,8 @@ def read_long(
         else:
             wait_all([pool.submit(_read_part, io, path, part, size, sink, tell) for part in parts])
         return
-    planned = _planned(rng, pool, io.latency()) if pool is not None else [rng]  # cut up front: no probe
+    answers = io.latency()  # NOTE [ A link's latency before its reads ]
+    planned = _planned(rng, pool, answers) if pool is not None else [rng]  # cut up front: no probe
     stream = _Stream(io, path, planned[0], size, whole_object and len(planned) == 1, tell)
     if pool is not None:
         pool.count_gets(1)
@@ -205,12 +208,12 @@ def read_long(
         if pool is None:
             stream.read_to(rng.end, sink)
             return
-        parts = _cut(ByteRange(stream.pos, rng.end), stream, pool)
+        parts = _cut(ByteRange(stream.pos, rng.end), stream, pool, answers)
         while len(parts) == 1:  # fast or busy so far: a chunk more, and look again
             stream.read_to(min(rng.end, stream.pos + CHUNK), sink)
             if not pool.fast and stream.carried(FAST_PROOF) >= FAST_CONNECTION:
                 pool.proven_fast()  # NOTE [ Reads in parts ]
-            parts = _cut(ByteRange(stream.pos, rng.end), stream, pool)
+            parts = _cut(ByteRange(stream.pos, rng.end), stream, pool, answers)
         if parts:
             _read_cut(stream, parts, pool, sink)
     finally:
@@ -248,7 +251,7 @@ def _planned(rng: ByteRange, pool: ReadPool, answers: float | None = None) -> li
         return [rng]
     if not _long_link(latency, rate) and pool.rate() >= FAST_CONNECTION:
         return [rng]
-    return _cut_up_front(rng, pool, max(PART_MIN, int(_part_bytes(latency, rate))))
+    return _cut_up_front(rng, pool, max(PART_MIN, int(_part_bytes(latency, rate, answers))))
 
 
 def _cut_up_front(rng: ByteRange, pool: ReadPool, part: int) -> list[ByteRange]:
@@ -260,10 +263,11 @@ def _cut_up_front(rng: ByteRange, pool: ReadPool, part: int) -> list[ByteRange]:
     return split(rng, count, maximum=max(PART_MAX, -(-rng.length // count)))
 
 
-def _part_bytes(latency: float, rate: float) -> float:
+def _part_bytes(latency: float, rate: float, answers: float | None) -> float:
     """The bytes of a part that lasts PART_LATENCIES latencies at ``rate``, half that where
-    the latency is the wire's, LONG_LATENCY or more (NOTE [ Reads in parts ])."""
-    latencies = PART_LATENCIES / 2 if latency >= LONG_LATENCY else PART_LATENCIES
+    small GETs took ``answers`` >= LONG_LATENCY s: the wire's round trip (NOTE [ Reads in
+    parts ])."""
+    latencies = PART_LATENCIES / 2 if answers is not None and answers >= LONG_LATENCY else PART_LATENCIES
     return rate * latencies * latency
 
 
@@ -287,7 +291,9 @@ def _submit_part(pool: ReadPool, first: _Stream, part: ByteRange, sink: Sink) ->
     return future
 
 
-def _cut(rest: ByteRange, stream: _Stream, pool: ReadPool | None) -> list[ByteRange]:
+def _cut(
+    rest: ByteRange, stream: _Stream, pool: ReadPool | None, answers: float | None = None
+) -> list[ByteRange]:
     """The parts of ``rest``: one (the probing GET reads on) while its connection is fast
     or not yet measured, or the pool's long reads have ``GETS_IN_FLIGHT`` GETs in flight
     (this one among them), else the first for the probing GET and the others for the pool."""
@@ -301,7 +307,7 @@ def _cut(rest: ByteRange, stream: _Stream, pool: ReadPool | None) -> list[ByteRa
         return [rest]
     if not _long_link(stream.latency, rate) and pool.rate() >= FAST_CONNECTION:
         return [rest]  # the reads in flight together: CPU-bound, not the wire
-    part = max(1.0, _part_bytes(stream.latency, rate))
+    part = max(1.0, _part_bytes(stream.latency, rate, answers))
     count = min(PARTS, pool.threads, 1 + room, -(-rest.length // int(part)))
     if count < 2:  # a part would not last its latencies: the GET reads on
         return [rest]

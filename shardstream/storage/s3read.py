@@ -48,9 +48,18 @@ from shardstream.storage.s3lean import LeanClient
 from shardstream.storage.streams import Body
 from shardstream.types import ByteRange
 
-__all__ = ["ANSWERS", "POOL_CONNECTIONS", "S3Reader", "client_arguments", "s3_options", "timeouts_of"]
+__all__ = [
+    "ANSWERS",
+    "POOL_CONNECTIONS",
+    "SMALL_ANSWER",
+    "S3Reader",
+    "client_arguments",
+    "s3_options",
+    "timeouts_of",
+]
 
 ANSWERS = 8  # the last GETs whose time to headers ``S3Reader.latency`` goes by
+SMALL_ANSWER = 2**20  # bytes: a GET of at most this many is one of them (a sidecar, a manifest)
 
 # s3fs options that do not change how one object is read: the fast path ignores them.
 _FS_ONLY = frozenset(
@@ -310,14 +319,16 @@ class S3Reader:
                 _check_total(error.response.get("Error", {}).get("ActualObjectSize"), size)
                 return None
             raise _translated(error) from error
-        self._answers.append(time.monotonic() - started)
+        length = response.get("ContentLength")
+        if length is not None and length <= SMALL_ANSWER:
+            self._answers.append(time.monotonic() - started)
         if size is not None:
             _check_total(_total_size(response), size)
         return response
 
     def latency(self) -> float | None:
-        """The median time to the headers of this reader's last ``ANSWERS`` GETs in this
-        process (None before any): the link's latency (NOTE [ A link's latency before its
+        """The median time to the headers of this reader's last ``ANSWERS`` GETs of at most
+        ``SMALL_ANSWER`` bytes (None before any): the link's latency (NOTE [ A link's latency before its
         reads ] in parts.py)."""
         answers = list(self._answers)  # a copy: other threads append
         return statistics.median(answers) if answers else None
