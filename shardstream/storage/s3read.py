@@ -34,7 +34,6 @@ import functools
 import inspect
 import io
 import os
-import statistics
 import threading
 import time
 from collections.abc import Mapping
@@ -327,11 +326,12 @@ class S3Reader:
         return response
 
     def latency(self) -> float | None:
-        """The median time to the headers of this reader's last ``ANSWERS`` GETs of at most
-        ``SMALL_ANSWER`` bytes (None before any): the link's latency (NOTE [ A link's latency before its
-        reads ] in parts.py)."""
+        """The least time to the headers of this reader's last ``ANSWERS`` GETs of at most
+        ``SMALL_ANSWER`` bytes (None before any): the link's round trip, with as little of
+        a busy server's wait as was seen (NOTE [ A link's latency before its reads ] in
+        parts.py)."""
         answers = list(self._answers)  # a copy: other threads append
-        return statistics.median(answers) if answers else None
+        return min(answers) if answers else None
 
     def close(self) -> None:
         """Close this process's client (a parent's is left alone); it is remade on use."""
