@@ -706,6 +706,13 @@ def _options_deliver_wan(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--wan-shard-tokens", type=float, default=4e6, help="tokens per shard on S3 (default: 4M, 8 MB)"
     )
+    group.add_argument(
+        "--wan-server",
+        choices=("moto", "seaweedfs"),
+        default="moto",
+        help="the S3 server behind the proxy (default: moto, which copies the whole object for "
+        "every ranged GET; SeaweedFS serves a range as stores do)",
+    )
 
 
 OPTIONS.append(_options_deliver_wan)
@@ -758,8 +765,8 @@ def _document_tokens(sample: dict) -> int:  # type: ignore[type-arg]
 
 @section("deliver-wan")
 def bench_deliver_wan(args: argparse.Namespace) -> None:
-    """Packed sequences from S3 behind the WAN proxy (moto, 30 ms before each request, 40 MB/s
-    per response) in one process, shuffled, an epoch of many windows (best_fit's bins recorded
+    """Packed sequences from S3 behind the WAN proxy (moto or ``--wan-server seaweedfs``, 30 ms
+    before each request, 40 MB/s per response) in one process, shuffled, an epoch of many windows (best_fit's bins recorded
     beside the shards), against the wire at its best in each round: the shard files as whole
     objects in threads, or as 8 MiB ranged GETs in 16 threads (tools/bench_matrix.py's two)."""
     import time
@@ -770,15 +777,14 @@ def bench_deliver_wan(args: argparse.Namespace) -> None:
     from shardstream.catalog import record_sequences
 
     sys.path.insert(0, str(ROOT / "tools"))
-    from bench_stream import MotoProcess
+    from bench_matrix import BUCKET, s3_server
     from bench_wan import BANDWIDTH, LATENCY, ProxyProcess
 
-    size, bucket = args.deliver_seq_len, "tokens-wan"
-    server = MotoProcess(bucket)
-    proxy = ProxyProcess(server.env["AWS_ENDPOINT_URL"], LATENCY, BANDWIDTH)
+    size, bucket, stack = args.deliver_seq_len, BUCKET, []
     try:
-        direct = {"endpoint_url": server.env["AWS_ENDPOINT_URL"], "key": server.env["AWS_ACCESS_KEY_ID"]}
-        direct["secret"] = server.env["AWS_SECRET_ACCESS_KEY"]
+        direct, env = s3_server(args.wan_server, stack)
+        proxy = ProxyProcess(direct["endpoint_url"], LATENCY, BANDWIDTH)
+        stack.append(proxy)
         url = f"s3://{bucket}/tokens"
         _wan_corpus(url, args.wan_shards, int(args.wan_shard_tokens), direct)
         record_sequences(url, size, storage_options=direct)  # best_fit's bins beside the shards
@@ -788,8 +794,8 @@ def bench_deliver_wan(args: argparse.Namespace) -> None:
         client = boto3.client(
             "s3",
             endpoint_url=proxy.endpoint,
-            aws_access_key_id=direct["key"],
-            aws_secret_access_key=direct["secret"],
+            aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
             region_name="us-east-1",
         )
 
@@ -828,13 +834,13 @@ def bench_deliver_wan(args: argparse.Namespace) -> None:
                 made = run()
                 rates[name].append(made / (time.perf_counter() - start))
     finally:
-        proxy.stop()
-        server.stop()
+        for process in reversed(stack):
+            process.stop()
     wire = [max(a, b) for a, b in zip(rates["whole objects"], rates["ranged parts"], strict=True)]
     tokens = sum(info.tokens or 0 for info in manifest.shards)
     print(
         f"{tokens / 1e6:.0f}M tokens in {len(manifest.shards)} shards of ~{args.wan_shard_tokens / 1e6:g}M "
-        f"(uint16, lognormal documents of mean ~800 tokens) on S3 (moto) behind the WAN proxy "
+        f"(uint16, lognormal documents of mean ~800 tokens) on S3 ({args.wan_server}) behind the WAN proxy "
         f"({LATENCY * 1000:.0f} ms, {BANDWIDTH / 1e6:.0f} MB/s per response), S={size}, shuffled, "
         f"{windows} windows in the epoch, one process; shardstream's rates count the tokens of "
         "documents (not best_fit's padding) from before the dataset is built, its first sample "
@@ -859,7 +865,8 @@ def bench_deliver_wan(args: argparse.Namespace) -> None:
         paired[f"{name} after its first sample / the wire"] = after
     medians = {name: statistics.median(values) / 1e6 for name, values in rates.items()}
     medians["wire"] = statistics.median(wire) / 1e6
-    record(args, "tokens-deliver-wan", medians, paired)
+    claim = "tokens-deliver-wan" if args.wan_server == "moto" else "tokens-deliver-wan-seaweedfs"
+    record(args, claim, medians, paired)
 
 
 # -- sections start, deliver (end) --
