@@ -57,19 +57,19 @@ __all__ = [
 #   and weigh less with every MiB. A read left whole may still be cut later, once the
 #   window's other reads are done.
 # - A connection carrying FAST_CONNECTION or more is not what limits a worker (its CPU is,
-#   and more GETs only add work): the GET reads on. Slower, the rest is cut into parts that
-#   last about PART_LATENCIES latencies each (so a part's latency is a small share of its
-#   time), at least PART_MIN bytes, at most PARTS of them (the server's copies stay few),
-#   longer than PART_MAX only where that keeps them that few. Half that, one latency, where
-#   small GETs take LONG_LATENCY or more to answer (NOTE [ A link's latency before its
-#   reads ]): there the latency is the wire's round trip, which costs the server nothing,
-#   and a read's bytes are held in the read budget from its first GET to
+#   and more GETs only add work): the GET reads on. Slower, the rest is cut into parts
+#   that last about PART_LATENCIES latencies each (so a part's latency is a small share of
+#   its time), at least PART_MIN bytes, at most PARTS of them (the server's copies stay
+#   few), longer than PART_MAX only where that keeps them that few. Half that, one
+#   latency, where small GETs take LONG_LATENCY or more to answer (NOTE [ A link's latency
+#   before its reads ]): there the latency is the wire's round trip, which costs the
+#   server nothing, and a read's bytes are held in the read budget from its first GET to
 #   its last byte (NOTE [ Read budget ] in dataset/budget.py), so a worker carries at most
 #   its budget per such time and parts that end sooner carry more of it. Elsewhere a long
 #   read's latency is mostly the server's work per GET (moto's copy of the object, tens of
-#   ms for a large one), which more parts multiply. Where not even two parts would last their latencies (a loaded
-#   server answers late), the GET reads on. The first GET reads to the end of the first
-#   part; the others are ranged GETs in the pool's threads.
+#   ms for a large one), which more parts multiply. Where not even two parts would last
+#   their latencies (a loaded server answers late), the GET reads on. The first GET reads
+#   to the end of the first part; the others are ranged GETs in the pool's threads.
 # - Only while the pool's long reads have fewer than GETS_IN_FLIGHT GETs in flight, into no
 #   more parts than it takes to get there: a part adds a connection where a worker has few,
 #   but only requests where its window's reads keep that many busy (a rate per connection
@@ -113,9 +113,9 @@ __all__ = [
 # the first reads probe as before: loopback, a LAN and moto (a server in Python that
 # copies the whole object for every ranged GET, where parts up front make the first batch
 # later, not sooner) answer some small GETs in a few milliseconds, even while busy. So
-# does a DataLoader worker whose storage made no GET yet. A verdict
-# of slow still counts among the reads cut up front that measured nothing.
-# tools/bench_matrix.py's WAN cells measure it.
+# does a DataLoader worker whose storage made no GET yet. A verdict of slow still counts
+# among the reads cut up front that measured nothing. tools/bench_matrix.py's WAN cells
+# measure it.
 PART_MIN = 1 * 2**20
 PART_MAX = 8 * 2**20
 PARTS = 4  # a read is cut into at most this many parts (this many where nothing was measured)
