@@ -941,6 +941,8 @@ PROCESS_STATE = {
     "storage/backend.py:_ABANDONED": "file systems of a parent process, kept (never used) in a child",
     "storage/s3read.py:_ABANDONED": "clients of a parent process, kept (never used) in a child",
     "storage/s3read.py:_LOADERS": "botocore's model loaders by data path, shared by every client",
+    "storage/s3read.py:_STREAMING": "this process's open stream bodies, counted (emptied in a fork child)",
+    "storage/s3read.py:_ANSWERS": "this process's small GETs' times to headers per endpoint: the link's, which a fork child shares",
     "storage/s3read.py:_lock": "guards _LOADERS; made anew in a fork child",
     "dataset/window_decode.py:_SKIPPED": "a log's once-per-shard filter (as warnings' registry): per process",
     "dataset/source.py:_MAKING": "guards making a dataset source's per-process readers; made anew in a fork child",

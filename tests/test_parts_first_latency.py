@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from shardstream.storage import Storage
+from shardstream.storage import Storage, s3read
 from shardstream.storage.expect import Expected
 from shardstream.storage.parts import (
     LONG_LATENCY,
@@ -72,6 +72,7 @@ def test_the_first_long_read_after_a_small_get_over_a_long_link_asks_for_parts_o
         return stream(self, path, rng, size)
 
     monkeypatch.setattr(RetriedIO, "stream", recorded)
+    monkeypatch.setattr(s3read, "_ANSWERS", {})  # this process's, from other tests' GETs
     with WanProxy(moto_server.endpoint, latency=0.06, bandwidth=0) as proxy:
         storage = Storage(base + "/o", dict(options, endpoint_url=proxy.endpoint))
         pool = ReadPool(8)
@@ -105,14 +106,35 @@ def test_a_part_lasts_one_latency_where_small_gets_answer_late_and_two_elsewhere
 
 
 @pytest.mark.s3
-def test_only_small_gets_tell_the_links_latency(s3):
+def test_only_small_gets_tell_the_links_latency(s3, monkeypatch):
     base, options = s3
+    monkeypatch.setattr(s3read, "_ANSWERS", {})  # this process's, from other tests' GETs
     storage = Storage(base + "/o", options)
     try:
         storage.write("big", b"x" * (SMALL_ANSWER + 1))
         storage.write("small", b"x")
         storage.read("big")
         assert storage._io.latency() is None  # its time to headers holds the server's work
+        storage.read("small")
+        assert storage._io.latency() is not None
+    finally:
+        storage.close()
+
+
+@pytest.mark.s3
+def test_a_small_get_sent_beside_an_open_stream_tells_nothing(s3, monkeypatch):
+    """It may wait behind the stream at a busy server (NOTE [ A link's latency before its reads ])."""
+    base, options = s3
+    monkeypatch.setattr(s3read, "_ANSWERS", {})
+    monkeypatch.setattr(s3read, "_STREAMING", [])
+    storage = Storage(base + "/o", options)
+    try:
+        storage.write("big", b"x" * (4 * MB))
+        storage.write("small", b"x")
+        body = storage._io.stream("big", ByteRange(0, 4 * MB), 4 * MB)
+        storage.read("small")
+        assert storage._io.latency() is None
+        body.close()
         storage.read("small")
         assert storage._io.latency() is not None
     finally:

@@ -104,18 +104,19 @@ __all__ = [
 # connection for its first PROBE bytes and then the latency of the parts cut after it. But
 # on object storage a dataset's first long reads come after its manifest and sidecars:
 # small GETs whose time to headers is the link's latency already (``RetriedIO.latency``:
-# the least of the storage's last few GETs of at most ``SMALL_ANSWER`` bytes; a larger
-# one's time to headers also holds the server's work on the object, and a busy server
-# answers some small ones late too). Where that is LONG_LATENCY or more, a connection
-# faster than PART_MIN / LONG_LATENCY (40 MiB/s) is held by its round trips
-# (``_long_link``) and a slower one is slow: a probe would cut the read either way, so it
-# is cut up front into PARTS parts (a connection found fast is then cut no more). Below it
-# the first reads probe as before: loopback, a LAN and moto (a server in Python that
-# copies the whole object for every ranged GET, where parts up front make the first batch
-# later, not sooner) answer some small GETs in a few milliseconds, even while busy. So
-# does a DataLoader worker whose storage made no GET yet. A verdict of slow still counts
-# among the reads cut up front that measured nothing. tools/bench_matrix.py's WAN cells
-# measure it.
+# the least of the process's last few GETs of at most ``SMALL_ANSWER`` bytes from the
+# storage's endpoint sent while none of its long reads were streaming, which a forked
+# DataLoader worker keeps from its parent; a larger one's time to headers also holds the
+# server's work on the object, and a small one sent beside streams may wait behind them).
+# Where that is LONG_LATENCY or more, a connection faster than PART_MIN / LONG_LATENCY (40
+# MiB/s) is held by its round trips (``_long_link``) and a slower one is slow: a probe
+# would cut the read either way, so it is cut up front into PARTS parts (a connection
+# found fast is then cut no more). Below it the first reads probe as before: loopback, a
+# LAN and moto (a server in Python that copies the whole object for every ranged GET,
+# where parts up front make the first batch later, not sooner) answer small GETs in a few
+# milliseconds. So does a spawned worker whose storage made no GET yet. A verdict of slow
+# still counts among the reads cut up front that measured nothing. tools/bench_matrix.py's
+# WAN cells measure it.
 PART_MIN = 1 * 2**20
 PART_MAX = 8 * 2**20
 PARTS = 4  # a read is cut into at most this many parts (this many where nothing was measured)

@@ -28,7 +28,6 @@
 
 from __future__ import annotations
 
-import collections
 import errno
 import functools
 import inspect
@@ -118,6 +117,18 @@ _DENIED_CODES = frozenset({"AccessDenied", "AllAccessDisabled", "InvalidAccessKe
 _lock = threading.Lock()  # guards client creation; replaced in a fork child (it may be held at fork)
 _ABANDONED: list[Any] = []  # clients made by a parent process: never used or closed in a child
 _LOADERS: dict[Any, Any] = {}  # botocore model loaders by data path, see ``_loader``
+# endpoint -> seconds to the headers of this process's last small GETs (``S3Reader.latency``)
+_ANSWERS: dict[str, list[float]] = {}
+_STREAMING: list[None] = []  # one per body of a stream open in this process (``_Guarded``)
+after_fork_in_child(_STREAMING.clear)  # a parent's bodies are not a child's
+
+
+def _answered(where: str, seconds: float) -> None:
+    """Keep a small GET's time to headers; appends and trims are each one step under the GIL."""
+    answers = _ANSWERS.setdefault(where, [])
+    answers.append(seconds)
+    if len(answers) > 2 * ANSWERS:
+        del answers[:-ANSWERS]
 
 
 def _new_lock_in_child() -> None:
@@ -223,8 +234,11 @@ class S3Reader:
         self._client: Any = None
         self._pid = -1
         self._extras: dict[str, Any] = {}
-        # seconds to the headers of this reader's last GETs (NOTE [ A link's latency before its reads ])
-        self._answers: collections.deque[float] = collections.deque(maxlen=ANSWERS)
+        client_kwargs = self._options.get("client_kwargs") or {}
+        where = self._options.get("endpoint_url") or client_kwargs.get("endpoint_url")
+        self._where = str(
+            where or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
+        )
 
     @classmethod
     def create(cls, options: Mapping[str, Any]) -> S3Reader | None:
@@ -310,7 +324,8 @@ class S3Reader:
         request = dict(self._extras, Bucket=bucket, Key=key)
         if rng is not None:
             request["Range"] = f"bytes={rng.start}-{rng.end - 1}"
-        started = time.monotonic()
+        # a GET sent beside this process's streams may wait behind them at a busy server
+        busy, started = bool(_STREAMING), time.monotonic()
         try:
             response = client.get_object(**request)
         except ClientError as error:
@@ -319,19 +334,21 @@ class S3Reader:
                 return None
             raise _translated(error) from error
         length = response.get("ContentLength")
-        if length is not None and length <= SMALL_ANSWER:
-            self._answers.append(time.monotonic() - started)
+        if length is not None and length <= SMALL_ANSWER and not busy:
+            _answered(self._where, time.monotonic() - started)
         if size is not None:
             _check_total(_total_size(response), size)
         return response
 
     def latency(self) -> float | None:
-        """The least time to the headers of this reader's last ``ANSWERS`` GETs of at most
-        ``SMALL_ANSWER`` bytes (None before any): the link's round trip, with as little of
+        """The least time to the headers of this process's last ``ANSWERS`` GETs of at most
+        ``SMALL_ANSWER`` bytes from this reader's endpoint sent while no stream of it was
+        open (None before any; a fork child keeps its parent's, which measured the same link): the link's round trip, with as little of
         a busy server's wait as was seen (NOTE [ A link's latency before its reads ] in
         parts.py)."""
-        answers = list(self._answers)  # a copy: other threads append
-        return min(answers) if answers else None
+        answers = _ANSWERS.get(self._where)
+        recent = answers[-ANSWERS:] if answers else None  # a slice: one step under the GIL
+        return min(recent) if recent else None
 
     def close(self) -> None:
         """Close this process's client (a parent's is left alone); it is remade on use."""
@@ -399,16 +416,21 @@ def _cut(response: Mapping[str, Any]) -> Any:
 class _Guarded:
     """A body read under its read's deadline (NOTE [ Deadlines on bodies ] in deadline.py)."""
 
-    __slots__ = ("_body", "_cut")
+    __slots__ = ("_body", "_cut", "_open")
 
     def __init__(self, body: Body, cut: Any) -> None:
-        self._body, self._cut = body, cut
+        self._body, self._cut, self._open = body, cut, True
+        _STREAMING.append(None)
 
     def readinto(self, buffer: memoryview, /) -> int | None:
         with deadline.reading(self._cut):
             return self._body.readinto(buffer)
 
     def close(self) -> None:
+        if self._open:
+            self._open = False
+            if _STREAMING:  # emptied in a fork child
+                _STREAMING.pop()
         self._body.close()
 
 
