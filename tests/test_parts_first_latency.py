@@ -19,11 +19,10 @@ from shardstream.storage.parts import (
     _part_bytes,
     _planned,
 )
-from shardstream.storage.retried import RetriedIO
 from shardstream.storage.s3read import SMALL_ANSWER
 from shardstream.testing import WanProxy
 from shardstream.types import ByteRange
-from tests.test_parts_upfront import _Measured
+from tests.test_parts_upfront import _Measured, asked_streams
 
 MB = 2**20
 
@@ -64,14 +63,7 @@ def test_the_first_long_read_after_a_small_get_over_a_long_link_asks_for_parts_o
     data = os.urandom(12 * MB + 5)
     Storage(base + "/o", options).write("blob", data)
     Storage(base + "/o", options).write("small", b"x" * 100)
-    asked: list[ByteRange | None] = []
-    stream = RetriedIO.stream
-
-    def recorded(self, path, rng, size):  # type: ignore[no-untyped-def]
-        asked.append(rng)
-        return stream(self, path, rng, size)
-
-    monkeypatch.setattr(RetriedIO, "stream", recorded)
+    asked = asked_streams(monkeypatch)
     monkeypatch.setattr(s3read, "_ANSWERS", {})  # this process's, from other tests' GETs
     with WanProxy(moto_server.endpoint, latency=0.06, bandwidth=0) as proxy:
         storage = Storage(base + "/o", dict(options, endpoint_url=proxy.endpoint))

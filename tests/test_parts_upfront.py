@@ -29,6 +29,20 @@ class _Measured:
         return self._rate
 
 
+def asked_streams(monkeypatch) -> list[ByteRange | None]:  # type: ignore[no-untyped-def]
+    """The range of every GET ``RetriedIO.stream`` sends from now on, in order (the other
+    tests of parts take it from here)."""
+    asked: list[ByteRange | None] = []
+    stream = RetriedIO.stream
+
+    def recorded(self, path, rng, size):  # type: ignore[no-untyped-def]
+        asked.append(rng)
+        return stream(self, path, rng, size)
+
+    monkeypatch.setattr(RetriedIO, "stream", recorded)
+    return asked
+
+
 def test_a_read_is_cut_up_front_only_once_the_pool_measured_a_slow_link():
     pool = ReadPool(8)
     rng = ByteRange(0, 12 * MB)
@@ -64,14 +78,7 @@ def test_a_read_cut_up_front_asks_for_its_parts_only_and_gives_every_byte(s3, mo
     base, options = s3
     data = os.urandom(12 * MB + 5)
     Storage(base + "/o", options).write("blob", data)
-    asked: list[ByteRange | None] = []
-    stream = RetriedIO.stream
-
-    def recorded(self, path, rng, size):  # type: ignore[no-untyped-def]
-        asked.append(rng)
-        return stream(self, path, rng, size)
-
-    monkeypatch.setattr(RetriedIO, "stream", recorded)
+    asked = asked_streams(monkeypatch)
     storage, pool = Storage(base + "/o", options), ReadPool(4)
     try:
         pool.measured(_Measured(0.03, 40e6))  # type: ignore[arg-type]
