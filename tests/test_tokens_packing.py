@@ -258,6 +258,10 @@ def test_a_run_is_its_sequences_built_one_by_one(sizes, packing, block, data):
             assert lo_doc <= t0 < t1 <= int(ends[d1 - 1])  # the documents hold the tokens
             assert run.pieces.doc.min() >= d0
             assert run.pieces.doc.max() < d1
+            # no more than its pieces take: their tokens and the label after a piece that goes on
+            pieces = run.pieces
+            assert (t0, t1) == (int(pieces.lo.min()), int((pieces.hi + pieces.more).max()))
+            assert run.docs == tuple(int(d) for d in np.searchsorted(ends, [t0, t1 - 1], side="right") + [0, 1])
 
 
 @PROPERTY

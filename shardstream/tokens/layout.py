@@ -36,18 +36,30 @@ from shardstream.tokens.pieces import SequencePieces, check_ends, ragged_arange,
 @dataclass(frozen=True, slots=True, eq=False)
 class SequenceRun:
     """Sequences ``[start, stop)`` of a shard: the documents ``docs`` and tokens ``tokens``
-    (half-open ranges, numbered in the shard) that hold them, and their pieces."""
+    (half-open ranges, numbered in the shard) that hold them, and their pieces (``found``
+    where the layout found them to tell those ranges; else ``layout`` finds them when
+    asked: a dataset's window needs only the ranges, NOTE [ Packed sequences ])."""
 
     start: int
     stop: int
     seq_len: int
     docs: tuple[int, int]
     tokens: tuple[int, int]
-    pieces: SequencePieces
+    found: SequencePieces | None = None
+    layout: SequenceLayout | None = None
 
     @property
     def count(self) -> int:
         return self.stop - self.start
+
+    @property
+    def pieces(self) -> SequencePieces:
+        if self.found is not None:
+            return self.found
+        if self.layout is None or not self.count:
+            none = np.zeros(0, dtype=np.int64)
+            return SequencePieces(none, none, none, none, none > 0)
+        return self.layout.take(np.arange(self.start, self.stop, dtype=np.int64))
 
 
 class SequenceLayout(Protocol):
@@ -141,10 +153,7 @@ def _check_run(start: int, stop: int, count: int) -> None:
 
 
 def _empty(packing: Packing, start: int) -> SequenceRun:
-    none = np.zeros(0, dtype=np.int64)
-    return SequenceRun(
-        start, start, packing.seq_len, (0, 0), (0, 0), SequencePieces(none, none, none, none, none > 0)
-    )
+    return SequenceRun(start, start, packing.seq_len, (0, 0), (0, 0))
 
 
 def _check_taken(sequences: np.ndarray, count: int) -> np.ndarray:
@@ -160,8 +169,13 @@ def _run(packing: Packing, ends: np.ndarray, start: int, stop: int, pieces: Sequ
         return _empty(packing, start)
     t0 = int(pieces.lo.min())
     t1 = int((pieces.hi + pieces.more).max())
+    return SequenceRun(start, stop, packing.seq_len, _held(ends, t0, t1), (t0, t1), pieces)
+
+
+def _held(ends: np.ndarray, t0: int, t1: int) -> tuple[int, int]:
+    """The documents that hold tokens ``[t0, t1)`` (not empty)."""
     d0, d1 = np.searchsorted(ends, [t0, t1 - 1], side="right")
-    return SequenceRun(start, stop, packing.seq_len, (int(d0), int(d1) + 1), (t0, t1), pieces)
+    return int(d0), int(d1) + 1
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -193,12 +207,18 @@ class ConcatLayout:
         return int(self.ends[-1]) if len(self.ends) else 0
 
     def run(self, start: int, stop: int) -> SequenceRun:
+        """Its ranges from the run's ends alone, its pieces found only when asked: a window
+        of a dataset lays out every run of its own and of the windows it lends to, and
+        needs only where their tokens are."""
         _check_run(start, stop, self.count)
         if start == stop:
             return _empty(self.packing, start)
-        return _run(
-            self.packing, self.ends, start, stop, self._pieces(np.arange(start, stop, dtype=np.int64))
-        )
+        size = self.packing.seq_len
+        t0, hi = self.offset + start * size, self.offset + stop * size
+        at = int(np.searchsorted(self.cuts, hi))
+        # the last token's document goes on past the run unless one ends there: its label is read too
+        t1 = hi + int(at == len(self.cuts) or int(self.cuts[at]) != hi)
+        return SequenceRun(start, stop, size, _held(self.ends, t0, t1), (t0, t1), layout=self)
 
     def take(self, sequences: np.ndarray) -> SequencePieces:
         return self._pieces(_check_taken(sequences, self.count))
