@@ -185,6 +185,37 @@ def test_a_streams_reads_are_decoded_while_its_later_reads_are_checked(tmp_path,
     assert events.index(("decode", 0)) < events.index(("checked", SHARDS - 1))
 
 
+def test_a_local_windows_reads_are_checked_as_they_land(tmp_path, monkeypatch):
+    # NOTE [ Checks as reads land ]: local reads run one after another, and each one's check
+    # begins in the checker's thread while the reads after it are still being read.
+    from shardstream.dataset.fetch import ByteFetcher
+    from shardstream.dataset.reader import WindowReader
+
+    url = str(tmp_path / "ds")
+    write(url)  # one window of 4 shards (shuffle=False): 4 reads
+    events: list[tuple] = []
+    check, read = WindowReader.check, ByteFetcher.read
+
+    def spy_check(self, read, data, index):  # type: ignore[no-untyped-def]
+        events.append(("check", read.shard))
+        return check(self, read, data, index)
+
+    def slow_read(self, path, rng):  # type: ignore[no-untyped-def]
+        data = read(self, path, rng)
+        if path.endswith(".tar"):
+            time.sleep(0.05)  # time for the checker's thread to take the read before it
+            events.append(("read", path))
+        return data
+
+    monkeypatch.setattr(WindowReader, "check", spy_check)
+    monkeypatch.setattr(ByteFetcher, "read", slow_read)
+    got = stream(url, local_reads="copy")
+    assert got == [sample(i) for i in range(SHARDS * PER_SHARD)]
+    reads = [i for i, event in enumerate(events) if event[0] == "read"]
+    assert len(reads) == SHARDS
+    assert events.index(("check", 0)) < reads[-1]  # the first read checked before the last is in
+
+
 def test_reads_on_s3_are_widened_to_check_blocks_and_checked(s3, tmp_path):
     base, options = s3
     url = base + "/ds"

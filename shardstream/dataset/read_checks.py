@@ -87,16 +87,20 @@ class ReadChecks:
         """Each read with its bytes, its shard's index and its failed check blocks (in a
         stream, a future of them: NOTE [ Checks beside decoding ])."""
         reads, indexes = planned.reads, planned.indexes
-        checker = self._checker if len(reads) > 1 else None
-        out: list[Fetched] = []
-        for read, data in zip(reads, fetched, strict=True):
-            index = indexes[read.shard]
-            if checker is None:
-                data, bad = self._check_one(read, data, index)
-                out.append((read, data, index, bad))
-            else:
-                out.append((read, data, index, checker.submit(self._check_one, read, data, index)))
-        return out
+        alone = len(reads) < 2
+        return [
+            self.later(read, data, indexes[read.shard], alone=alone)
+            for read, data in zip(reads, fetched, strict=True)
+        ]
+
+    def later(self, read: Read, data: bytes | memoryview, index: SampleIndex, *, alone: bool = False) -> Fetched:
+        """One read with its bytes, its shard's index and its failed check blocks: checked in
+        the checker's thread (a future of them) once there is one, unless the read is its
+        window's only one (``alone``: nothing to decode beside its check), else here."""
+        if self._checker is None or alone:
+            data, bad = self._check_one(read, data, index)
+            return read, data, index, bad
+        return read, data, index, self._checker.submit(self._check_one, read, data, index)
 
     def check(self, read: Read, data: bytes | memoryview, index: SampleIndex) -> Checked:
         """The read's bytes and the offsets of its check blocks whose CRC fails; bytes from

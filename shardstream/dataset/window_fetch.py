@@ -37,6 +37,13 @@ __all__ = ["WHOLE_SHARD_SLACK", "WindowFetcher"]
 # A run of a window that takes a whole shard (the usual case for large samples) is one.
 WHOLE_SHARD_SLACK = 64 * 1024
 
+# NOTE [ Checks as reads land ]
+# Where a window's reads run one after another (local files: no pool), each read's check
+# (NOTE [ Checks beside decoding ] in read_checks.py) is handed to the checker's thread as
+# soon as its bytes are in, not once the last read is: a copy of a read and the CRC of the
+# one before run at once, and the window's last check ends about when its last read does.
+# Where the reads run at once in a pool (object storage), they land together anyway.
+
 # NOTE [ Whole shards at once ]
 # A window's reads are planned from its shards' sidecars, so on object storage the first
 # window would wait for three round trips in a row: the manifest, the sidecars, the shards.
@@ -169,11 +176,25 @@ class WindowFetcher:
 
     def fetch_planned(self, planned: WindowReads, tell: Tell = None) -> list[Fetched]:
         """The bytes of :meth:`plan_fetch`'s reads, checked; ``tell(bytes)`` as they arrive."""
+        if not self.bytes.ahead and len(planned.reads) > 1:
+            return self._fetch_in_turn(planned, tell)
         fetched = self.bytes.read_all(planned.items, self.storage_error, tell)
         for read, item, data in zip(planned.reads, planned.items, fetched, strict=True):
             if item[1] is None and len(data) < read.rng.end:
                 self.too_short(read, len(data))
         return self.checks.checked(planned, fetched)
+
+    def _fetch_in_turn(self, planned: WindowReads, tell: Tell) -> list[Fetched]:
+        """:meth:`fetch_planned` where reads run one after another (local files): each
+        read's check begins as its bytes are in, beside the reads after it (NOTE [ Checks
+        as reads land ])."""
+        out = []
+        for read, item in zip(planned.reads, planned.items, strict=True):
+            (data,) = self.bytes.read_all([item], self.storage_error, tell)
+            if item[1] is None and len(data) < read.rng.end:
+                self.too_short(read, len(data))
+            out.append(self.checks.later(read, data, planned.indexes[read.shard]))
+        return out
 
     def _read_ranges(
         self, index: SampleIndex, starts: np.ndarray, stops: np.ndarray
