@@ -13,6 +13,7 @@ from shardstream.storage.expect import Expected
 from shardstream.storage.parts import (
     LONG_LATENCY,
     PART_LATENCIES,
+    PART_MAX,
     PART_MIN,
     PARTS,
     ReadPool,
@@ -41,6 +42,26 @@ def test_a_late_answering_storage_cuts_a_fresh_pools_first_read_into_parts():
         assert _planned(ByteRange(0, PART_MIN + 5), pool, 1.0) == [ByteRange(0, PART_MIN + 5)]
         pool.proven_fast()
         assert _planned(rng, pool, 1.0) == [rng]
+    finally:
+        pool.close()
+
+
+def test_a_long_read_over_a_long_link_has_a_part_per_part_max_and_elsewhere_parts():
+    """A shuffled window of large shards is a few long reads: PARTS of each would leave the
+    long link's connections half used (NOTE [ Reads in parts ])."""
+    pool = ReadPool(16)
+    long = ByteRange(0, 12 * PART_MAX)
+    try:
+        parts = _planned(long, pool, LONG_LATENCY)  # nothing measured yet
+        assert len(parts) == 12 > PARTS
+        assert (parts[0].start, parts[-1].end) == (long.start, long.end)
+        assert max(part.length for part in parts) <= PART_MAX
+        assert len(_planned(ByteRange(0, 3 * PART_MAX), pool, LONG_LATENCY)) == PARTS  # shorter: PARTS
+        assert len(_planned(ByteRange(0, 64 * PART_MAX), pool, LONG_LATENCY)) == pool.threads  # the pool's threads
+        pool.measured(_Measured(0.05, 40e6))  # type: ignore[arg-type]  # a slow link measured
+        assert len(_planned(long, pool, LONG_LATENCY)) == 12
+        assert len(_planned(long, pool, LONG_LATENCY / 10)) == PARTS  # a short link: the server's copies
+        assert len(_planned(long, pool, None)) == PARTS
     finally:
         pool.close()
 

@@ -65,9 +65,13 @@ __all__ = [
 #   before its reads ]): there the latency is the wire's round trip, which costs the
 #   server nothing, and a read's bytes are held in the read budget from its first GET to
 #   its last byte (NOTE [ Read budget ] in dataset/budget.py), so a worker carries at most
-#   its budget per such time and parts that end sooner carry more of it. Elsewhere a long
-#   read's latency is mostly the server's work per GET (moto's copy of the object, tens of
-#   ms for a large one), which more parts multiply. Where not even two parts would last
+#   its budget per such time and parts that end sooner carry more of it. There, too, a
+#   read longer than PARTS parts of PART_MAX may have a part per PART_MAX: a shuffled
+#   window of large shards is a few long reads at once, and PARTS of each left the
+#   connections the wire could carry half used; shorter reads (the pieces of an
+#   unshuffled window) keep PARTS, which their number fills, and more parts only shorten
+#   them. Elsewhere a long read's latency is mostly the server's work per GET (moto's
+#   copy of the object, tens of ms for a large one), which more parts multiply. Where not even two parts would last
 #   their latencies (a loaded server answers late), the GET reads on. The first GET reads
 #   to the end of the first part; the others are ranged GETs in the pool's threads.
 # - Only while the pool's long reads have fewer than GETS_IN_FLIGHT GETs in flight, into no
@@ -120,7 +124,8 @@ __all__ = [
 # that measured nothing. tools/bench_matrix.py's WAN cells measure it.
 PART_MIN = 1 * 2**20
 PART_MAX = 8 * 2**20
-PARTS = 4  # a read is cut into at most this many parts (this many where nothing was measured)
+PARTS = 4  # a read is cut into at most this many parts (this many where nothing was measured;
+# on a long link, a long read into one per PART_MAX where that is more)
 CHUNK = PART_MIN  # the first GET's body is read in pieces of this many bytes
 PROBE = 2 * CHUNK  # its bytes before it may be cut (NOTE [ Reads in parts ])
 FAST_CONNECTION = 256 * 2**20  # bytes/s: a GET this fast is never cut
@@ -249,22 +254,31 @@ def _planned(rng: ByteRange, pool: ReadPool, answers: float | None = None) -> li
     link = pool.link()
     if link is None:  # no rate yet: as many parts as a read may have, on a long link only
         late = answers is not None and answers >= LONG_LATENCY
-        return _cut_up_front(rng, pool, PART_MIN) if late and not pool.fast else [rng]
+        return _cut_up_front(rng, pool, PART_MIN, answers) if late and not pool.fast else [rng]
     latency, rate = link
     if pool.fast or rate >= FAST_CONNECTION:
         return [rng]
     if not _long_link(latency, rate) and pool.rate() >= FAST_CONNECTION:
         return [rng]
-    return _cut_up_front(rng, pool, max(PART_MIN, int(_part_bytes(latency, rate, answers))))
+    return _cut_up_front(rng, pool, max(PART_MIN, int(_part_bytes(latency, rate, answers))), answers)
 
 
-def _cut_up_front(rng: ByteRange, pool: ReadPool, part: int) -> list[ByteRange]:
+def _cut_up_front(rng: ByteRange, pool: ReadPool, part: int, answers: float | None) -> list[ByteRange]:
     """``rng`` in parts of about ``part`` bytes, as many as the pool allows (at least two:
     else whole, as after LINK reads cut up front that measured nothing)."""
-    count = min(PARTS, pool.threads, GETS_IN_FLIGHT - pool.gets, -(-rng.length // part))
+    count = min(_most_parts(rng.length, answers), pool.threads, GETS_IN_FLIGHT - pool.gets, -(-rng.length // part))
     if count < 2 or not pool.cut_up_front():
         return [rng]
     return split(rng, count, maximum=max(PART_MAX, -(-rng.length // count)))
+
+
+def _most_parts(length: int, answers: float | None) -> int:
+    """The most parts a read of ``length`` bytes is cut into: PARTS, or on a long link
+    (small GETs took ``answers`` >= LONG_LATENCY s) one per PART_MAX where that is more
+    (NOTE [ Reads in parts ])."""
+    if answers is not None and answers >= LONG_LATENCY:
+        return max(PARTS, length // PART_MAX)
+    return PARTS
 
 
 def _part_bytes(latency: float, rate: float, answers: float | None) -> float:
@@ -312,7 +326,7 @@ def _cut(
     if not _long_link(stream.latency, rate) and pool.rate() >= FAST_CONNECTION:
         return [rest]  # the reads in flight together: CPU-bound, not the wire
     part = max(1.0, _part_bytes(stream.latency, rate, answers))
-    count = min(PARTS, pool.threads, 1 + room, -(-rest.length // int(part)))
+    count = min(_most_parts(rest.length, answers), pool.threads, 1 + room, -(-rest.length // int(part)))
     if count < 2:  # a part would not last its latencies: the GET reads on
         return [rest]
     return split(rest, count, maximum=max(PART_MAX, -(-rest.length // count)))  # at most ``count``
