@@ -93,7 +93,9 @@ class ReadChecks:
             for read, data in zip(reads, fetched, strict=True)
         ]
 
-    def later(self, read: Read, data: bytes | memoryview, index: SampleIndex, *, alone: bool = False) -> Fetched:
+    def later(
+        self, read: Read, data: bytes | memoryview, index: SampleIndex, *, alone: bool = False
+    ) -> Fetched:
         """One read with its bytes, its shard's index and its failed check blocks: checked in
         the checker's thread (a future of them) once there is one, unless the read is its
         window's only one (``alone``: nothing to decode beside its check), else here."""

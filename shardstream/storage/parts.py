@@ -266,7 +266,9 @@ def _planned(rng: ByteRange, pool: ReadPool, answers: float | None = None) -> li
 def _cut_up_front(rng: ByteRange, pool: ReadPool, part: int, answers: float | None) -> list[ByteRange]:
     """``rng`` in parts of about ``part`` bytes, as many as the pool allows (at least two:
     else whole, as after LINK reads cut up front that measured nothing)."""
-    count = min(_most_parts(rng.length, answers), pool.threads, GETS_IN_FLIGHT - pool.gets, -(-rng.length // part))
+    count = min(
+        _most_parts(rng.length, answers), pool.threads, GETS_IN_FLIGHT - pool.gets, -(-rng.length // part)
+    )
     if count < 2 or not pool.cut_up_front():
         return [rng]
     return split(rng, count, maximum=max(PART_MAX, -(-rng.length // count)))
