@@ -8,6 +8,9 @@ import os
 
 import pytest
 
+import shardstream
+from shardstream.dataset.budget import DEFAULT_READ_BUDGET, LONG_LINK_READ_BUDGET, default_read_budget
+from shardstream.pack import ShardWriter
 from shardstream.storage import Storage, s3read
 from shardstream.storage.expect import Expected
 from shardstream.storage.parts import (
@@ -57,7 +60,8 @@ def test_a_long_read_over_a_long_link_has_a_part_per_part_max_and_elsewhere_part
         assert (parts[0].start, parts[-1].end) == (long.start, long.end)
         assert max(part.length for part in parts) <= PART_MAX
         assert len(_planned(ByteRange(0, 3 * PART_MAX), pool, LONG_LATENCY)) == PARTS  # shorter: PARTS
-        assert len(_planned(ByteRange(0, 64 * PART_MAX), pool, LONG_LATENCY)) == pool.threads  # the pool's threads
+        longest = _planned(ByteRange(0, 64 * PART_MAX), pool, LONG_LATENCY)
+        assert len(longest) == pool.threads  # no more parts than the pool has threads
         pool.measured(_Measured(0.05, 40e6))  # type: ignore[arg-type]  # a slow link measured
         assert len(_planned(long, pool, LONG_LATENCY)) == 12
         assert len(_planned(long, pool, LONG_LATENCY / 10)) == PARTS  # a short link: the server's copies
@@ -152,3 +156,31 @@ def test_a_small_get_sent_beside_an_open_stream_tells_nothing(s3, monkeypatch):
         assert storage._io.latency() is not None
     finally:
         storage.close()
+
+
+def test_the_default_read_budget_doubles_where_small_gets_answer_late():
+    assert default_read_budget([None, LONG_LATENCY / 10]) == DEFAULT_READ_BUDGET
+    assert default_read_budget([]) == DEFAULT_READ_BUDGET
+    assert default_read_budget([None, LONG_LATENCY]) == LONG_LINK_READ_BUDGET == 2 * DEFAULT_READ_BUDGET
+
+
+@pytest.mark.s3
+def test_a_reader_over_a_long_link_takes_the_long_links_budget_and_a_given_one_is_kept(
+    s3, moto_server, monkeypatch
+):
+    """NOTE [ Read budget ]: a read holds its bytes a round trip longer over a long link."""
+    base, options = s3
+    url = base + "/ds"
+    with ShardWriter(url, format="tar", samples_per_shard=4, storage_options=options) as writer:
+        for i in range(8):
+            writer.write({"__key__": f"{i:03d}", "bin": b"x" * 100})
+    monkeypatch.setattr(s3read, "_ANSWERS", {})  # this process's, from other tests' GETs
+    near = shardstream.StreamingDataset(url, storage_options=options)
+    assert near.kind.window_reader().budget.limit == DEFAULT_READ_BUDGET  # type: ignore[union-attr]
+    with WanProxy(moto_server.endpoint, latency=0.06, bandwidth=0) as proxy:
+        far = dict(options, endpoint_url=proxy.endpoint)
+        dataset = shardstream.StreamingDataset(url, storage_options=far)  # its manifest's GET answers late
+        assert dataset.kind.window_reader().budget.limit == LONG_LINK_READ_BUDGET  # type: ignore[union-attr]
+        assert len(list(dataset)) == 8
+        given = shardstream.StreamingDataset(url, storage_options=far, read_budget=3 * MB)
+        assert given.kind.window_reader().budget.limit == 3 * MB  # type: ignore[union-attr]

@@ -261,7 +261,8 @@ def test_a_run_is_its_sequences_built_one_by_one(sizes, packing, block, data):
             # no more than its pieces take: their tokens and the label after a piece that goes on
             pieces = run.pieces
             assert (t0, t1) == (int(pieces.lo.min()), int((pieces.hi + pieces.more).max()))
-            assert run.docs == tuple(int(d) for d in np.searchsorted(ends, [t0, t1 - 1], side="right") + [0, 1])
+            first, last = np.searchsorted(ends, [t0, t1 - 1], side="right")
+            assert run.docs == (int(first), int(last) + 1)
 
 
 @PROPERTY

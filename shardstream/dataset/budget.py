@@ -19,6 +19,13 @@
 # lose the wire's overlap; half the budget still to come is a lead of several latencies.
 # tools/bench_memory.py and tools/bench_wan.py measure the RSS and the rate.
 #
+# The default budget is DEFAULT_READ_BUDGET, or LONG_LINK_READ_BUDGET where the storage's
+# small GETs (the manifest's, the sidecars') took LONG_LATENCY or more to answer (a remote
+# region, a WAN: NOTE [ A link's latency before its reads ] in storage/parts.py). By
+# Little's law a worker carries at most its budget per the time a byte is held, from its
+# GET to the caller taking its sample, and over a long link every read holds its bytes a
+# round trip longer before the first of them arrives. A budget given is kept as given.
+#
 # A fetch waiting for room must not outlive its process: a script that exits holding an
 # iterator it never finished (``batch = next(iter(loader))``) would leave a fetch waiting
 # for a share nobody gives back, and the interpreter, which joins the fetch threads at
@@ -32,7 +39,7 @@ import collections
 import functools
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -42,11 +49,14 @@ from shardstream.lifecycle import before_threads_join
 from shardstream.manifest import ShardInfo
 from shardstream.plan import Run, Window
 from shardstream.storage import Prefetcher, trim_read_buffers
+from shardstream.storage.parts import LONG_LATENCY
 
 __all__ = [
     "DEFAULT_READ_BUDGET",
+    "LONG_LINK_READ_BUDGET",
     "BudgetClosed",
     "ReadBudget",
+    "default_read_budget",
     "fetch_in_turn",
     "fetched_in_order",
     "in_pieces",
@@ -67,6 +77,14 @@ def _close_open_budgets() -> None:
 before_threads_join(_close_open_budgets)  # NOTE [ Exit hooks ] in lifecycle.py
 
 DEFAULT_READ_BUDGET = 64 * 2**20
+LONG_LINK_READ_BUDGET = 128 * 2**20  # the default over a long link (NOTE [ Read budget ])
+
+
+def default_read_budget(latencies: Iterable[float | None]) -> int:
+    """The read budget of a reader whose storages' small GETs answered in ``latencies``
+    seconds (None: not measured): NOTE [ Read budget ]."""
+    long = any(latency is not None and latency >= LONG_LATENCY for latency in latencies)
+    return LONG_LINK_READ_BUDGET if long else DEFAULT_READ_BUDGET
 
 
 class BudgetClosed(Exception):

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardstream.counts import check_int
-from shardstream.dataset.budget import DEFAULT_READ_BUDGET
 from shardstream.dataset.decode import Decoder, SampleDecoder
 from shardstream.dataset.fetch import READ_THREADS
 from shardstream.errors import PlanError, UsageError
@@ -67,7 +66,7 @@ class ReadOptions:
     local_reads: str = "auto"
     verify_checksums: bool = True
     on_error: str = "raise"
-    read_budget: int = DEFAULT_READ_BUDGET
+    read_budget: int | None = None  # None: default_read_budget's (NOTE [ Read budget ])
     read_concurrency: int = READ_THREADS
     prefetch_windows: int = 1
     start_rate: float | None = DEFAULT_START_RATE
@@ -81,7 +80,8 @@ class ReadOptions:
         if self.cache_limit is not None:
             check_int(self.cache_limit, "cache_limit", minimum=0, url=url)
         check_int(self.prefetch_windows, "prefetch_windows", url=url)
-        check_int(self.read_budget, "read_budget", minimum=1, url=url)
+        if self.read_budget is not None:
+            check_int(self.read_budget, "read_budget", minimum=1, url=url)
         check_int(self.read_concurrency, "read_concurrency", minimum=1, maximum=256, url=url)
         if not isinstance(self.verify_checksums, bool):
             raise UsageError(

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from shardstream.dataset.ahead import AHEAD_THREADS, AHEAD_WINDOWS, prefetched
-from shardstream.dataset.budget import DEFAULT_READ_BUDGET, ReadBudget, in_pieces, piece_limit
+from shardstream.dataset.budget import ReadBudget, default_read_budget, in_pieces, piece_limit
 from shardstream.dataset.fetch import READ_THREADS, ByteFetcher
 from shardstream.dataset.heal import CacheHealer
 from shardstream.dataset.indexes import INDEX_CACHE_SIZE, IndexCache
@@ -91,7 +91,7 @@ class WindowReader:
         prefetch: int = 1,
         verify_checksums: bool = True,
         local_reads: str = "auto",
-        read_budget: int = DEFAULT_READ_BUDGET,
+        read_budget: int | None = None,
         read_concurrency: int = READ_THREADS,
         indexes: IndexCache | None = None,
         expected: Mapping[str, Expected] | None = None,
@@ -104,7 +104,8 @@ class WindowReader:
         dataset (both made here when not given); ``columns``: windows come as
         ``SampleColumns`` where they can (for a decoder), else always as lists;
         ``coalesce_gap``: runs of a shard closer than this share a read (``plan_reads``); by
-        default NOTE [ Coalescing gap ]'s, for local files or object storage."""
+        default NOTE [ Coalescing gap ]'s, for local files or object storage; ``read_budget``
+        None: ``default_read_budget``'s for the storage (NOTE [ Read budget ])."""
         self.storage = storage
         self.manifest = manifest
         self.format = get_format(manifest.format)
@@ -120,6 +121,8 @@ class WindowReader:
         )
         self.healer = CacheHealer(self.bytes)  # NOTE [ Healing the cache ] in heal.py
         # Object storage, cached too: how far ahead windows are fetched (NOTE [ Read budget ]).
+        if read_budget is None:
+            read_budget = default_read_budget([storage.latency()])
         self.budget = ReadBudget(read_budget) if self.bytes.ahead else None  # else one window at a time
         self.read_budget = read_budget  # a local copy's pieces (NOTE [ Local copies in pieces ])
         self._prefetcher: Prefetcher[Any, Any] | None = None

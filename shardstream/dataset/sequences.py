@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from shardstream.dataset.budget import DEFAULT_READ_BUDGET, in_pieces, piece_limit
+from shardstream.dataset.budget import in_pieces, piece_limit
 from shardstream.dataset.mixture_reader import MixtureReader
 from shardstream.dataset.reader import WindowReader
 from shardstream.dataset.sequence_reads import (
@@ -277,7 +277,7 @@ class SequenceReader:
         reader = self.reader
         if not isinstance(reader, WindowReader):
             return True, None
-        budget = DEFAULT_READ_BUDGET if reader.budget is None else reader.budget.limit
+        budget = reader.read_budget if reader.budget is None else reader.budget.limit
         limit = piece_limit(budget, cached=reader.storage.cached)
         small = frozenset(n for n, info in enumerate(reader.manifest.shards) if info.bytes <= limit)
         return True, small.__contains__

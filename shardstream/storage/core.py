@@ -168,6 +168,11 @@ class Storage:
         """The S3 endpoint the folder is read through ("" for the default one or no S3)."""
         return self._io.endpoint_url
 
+    def latency(self) -> float | None:
+        """Seconds this process's small GETs here took to answer, at least (None: none
+        measured, or no S3; NOTE [ A link's latency before its reads ] in parts.py)."""
+        return self._io.latency()
+
     def close(self) -> None:
         """Release this process's connections; the Storage can still be used later."""
         self._backend.close()
