@@ -25,7 +25,7 @@ from shardstream.errors import StorageError, UsageError
 from shardstream.manifest import ShardInfo
 from shardstream.plan import Run, Window
 from shardstream.storage import Expected, ReadPool, RetryPolicy, Storage
-from shardstream.storage.parts import PART_MIN, PROBE, split
+from shardstream.storage.cuts import PART_MIN, PROBE, split
 from shardstream.testing import WanProxy
 from shardstream.types import ByteRange
 from tests.faultproxy import FaultProxy
@@ -78,7 +78,7 @@ def test_split_cuts_long_reads_into_parts_that_tile_them():
 
 
 def test_a_read_is_not_cut_while_the_reads_in_flight_together_are_fast():
-    from shardstream.storage.parts import FAST_CONNECTION, _cut
+    from shardstream.storage.cuts import FAST_CONNECTION, cut
 
     pool = ReadPool(8)
     slow = _Measured(
@@ -86,15 +86,15 @@ def test_a_read_is_not_cut_while_the_reads_in_flight_together_are_fast():
     )  # 40 MB/s through 1 ms: a short link (over a long one, see test_parts_long_link)
     rest = ByteRange(PROBE, 32 * MB)
     pool.reading(slow, True)  # type: ignore[arg-type]
-    assert len(_cut(rest, slow, pool)) > 1  # type: ignore[arg-type]
+    assert len(cut(rest, slow, pool)) > 1  # type: ignore[arg-type]
     # other GETs of the window read as fast together: the process or the server is the limit
     others = [_Measured(0.03, FAST_CONNECTION / 2), _Measured(0.03, FAST_CONNECTION / 2)]
     for other in others:
         pool.reading(other, True)  # type: ignore[arg-type]
-    assert _cut(rest, slow, pool) == [rest]  # type: ignore[arg-type]
+    assert cut(rest, slow, pool) == [rest]  # type: ignore[arg-type]
     for other in others:
         pool.reading(other, False)  # type: ignore[arg-type]
-    assert len(_cut(rest, slow, pool)) > 1  # type: ignore[arg-type]
+    assert len(cut(rest, slow, pool)) > 1  # type: ignore[arg-type]
 
 
 def test_read_pool_refuses_no_threads_and_pickles_as_its_size():
@@ -141,11 +141,11 @@ def _read_through(proxy, url: str, options: dict, rng, size: int, **retry: float
 
 @pytest.mark.s3
 def test_a_long_read_on_a_fast_connection_is_one_get(s3, moto_server, monkeypatch):
-    from shardstream.storage import parts
+    from shardstream.storage import cuts
 
     # moto copies the whole object for every GET: parts cut up front multiplied its work.
     # Every connection counts as fast here (how fast loopback is depends on the machine's load).
-    monkeypatch.setattr(parts, "FAST_CONNECTION", 0)
+    monkeypatch.setattr(cuts, "FAST_CONNECTION", 0)
     url, options, data = _blob(s3, 12 * MB + 5)
     with RangeRecorder(moto_server.endpoint, latency=0, bandwidth=0) as proxy:
         whole = _read_through(proxy, url, options, None, len(data))
@@ -157,12 +157,12 @@ def test_a_long_read_on_a_fast_connection_is_one_get(s3, moto_server, monkeypatc
 
 @pytest.mark.s3
 def test_a_long_read_on_a_slow_connection_is_cut_into_parts_that_tile_it(s3, moto_server, monkeypatch):
-    from shardstream.storage import parts
+    from shardstream.storage import cuts
 
     # Every rate counts as slow: bytes that waited in the socket's buffers can make even a
     # capped connection look fast for a while, and this test must not depend on timing.
-    monkeypatch.setattr(parts, "FAST_CONNECTION", float("inf"))
-    monkeypatch.setattr(parts, "PART_LATENCIES", 0)  # parts of PART_MIN, however long the latency
+    monkeypatch.setattr(cuts, "FAST_CONNECTION", float("inf"))
+    monkeypatch.setattr(cuts, "PART_LATENCIES", 0)  # parts of PART_MIN, however long the latency
     url, options, data = _blob(s3, 6 * MB + 7)
     with RangeRecorder(moto_server.endpoint, latency=0.01, bandwidth=8 * MB) as proxy:
         got = _read_through(proxy, url, options, None, len(data))
@@ -178,36 +178,36 @@ def test_a_long_read_on_a_slow_connection_is_cut_into_parts_that_tile_it(s3, mot
 
 @pytest.mark.s3
 def test_a_read_is_cut_into_parts_that_last_their_latencies_or_not_at_all(s3, moto_server, monkeypatch):
-    from shardstream.storage import parts
+    from shardstream.storage import cuts
 
     # A slow connection, but parts that would each last a fraction of the latency: the
     # GET reads on (moto served this 12 MiB read as 2 GETs, each copying the object).
-    monkeypatch.setattr(parts, "FAST_CONNECTION", float("inf"))
-    monkeypatch.setattr(parts, "PART_LATENCIES", 1e9)
+    monkeypatch.setattr(cuts, "FAST_CONNECTION", float("inf"))
+    monkeypatch.setattr(cuts, "PART_LATENCIES", 1e9)
     url, options, data = _blob(s3, 12 * MB + 5)
     with RangeRecorder(moto_server.endpoint, latency=0.01, bandwidth=0) as proxy:
         assert _read_through(proxy, url, options, None, len(data)) == data
     assert proxy.ranges == [""]
     # Cut, it is cut into at most PARTS parts, however long each is (6 of 8 MiB before).
-    monkeypatch.setattr(parts, "PART_LATENCIES", 0)
+    monkeypatch.setattr(cuts, "PART_LATENCIES", 0)
     url, options, data = _blob(s3, 45 * MB)
     with RangeRecorder(moto_server.endpoint, latency=0.01, bandwidth=0) as proxy:
         assert _read_through(proxy, url, options, None, len(data)) == data
-    assert len(proxy.ranges) == parts.PARTS  # the first GET (its probe and the first part), and the rest
+    assert len(proxy.ranges) == cuts.PARTS  # the first GET (its probe and the first part), and the rest
 
 
 @pytest.mark.s3
 def test_parts_keep_at_most_gets_in_flight(s3, moto_server, monkeypatch):
-    from shardstream.storage import parts
+    from shardstream.storage import cuts
 
-    monkeypatch.setattr(parts, "FAST_CONNECTION", float("inf"))  # every connection slow,
-    monkeypatch.setattr(parts, "PART_LATENCIES", 0)  # every part worth its latency
+    monkeypatch.setattr(cuts, "FAST_CONNECTION", float("inf"))  # every connection slow,
+    monkeypatch.setattr(cuts, "PART_LATENCIES", 0)  # every part worth its latency
     url, options, data = _blob(s3, 12 * MB + 5)
     storage = Storage(url, options)
     pool = ReadPool(8)
     try:
         for limit, gets in ((1, 1), (2, 2), (3, 3)):  # the read alone: it is 1 GET in flight
-            monkeypatch.setattr(parts, "GETS_IN_FLIGHT", limit)
+            monkeypatch.setattr(cuts, "GETS_IN_FLIGHT", limit)
             with RangeRecorder(moto_server.endpoint, latency=0, bandwidth=0) as proxy:
                 storage = Storage(url, dict(options, endpoint_url=proxy.endpoint))
                 got = bytes(storage.read_parts("blob", None, expect=Expected(len(data)), pool=pool))
@@ -216,7 +216,7 @@ def test_parts_keep_at_most_gets_in_flight(s3, moto_server, monkeypatch):
             assert len(proxy.ranges) == gets
             assert pool.gets == 0  # every GET counted out again
         pool.count_gets(1)  # another long read of the worker's in flight: no room for a part
-        monkeypatch.setattr(parts, "GETS_IN_FLIGHT", 2)
+        monkeypatch.setattr(cuts, "GETS_IN_FLIGHT", 2)
         with RangeRecorder(moto_server.endpoint, latency=0, bandwidth=0) as proxy:
             storage = Storage(url, dict(options, endpoint_url=proxy.endpoint))
             assert bytes(storage.read_parts("blob", None, expect=Expected(len(data)), pool=pool)) == data
@@ -229,9 +229,9 @@ def test_parts_keep_at_most_gets_in_flight(s3, moto_server, monkeypatch):
 
 @pytest.mark.s3
 def test_a_read_cut_short_asks_again_for_the_rest_only(s3, moto_server, monkeypatch):
-    from shardstream.storage import parts
+    from shardstream.storage import cuts
 
-    monkeypatch.setattr(parts, "FAST_CONNECTION", 0)  # never cut into parts: one GET and its retries
+    monkeypatch.setattr(cuts, "FAST_CONNECTION", 0)  # never cut into parts: one GET and its retries
     url, options, data = _blob(s3, 5 * MB + 12345)
     # every new request is cut off halfway (the same one asked again goes through)
     with FaultProxy(
@@ -250,10 +250,10 @@ def test_a_read_cut_short_asks_again_for_the_rest_only(s3, moto_server, monkeypa
 
 @pytest.mark.s3
 def test_parts_are_byte_identical_when_requests_fail(s3, moto_server, monkeypatch):
-    from shardstream.storage import parts
+    from shardstream.storage import cuts
 
-    monkeypatch.setattr(parts, "FAST_CONNECTION", float("inf"))  # every long read is cut,
-    monkeypatch.setattr(parts, "PART_LATENCIES", 0)  # into parts of PART_MIN
+    monkeypatch.setattr(cuts, "FAST_CONNECTION", float("inf"))  # every long read is cut,
+    monkeypatch.setattr(cuts, "PART_LATENCIES", 0)  # into parts of PART_MIN
     url, options, data = _blob(s3, 5 * MB + 12345)
     # 9 in 10 new requests fail (a request meets at most 4 faults): 20 tries are plenty
     with FaultProxy(moto_server.endpoint, seed=3, error_rate=0.5, reset_rate=0.2, truncate_rate=0.2) as proxy:
@@ -556,9 +556,9 @@ def _cached_through(
 def test_the_cache_is_filled_on_the_cold_epoch_and_read_on_the_warm_one(
     s3, moto_server, tmp_path, monkeypatch
 ):
-    from shardstream.storage import parts
+    from shardstream.storage import cuts
 
-    monkeypatch.setattr(parts, "FAST_CONNECTION", 0)  # a fast connection, whatever the machine's load
+    monkeypatch.setattr(cuts, "FAST_CONNECTION", 0)  # a fast connection, whatever the machine's load
     base, options = s3
     payloads = _pack(base + "/ds", options, shards=3, samples=10, size=300 * 1024)
     with Recorder(moto_server.endpoint) as proxy:
@@ -585,10 +585,10 @@ def test_a_cache_fill_of_a_whole_shard_read_with_its_sidecar_is_cut_into_parts(
     # A window of whole shards GETs them beside their sidecars (NOTE [ Whole shards at
     # once ]); with cache_dir that read fills the entry, in parts where the wire is slow,
     # as any other fill (it went to Storage.read, which has no pool: one GET per shard)
-    from shardstream.storage import parts
+    from shardstream.storage import cuts
 
-    monkeypatch.setattr(parts, "FAST_CONNECTION", float("inf"))  # every rate counts as slow
-    monkeypatch.setattr(parts, "PART_LATENCIES", 0)  # parts of PART_MIN, however long the latency
+    monkeypatch.setattr(cuts, "FAST_CONNECTION", float("inf"))  # every rate counts as slow
+    monkeypatch.setattr(cuts, "PART_LATENCIES", 0)  # parts of PART_MIN, however long the latency
     base, options = s3
     payloads = _pack(base + "/ds", options, shards=2, samples=3, size=2 * MB)
     with Recorder(moto_server.endpoint) as proxy:
@@ -606,11 +606,11 @@ def test_a_cache_fill_of_a_whole_shard_read_with_its_sidecar_is_cut_into_parts(
 def test_a_cache_fill_hashes_the_bytes_as_they_pass_and_reads_nothing_back(s3, tmp_path, monkeypatch, cut):
     import builtins
 
-    from shardstream.storage import parts
+    from shardstream.storage import cuts
 
     if cut:  # parts that may complete out of order, each hashed in its turn
-        monkeypatch.setattr(parts, "FAST_CONNECTION", float("inf"))
-        monkeypatch.setattr(parts, "PART_LATENCIES", 0)
+        monkeypatch.setattr(cuts, "FAST_CONNECTION", float("inf"))
+        monkeypatch.setattr(cuts, "PART_LATENCIES", 0)
     url, options, data = _blob(s3, 6 * MB + 3)
     read_back: list[str] = []
     real_open, real_os_open = builtins.open, os.open
@@ -715,7 +715,7 @@ def test_pack_says_when_tar_members_are_small_and_names_parquet(tmp_path):
 @pytest.mark.parametrize("summed_by", ["sha256", "crc32"])
 def test_a_cache_fill_sums_pieces_in_order_and_uses_their_buffers_again(tmp_path, summed_by):
     from shardstream.storage.cached import _Crc32, _FileSink
-    from shardstream.storage.parts import CHUNK
+    from shardstream.storage.cuts import CHUNK
 
     data = os.urandom(3 * CHUNK + 100)
     pieces = [ByteRange(start, min(start + CHUNK, len(data))) for start in range(0, len(data), CHUNK)]

@@ -1,4 +1,4 @@
-"""NOTE [ A link's latency before its reads ] in storage/parts.py: before a pool measured
+"""NOTE [ A link's latency before its reads ] in storage/cuts.py: before a pool measured
 anything, its storage's time to answer small GETs decides whether a long read is cut up
 front."""
 
@@ -12,17 +12,17 @@ import shardstream
 from shardstream.dataset.budget import DEFAULT_READ_BUDGET, LONG_LINK_READ_BUDGET, default_read_budget
 from shardstream.pack import ShardWriter
 from shardstream.storage import Storage, s3read
-from shardstream.storage.expect import Expected
-from shardstream.storage.parts import (
+from shardstream.storage.cuts import (
     LONG_LATENCY,
     PART_LATENCIES,
     PART_MAX,
     PART_MIN,
     PARTS,
-    ReadPool,
-    _part_bytes,
-    _planned,
+    part_bytes,
+    planned_parts,
 )
+from shardstream.storage.expect import Expected
+from shardstream.storage.read_pool import ReadPool
 from shardstream.storage.s3read import SMALL_ANSWER
 from shardstream.testing import WanProxy
 from shardstream.types import ByteRange
@@ -35,16 +35,16 @@ def test_a_late_answering_storage_cuts_a_fresh_pools_first_read_into_parts():
     pool = ReadPool(8)
     rng = ByteRange(0, 12 * MB)
     try:
-        parts = _planned(rng, pool, LONG_LATENCY * 3)
+        parts = planned_parts(rng, pool, LONG_LATENCY * 3)
         assert len(parts) == PARTS
         assert parts[0].start == rng.start
         assert parts[-1].end == rng.end
         assert min(part.length for part in parts) >= PART_MIN
-        assert _planned(rng, pool, LONG_LATENCY / 10) == [rng]  # loopback: it probes
-        assert _planned(rng, pool, None) == [rng]  # no GET yet: it probes
-        assert _planned(ByteRange(0, PART_MIN + 5), pool, 1.0) == [ByteRange(0, PART_MIN + 5)]
+        assert planned_parts(rng, pool, LONG_LATENCY / 10) == [rng]  # loopback: it probes
+        assert planned_parts(rng, pool, None) == [rng]  # no GET yet: it probes
+        assert planned_parts(ByteRange(0, PART_MIN + 5), pool, 1.0) == [ByteRange(0, PART_MIN + 5)]
         pool.proven_fast()
-        assert _planned(rng, pool, 1.0) == [rng]
+        assert planned_parts(rng, pool, 1.0) == [rng]
     finally:
         pool.close()
 
@@ -55,17 +55,17 @@ def test_a_long_read_over_a_long_link_has_a_part_per_part_max_and_elsewhere_part
     pool = ReadPool(16)
     long = ByteRange(0, 12 * PART_MAX)
     try:
-        parts = _planned(long, pool, LONG_LATENCY)  # nothing measured yet
+        parts = planned_parts(long, pool, LONG_LATENCY)  # nothing measured yet
         assert len(parts) == 12 > PARTS
         assert (parts[0].start, parts[-1].end) == (long.start, long.end)
         assert max(part.length for part in parts) <= PART_MAX
-        assert len(_planned(ByteRange(0, 3 * PART_MAX), pool, LONG_LATENCY)) == PARTS  # shorter: PARTS
-        longest = _planned(ByteRange(0, 64 * PART_MAX), pool, LONG_LATENCY)
+        assert len(planned_parts(ByteRange(0, 3 * PART_MAX), pool, LONG_LATENCY)) == PARTS  # shorter: PARTS
+        longest = planned_parts(ByteRange(0, 64 * PART_MAX), pool, LONG_LATENCY)
         assert len(longest) == pool.threads  # no more parts than the pool has threads
         pool.measured(_Measured(0.05, 40e6))  # type: ignore[arg-type]  # a slow link measured
-        assert len(_planned(long, pool, LONG_LATENCY)) == 12
-        assert len(_planned(long, pool, LONG_LATENCY / 10)) == PARTS  # a short link: the server's copies
-        assert len(_planned(long, pool, None)) == PARTS
+        assert len(planned_parts(long, pool, LONG_LATENCY)) == 12
+        assert len(planned_parts(long, pool, LONG_LATENCY / 10)) == PARTS  # a short link: the server's copies
+        assert len(planned_parts(long, pool, None)) == PARTS
     finally:
         pool.close()
 
@@ -75,7 +75,7 @@ def test_what_the_pool_measured_goes_before_the_storages_answers():
     rng = ByteRange(0, 12 * MB)
     try:
         pool.measured(_Measured(0.03, 1e12))  # type: ignore[arg-type]  # its GETs were fast
-        assert _planned(rng, pool, 1.0) == [rng]
+        assert planned_parts(rng, pool, 1.0) == [rng]
     finally:
         pool.close()
 
@@ -89,7 +89,6 @@ def test_the_first_long_read_after_a_small_get_over_a_long_link_asks_for_parts_o
     Storage(base + "/o", options).write("blob", data)
     Storage(base + "/o", options).write("small", b"x" * 100)
     asked = asked_streams(monkeypatch)
-    monkeypatch.setattr(s3read, "_ANSWERS", {})  # this process's, from other tests' GETs
     with WanProxy(moto_server.endpoint, latency=0.06, bandwidth=0) as proxy:
         storage = Storage(base + "/o", dict(options, endpoint_url=proxy.endpoint))
         pool = ReadPool(8)
@@ -110,22 +109,21 @@ def test_the_first_long_read_after_a_small_get_over_a_long_link_asks_for_parts_o
 
 def test_a_part_lasts_one_latency_where_small_gets_answer_late_and_two_elsewhere():
     full = 40e6 * 0.05 * PART_LATENCIES
-    assert _part_bytes(0.05, 40e6, LONG_LATENCY) == full / 2  # the latency is the wire's
-    assert _part_bytes(0.05, 40e6, LONG_LATENCY / 5) == full  # the server's work on a large object
-    assert _part_bytes(0.05, 40e6, None) == full
+    assert part_bytes(0.05, 40e6, LONG_LATENCY) == full / 2  # the latency is the wire's
+    assert part_bytes(0.05, 40e6, LONG_LATENCY / 5) == full  # the server's work on a large object
+    assert part_bytes(0.05, 40e6, None) == full
     pool = ReadPool(8)
     try:  # 50 ms at 40 MB/s: parts of 2 MB, so an 8 MiB read takes all PARTS (of 4 MB: 3)
         pool.measured(_Measured(0.05, 40e6))  # type: ignore[arg-type]
-        assert len(_planned(ByteRange(0, 8 * MB), pool, LONG_LATENCY)) == PARTS
-        assert len(_planned(ByteRange(0, 8 * MB), pool, None)) == 3
+        assert len(planned_parts(ByteRange(0, 8 * MB), pool, LONG_LATENCY)) == PARTS
+        assert len(planned_parts(ByteRange(0, 8 * MB), pool, None)) == 3
     finally:
         pool.close()
 
 
 @pytest.mark.s3
-def test_only_small_gets_tell_the_links_latency(s3, monkeypatch):
+def test_only_small_gets_tell_the_links_latency(s3):
     base, options = s3
-    monkeypatch.setattr(s3read, "_ANSWERS", {})  # this process's, from other tests' GETs
     storage = Storage(base + "/o", options)
     try:
         storage.write("big", b"x" * (SMALL_ANSWER + 1))
@@ -142,7 +140,6 @@ def test_only_small_gets_tell_the_links_latency(s3, monkeypatch):
 def test_a_small_get_sent_beside_an_open_stream_tells_nothing(s3, monkeypatch):
     """It may wait behind the stream at a busy server (NOTE [ A link's latency before its reads ])."""
     base, options = s3
-    monkeypatch.setattr(s3read, "_ANSWERS", {})
     monkeypatch.setattr(s3read, "_STREAMING", [])
     storage = Storage(base + "/o", options)
     try:
@@ -165,16 +162,13 @@ def test_the_default_read_budget_doubles_where_small_gets_answer_late():
 
 
 @pytest.mark.s3
-def test_a_reader_over_a_long_link_takes_the_long_links_budget_and_a_given_one_is_kept(
-    s3, moto_server, monkeypatch
-):
+def test_a_reader_over_a_long_link_takes_the_long_links_budget_and_a_given_one_is_kept(s3, moto_server):
     """NOTE [ Read budget ]: a read holds its bytes a round trip longer over a long link."""
     base, options = s3
     url = base + "/ds"
     with ShardWriter(url, format="tar", samples_per_shard=4, storage_options=options) as writer:
         for i in range(8):
             writer.write({"__key__": f"{i:03d}", "bin": b"x" * 100})
-    monkeypatch.setattr(s3read, "_ANSWERS", {})  # this process's, from other tests' GETs
     near = shardstream.StreamingDataset(url, storage_options=options)
     assert near.kind.window_reader().budget.limit == DEFAULT_READ_BUDGET  # type: ignore[union-attr]
     with WanProxy(moto_server.endpoint, latency=0.06, bandwidth=0) as proxy:

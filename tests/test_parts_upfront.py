@@ -1,4 +1,4 @@
-"""NOTE [ Reads in parts ] in storage/parts.py: once a pool measured a slow link, a long read
+"""NOTE [ Reads in parts ] in storage/cuts.py: once a pool measured a slow link, a long read
 is cut up front by the same rule, with no probe of its own."""
 
 from __future__ import annotations
@@ -10,8 +10,10 @@ import time
 import pytest
 
 from shardstream.storage import Storage
+from shardstream.storage.cuts import CHUNK, PART_MIN, planned_parts
 from shardstream.storage.expect import Expected
-from shardstream.storage.parts import CHUNK, LINK, PART_MIN, ReadPool, _planned, _Stream
+from shardstream.storage.parts import _Stream
+from shardstream.storage.read_pool import LINK, ReadPool
 from shardstream.storage.retried import RetriedIO
 from shardstream.types import ByteRange
 
@@ -19,7 +21,7 @@ MB = 2**20
 
 
 class _Measured:
-    """A stream as ``ReadPool.measured`` and ``parts._cut`` see it: a latency and a rate
+    """A stream as ``ReadPool.measured`` and ``cuts.cut`` see it: a latency and a rate
     (the other tests of parts take it from here)."""
 
     def __init__(self, latency: float, rate: float) -> None:
@@ -47,9 +49,9 @@ def test_a_read_is_cut_up_front_only_once_the_pool_measured_a_slow_link():
     pool = ReadPool(8)
     rng = ByteRange(0, 12 * MB)
     try:
-        assert _planned(rng, pool) == [rng]  # nothing measured: the read probes
+        assert planned_parts(rng, pool) == [rng]  # nothing measured: the read probes
         pool.measured(_Measured(0.03, 40e6))  # type: ignore[arg-type]
-        parts = _planned(rng, pool)
+        parts = planned_parts(rng, pool)
         assert len(parts) > 1
         assert parts[0].start == rng.start
         assert parts[-1].end == rng.end
@@ -57,9 +59,9 @@ def test_a_read_is_cut_up_front_only_once_the_pool_measured_a_slow_link():
         assert min(part.length for part in parts) >= PART_MIN
         pool.measured(_Measured(0.03, 1e12))  # type: ignore[arg-type]
         pool.measured(_Measured(0.03, 1e12))  # type: ignore[arg-type]
-        assert _planned(rng, pool) == [rng]  # the median link is fast: no cut
+        assert planned_parts(rng, pool) == [rng]  # the median link is fast: no cut
         pool.proven_fast()
-        assert _planned(rng, pool) == [rng]
+        assert planned_parts(rng, pool) == [rng]
     finally:
         pool.close()
 
@@ -68,7 +70,7 @@ def test_a_slow_link_whose_parts_would_not_last_their_latencies_reads_on():
     pool = ReadPool(8)
     try:
         pool.measured(_Measured(5.0, 40e6))  # type: ignore[arg-type]  # a part would be 400 MB
-        assert _planned(ByteRange(0, 12 * MB), pool) == [ByteRange(0, 12 * MB)]
+        assert planned_parts(ByteRange(0, 12 * MB), pool) == [ByteRange(0, 12 * MB)]
     finally:
         pool.close()
 
@@ -83,7 +85,7 @@ def test_a_read_cut_up_front_asks_for_its_parts_only_and_gives_every_byte(s3, mo
     try:
         pool.measured(_Measured(0.03, 40e6))  # type: ignore[arg-type]
         whole = ByteRange(0, len(data))
-        planned = _planned(whole, pool)  # before the read's own GETs are measured
+        planned = planned_parts(whole, pool)  # before the read's own GETs are measured
         assert len(planned) > 1
         got = storage.read_parts("blob", whole, expect=Expected(len(data)), pool=pool)
         assert bytes(got) == data
@@ -100,10 +102,10 @@ def test_a_slow_verdict_is_measured_again_after_reads_that_measured_nothing():
     rng = ByteRange(0, 12 * MB)
     try:
         pool.measured(_Measured(0.03, 40e6))  # type: ignore[arg-type]
-        cut = [len(_planned(rng, pool)) > 1 for _ in range(LINK + 1)]
+        cut = [len(planned_parts(rng, pool)) > 1 for _ in range(LINK + 1)]
         assert cut == [True] * LINK + [False]  # the last one probes
         pool.measured(_Measured(0.03, 40e6))  # type: ignore[arg-type]  # its probe measured
-        assert len(_planned(rng, pool)) > 1
+        assert len(planned_parts(rng, pool)) > 1
     finally:
         pool.close()
 

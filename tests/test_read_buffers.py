@@ -7,7 +7,7 @@ import gc
 
 import numpy as np
 
-from shardstream.storage.parts import ReadPool
+from shardstream.storage.read_pool import ReadPool
 from shardstream.storage.sinks import Buffers, MemorySink
 from shardstream.types import ByteRange
 

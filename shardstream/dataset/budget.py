@@ -21,7 +21,7 @@
 #
 # The default budget is DEFAULT_READ_BUDGET, or LONG_LINK_READ_BUDGET where the storage's
 # small GETs (the manifest's, the sidecars') took LONG_LATENCY or more to answer (a remote
-# region, a WAN: NOTE [ A link's latency before its reads ] in storage/parts.py). By
+# region, a WAN: NOTE [ A link's latency before its reads ] in storage/cuts.py). By
 # Little's law a worker carries at most its budget per the time a byte is held, from its
 # GET to the caller taking its sample, and over a long link every read holds its bytes a
 # round trip longer before the first of them arrives. A budget given is kept as given.
@@ -49,7 +49,7 @@ from shardstream.lifecycle import before_threads_join
 from shardstream.manifest import ShardInfo
 from shardstream.plan import Run, Window
 from shardstream.storage import Prefetcher, trim_read_buffers
-from shardstream.storage.parts import LONG_LATENCY
+from shardstream.storage.cuts import LONG_LATENCY
 
 __all__ = [
     "DEFAULT_READ_BUDGET",

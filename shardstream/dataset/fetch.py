@@ -5,7 +5,7 @@
 # ``read_concurrency`` requests in flight (``READ_THREADS`` by default): a window's reads
 # run at once, a long one (a run of large samples, a whole shard) as one GET into one
 # buffer, cut into parts where its connection proves slow (NOTE [ Reads in parts ] in
-# storage/parts.py), and the next windows are fetched while this one is decoded, as far as
+# storage/cuts.py), and the next windows are fetched while this one is decoded, as far as
 # NOTE [ Read budget ] allows. With ``cache_dir`` a shard's first read fills its cache
 # entry the same way (NOTE [ Filling the cache ] in storage/cached.py), later ones map it.
 # Local files are read with ``pread`` into one buffer per range, in the prefetch thread

@@ -10,8 +10,8 @@ from shardstream.storage.cache import ShardCache
 from shardstream.storage.core import Storage
 from shardstream.storage.expect import Expected
 from shardstream.storage.local import absolute_url, file_kind
-from shardstream.storage.parts import ReadPool, trim_read_buffers
 from shardstream.storage.prefetch import Prefetcher
+from shardstream.storage.read_pool import ReadPool, trim_read_buffers
 from shardstream.storage.retry import RetryPolicy, is_transient
 
 __all__ = [

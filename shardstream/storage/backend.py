@@ -129,7 +129,7 @@ class Backend:
 
     def latency(self) -> float | None:
         """Seconds a GET takes to answer here, as this process's last ones did (None where
-        not measured; NOTE [ A link's latency before its reads ] in parts.py)."""
+        not measured; NOTE [ A link's latency before its reads ] in cuts.py)."""
         return None
 
     def size(self, fspath: str) -> int:

@@ -2,7 +2,7 @@
 
 # NOTE [ Filling the cache ]
 # An entry is filled the first time any byte of its shard is read: the whole object is
-# fetched as a long read (NOTE [ Reads in parts ] in parts.py: one GET, cut into parts in
+# fetched as a long read (NOTE [ Reads in parts ] in cuts.py: one GET, cut into parts in
 # flight where the connection is slow) and written to the entry's temp file as its bytes
 # arrive, each piece (``CHUNK`` bytes, parts too) at its offset with ``pwrite``; the same
 # bytes are summed in order on their way (a piece that arrives before those ahead of it
@@ -34,8 +34,10 @@ from shardstream.crc import crc32
 from shardstream.errors import StorageError
 from shardstream.storage import local
 from shardstream.storage.cache import ShardCache
+from shardstream.storage.cuts import CHUNK
 from shardstream.storage.expect import Expected, changed_error
-from shardstream.storage.parts import CHUNK, ReadPool, Tell, read_long
+from shardstream.storage.parts import Tell, read_long
+from shardstream.storage.read_pool import ReadPool
 from shardstream.storage.retried import RetriedIO
 from shardstream.storage.sinks import Sink
 from shardstream.types import ByteRange

@@ -32,7 +32,8 @@ from shardstream.storage.backend import Backend, backend_for
 from shardstream.storage.cache import ShardCache
 from shardstream.storage.expect import Expected, SizeChanged
 from shardstream.storage.pacing import StartPacing
-from shardstream.storage.parts import ReadPool, Tell, read_parts
+from shardstream.storage.parts import Tell, read_parts
+from shardstream.storage.read_pool import ReadPool
 from shardstream.storage.retried import RetriedIO
 from shardstream.storage.retry import RetryPolicy, is_not_found, permanent_error
 from shardstream.storage.s3read import S3Reader
@@ -170,7 +171,7 @@ class Storage:
 
     def latency(self) -> float | None:
         """Seconds this process's small GETs here took to answer, at least (None: none
-        measured, or no S3; NOTE [ A link's latency before its reads ] in parts.py)."""
+        measured, or no S3; NOTE [ A link's latency before its reads ] in cuts.py)."""
         return self._io.latency()
 
     def close(self) -> None:

@@ -6,7 +6,7 @@ The choice (NOTE [ Getting the bytes ] in dataset/fetch.py says why each):
 - a local folder is read by copy, or mapped where the reader asks for it
   (``local_reads="map"``) or its mount is read-only (``"auto"``);
 - on object storage a long read is one GET cut into parts where it proves slow (NOTE
-  [ Reads in parts ] in parts.py), a short one a plain read;
+  [ Reads in parts ] in cuts.py), a short one a plain read;
 - single samples of a local folder read by copy come from files kept open (``pread``).
 Every read says whom to ``tell`` of its bytes as they arrive (NOTE [ Read budget ]).
 """
@@ -17,9 +17,11 @@ from collections.abc import Callable
 
 from shardstream.errors import StorageError
 from shardstream.storage.core import Storage
+from shardstream.storage.cuts import split
 from shardstream.storage.expect import Expected
 from shardstream.storage.open_files import Named, OpenFiles
-from shardstream.storage.parts import ReadPool, Tell, split
+from shardstream.storage.parts import Tell
+from shardstream.storage.read_pool import ReadPool
 from shardstream.types import ByteRange
 
 __all__ = ["RangedReads", "SingleReads"]

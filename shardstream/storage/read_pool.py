@@ -1,10 +1,10 @@
 """``ReadPool``: the threads of long reads, and what a pool measured of its link.
 
-The pool's threads read the parts of long reads (NOTE [ Reads in parts ] in parts.py).
+The pool's threads read the parts of long reads (NOTE [ Reads in parts ] in cuts.py).
 They are made on first use by the process that uses them, never reused by a fork child
 (its threads did not fork), so a Storage or a dataset made before ``fork`` works after
 it. The pool also keeps, per process, its long reads' GETs in flight, their rates, and
-the latency and rate of its last GETs, by which parts.py decides where to cut.
+the latency and rate of its last GETs, by which cuts.py decides where to cut.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ T = TypeVar("T")
 
 
 class Measured(Protocol):
-    """A GET as a pool measures it (parts.py's ``Measured``): its latency and its rate, each
+    """A GET as a pool measures it (cuts.py's and parts.py's ``Measured``): its latency and its rate, each
     None until measured."""
 
     latency: float | None

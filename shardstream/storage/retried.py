@@ -48,7 +48,7 @@ class RetriedIO:
         return self.backend.streams
 
     def latency(self) -> float | None:
-        """The backend's time to answer a GET (NOTE [ A link's latency before its reads ] in parts.py)."""
+        """The backend's time to answer a GET (NOTE [ A link's latency before its reads ] in cuts.py)."""
         return self.backend.latency()
 
     @property

@@ -345,7 +345,7 @@ class S3Reader:
         ``SMALL_ANSWER`` bytes from this reader's endpoint, each sent while no stream of
         the process was open (None before any; a fork child keeps its parent's, which
         measured the same link): the link's round trip, with as little of a busy server's
-        wait as was seen (NOTE [ A link's latency before its reads ] in parts.py)."""
+        wait as was seen (NOTE [ A link's latency before its reads ] in cuts.py)."""
         answers = _ANSWERS.get(self._where)
         recent = answers[-ANSWERS:] if answers else None  # a slice: one step under the GIL
         return min(recent) if recent else None

@@ -1,4 +1,4 @@
-"""Where a long read's bytes go as they arrive: a ``Sink`` (NOTE [ Reads in parts ] in parts.py).
+"""Where a long read's bytes go as they arrive: a ``Sink`` (NOTE [ Reads in parts ] in cuts.py).
 
 ``MemorySink`` is one buffer allocated up front (NOTE [ Read buffers ]); the cache's sink
 writes to its entry's temp file (``cached.py``).

@@ -13,7 +13,7 @@ __all__ = ["Body", "RangeReader", "spooled_writer"]
 
 
 class Body(Protocol):
-    """A GET's body, read in order (NOTE [ Reads in parts ] in parts.py)."""
+    """A GET's body, read in order (NOTE [ Reads in parts ] in cuts.py)."""
 
     def readinto(self, buffer: memoryview, /) -> int | None: ...
 
