@@ -155,6 +155,21 @@ def test_on_error_skip_leaves_out_the_samples_of_a_failed_block_only(tmp_path, l
     assert all(s == sample(int(s["__key__"][1:])) for s in got)
 
 
+def _recorded(monkeypatch, cls, name: str, events: list[tuple], tag: str, *, sleep: float = 0.0) -> None:  # type: ignore[no-untyped-def]
+    """``cls.name(self, first, ...)`` spied: it sleeps ``sleep`` s, then does its work and
+    appends ``(tag, first's shard or first)`` to ``events`` (a shard file's reads only)."""
+    original = getattr(cls, name)
+
+    def spy(self, first, *args):  # type: ignore[no-untyped-def]
+        time.sleep(sleep if not isinstance(first, str) or first.endswith(".tar") else 0.0)
+        done = original(self, first, *args)
+        if not isinstance(first, str) or first.endswith(".tar"):
+            events.append((tag, getattr(first, "shard", first)))
+        return done
+
+    monkeypatch.setattr(cls, name, spy)
+
+
 def test_a_streams_reads_are_decoded_while_its_later_reads_are_checked(tmp_path, monkeypatch):
     # NOTE [ Checks beside decoding ]: a window's first read is decoded once its own check
     # is done, while the check of its others runs on; every read is checked before any of
@@ -164,25 +179,13 @@ def test_a_streams_reads_are_decoded_while_its_later_reads_are_checked(tmp_path,
     url = str(tmp_path / "ds")
     write(url)  # one window of 4 shards (shuffle=False): 4 reads
     events: list[tuple] = []
-    check, decode_read = WindowReader.check, WindowReader._decode_read
-
-    def slow_check(self, read, data, index):  # type: ignore[no-untyped-def]
-        time.sleep(0.05)
-        checked = check(self, read, data, index)
-        events.append(("checked", read.shard))
-        return checked
-
-    def decode(self, read, *args):  # type: ignore[no-untyped-def]
-        events.append(("decode", read.shard))
-        return decode_read(self, read, *args)
-
-    monkeypatch.setattr(WindowReader, "check", slow_check)
-    monkeypatch.setattr(WindowReader, "_decode_read", decode)
+    _recorded(monkeypatch, WindowReader, "check", events, "checked", sleep=0.05)
+    _recorded(monkeypatch, WindowReader, "_decode_read", events, "decoded")
     got = stream(url, local_reads="map")
     assert got == [sample(i) for i in range(SHARDS * PER_SHARD)]
     for shard in range(SHARDS):
-        assert events.index(("checked", shard)) < events.index(("decode", shard))
-    assert events.index(("decode", 0)) < events.index(("checked", SHARDS - 1))
+        assert events.index(("checked", shard)) < events.index(("decoded", shard))
+    assert events.index(("decoded", 0)) < events.index(("checked", SHARDS - 1))
 
 
 def test_a_local_windows_reads_are_checked_as_they_land(tmp_path, monkeypatch):
@@ -194,26 +197,14 @@ def test_a_local_windows_reads_are_checked_as_they_land(tmp_path, monkeypatch):
     url = str(tmp_path / "ds")
     write(url)  # one window of 4 shards (shuffle=False): 4 reads
     events: list[tuple] = []
-    check, read = WindowReader.check, ByteFetcher.read
-
-    def spy_check(self, read, data, index):  # type: ignore[no-untyped-def]
-        events.append(("check", read.shard))
-        return check(self, read, data, index)
-
-    def slow_read(self, path, rng):  # type: ignore[no-untyped-def]
-        data = read(self, path, rng)
-        if path.endswith(".tar"):
-            time.sleep(0.05)  # time for the checker's thread to take the read before it
-            events.append(("read", path))
-        return data
-
-    monkeypatch.setattr(WindowReader, "check", spy_check)
-    monkeypatch.setattr(ByteFetcher, "read", slow_read)
+    _recorded(monkeypatch, WindowReader, "check", events, "checked")
+    # each read waits after its bytes are in: time for the checker's thread to check the one before
+    _recorded(monkeypatch, ByteFetcher, "read", events, "read", sleep=0.05)
     got = stream(url, local_reads="copy")
     assert got == [sample(i) for i in range(SHARDS * PER_SHARD)]
     reads = [i for i, event in enumerate(events) if event[0] == "read"]
     assert len(reads) == SHARDS
-    assert events.index(("check", 0)) < reads[-1]  # the first read checked before the last is in
+    assert events.index(("checked", 0)) < reads[-1]  # the first read checked before the last is in
 
 
 def test_reads_on_s3_are_widened_to_check_blocks_and_checked(s3, tmp_path):
