@@ -19,12 +19,14 @@
 # lose the wire's overlap; half the budget still to come is a lead of several latencies.
 # tools/bench_memory.py and tools/bench_wan.py measure the RSS and the rate.
 #
-# The default budget is DEFAULT_READ_BUDGET, or LONG_LINK_READ_BUDGET where the storage's
-# small GETs (the manifest's, the sidecars') took LONG_LATENCY or more to answer (a remote
-# region, a WAN: NOTE [ A link's latency before its reads ] in storage/cuts.py). By
-# Little's law a worker carries at most its budget per the time a byte is held, from its
-# GET to the caller taking its sample, and over a long link every read holds its bytes a
-# round trip longer before the first of them arrives. A budget given is kept as given.
+# The default budget is DEFAULT_READ_BUDGET, or LONG_LINK_READ_BUDGET where the process's
+# small GETs to the storage (the manifest's first) took LONG_LATENCY or more to answer (a
+# remote region, a WAN: NOTE [ A link's latency before its reads ] in storage/cuts.py),
+# decided as each iteration's reader is made (a forked DataLoader worker knows its
+# parent's GETs; a spawned one that made none yet takes DEFAULT_READ_BUDGET its first
+# epoch). By Little's law a worker carries at most its budget per the time a byte is held,
+# from its GET to the caller taking its sample, and over a long link every read holds its
+# bytes a round trip longer before the first of them arrives. A budget given is kept.
 #
 # A fetch waiting for room must not outlive its process: a script that exits holding an
 # iterator it never finished (``batch = next(iter(loader))``) would leave a fetch waiting
