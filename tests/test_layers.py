@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import io
 import pathlib
+import re
 import subprocess
 import sys
 import tokenize
@@ -945,12 +946,9 @@ PROCESS_STATE = {
     "storage/s3read.py:_ANSWERS": "this process's small GETs' times to headers per endpoint: the link's, which a fork child shares",
     "storage/s3read.py:_lock": "guards _LOADERS; made anew in a fork child",
     "dataset/window_decode.py:_SKIPPED": "a log's once-per-shard filter (as warnings' registry): per process",
-    "dataset/source.py:_MAKING": "guards making a dataset source's per-process readers; made anew in a fork child",
     "dataset/budget.py:_OPEN": "this process's open read budgets, closed by its exit hook (weak references)",
     "storage/deadline.py:_local": "the deadline of the read this thread is trying (thread-local, never shared)",
     "storage/deadline.py:_watchdog": "the one thread that cuts bodies at their deadlines; made anew in a fork child",
-    "storage/parts.py:_ARRIVALS": "whom the reads started in a context tell of their bytes (a context variable: per thread and context, never shared)",
-    "dataset/iteration.py:_FROZEN_IN": "the worker process whose collector froze what it inherited (gc is per process)",
     "lifecycle.py:_AFTER_FORK": "the hooks a fork child runs, registered once with os.register_at_fork: per process",
     "lifecycle.py:_FROZEN_IN": "the process whose collector froze what it inherited (gc is per process)",
 }
@@ -1032,6 +1030,12 @@ def test_module_state_is_process_wide_or_named():
     assert not new, (
         "module state without a reason in PROCESS_STATE (or move it into its object):\n" + "\n".join(new)
     )
+    gone = [
+        key
+        for key in PROCESS_STATE
+        if not re.search(rf"\b{key.split(':')[1]}\b", (PACKAGE / key.split(":")[0]).read_text())
+    ]
+    assert not gone, "PROCESS_STATE names what is no longer there:\n" + "\n".join(gone)
 
 
 @pytest.mark.parametrize(
