@@ -136,7 +136,7 @@ def split(
 
 
 def planned_parts(rng: ByteRange, pool: ReadPool, answers: float | None = None) -> list[ByteRange]:
-    """``rng`` cut up front where the pool's last GETs measured a slow link, as ``_cut``
+    """``rng`` cut up front where the pool's last GETs measured a slow link, as ``cut``
     would cut it after a probe (NOTE [ Reads in parts ]), or, before the pool measured
     any, where its storage's GETs took ``answers`` >= LONG_LATENCY s to answer (NOTE [ A
     link's latency before its reads ]); else whole (it probes)."""
