@@ -234,11 +234,9 @@ class S3Reader:
         self._client: Any = None
         self._pid = -1
         self._extras: dict[str, Any] = {}
-        client_kwargs = self._options.get("client_kwargs") or {}
-        where = self._options.get("endpoint_url") or client_kwargs.get("endpoint_url")
-        self._where = str(
-            where or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
-        )
+        resolved = s3_options(self._options)  # the endpoint as the client will take it
+        where = resolved.get("endpoint_url") or (resolved.get("client_kwargs") or {}).get("endpoint_url")
+        self._where = str(where or "")  # whose small GETs' answers ``latency`` goes by
 
     @classmethod
     def create(cls, options: Mapping[str, Any]) -> S3Reader | None:
