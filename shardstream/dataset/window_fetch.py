@@ -8,7 +8,7 @@ sends their GETs beside its sidecars' (NOTE [ Whole shards at once ]).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -175,25 +175,19 @@ class WindowFetcher:
         return WindowReads(reads, [self.item(read) for read in reads], indexes)
 
     def fetch_planned(self, planned: WindowReads, tell: Tell = None) -> list[Fetched]:
-        """The bytes of :meth:`plan_fetch`'s reads, checked; ``tell(bytes)`` as they arrive."""
-        if not self.bytes.ahead and len(planned.reads) > 1:
-            return self._fetch_in_turn(planned, tell)
-        fetched = self.bytes.read_all(planned.items, self.storage_error, tell)
-        for read, item, data in zip(planned.reads, planned.items, fetched, strict=True):
-            if item[1] is None and len(data) < read.rng.end:
-                self.too_short(read, len(data))
-        return self.checks.checked(planned, fetched)
-
-    def _fetch_in_turn(self, planned: WindowReads, tell: Tell) -> list[Fetched]:
-        """:meth:`fetch_planned` where reads run one after another (local files): each
-        read's check begins as its bytes are in, beside the reads after it (NOTE [ Checks
-        as reads land ])."""
+        """The bytes of :meth:`plan_fetch`'s reads, checked; ``tell(bytes)`` as they arrive.
+        Where reads run one after another (local files), each is read as the one before is
+        handed to its check (NOTE [ Checks as reads land ]); else all at once in the pool."""
+        items, alone = planned.items, len(planned.reads) < 2
+        if self.bytes.ahead:
+            fetched: Iterable[bytes | memoryview] = self.bytes.read_all(items, self.storage_error, tell)
+        else:
+            fetched = (self.bytes.read_all([item], self.storage_error, tell)[0] for item in items)
         out = []
-        for read, item in zip(planned.reads, planned.items, strict=True):
-            (data,) = self.bytes.read_all([item], self.storage_error, tell)
+        for read, item, data in zip(planned.reads, items, fetched, strict=True):
             if item[1] is None and len(data) < read.rng.end:
                 self.too_short(read, len(data))
-            out.append(self.checks.later(read, data, planned.indexes[read.shard]))
+            out.append(self.checks.later(read, data, planned.indexes[read.shard], alone=alone))
         return out
 
     def _read_ranges(
