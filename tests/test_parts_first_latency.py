@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 
 import shardstream
 from shardstream.dataset.budget import DEFAULT_READ_BUDGET, LONG_LINK_READ_BUDGET, default_read_budget
+from shardstream.dataset.mixture_reader import MixtureReader
 from shardstream.pack import ShardWriter
 from shardstream.storage import Storage, s3read
 from shardstream.storage.cuts import (
@@ -156,9 +158,9 @@ def test_a_small_get_sent_beside_an_open_stream_tells_nothing(s3, monkeypatch):
 
 
 def test_the_default_read_budget_doubles_where_small_gets_answer_late():
-    assert default_read_budget([None, LONG_LATENCY / 10]) == DEFAULT_READ_BUDGET
-    assert default_read_budget([]) == DEFAULT_READ_BUDGET
-    assert default_read_budget([None, LONG_LATENCY]) == LONG_LINK_READ_BUDGET == 2 * DEFAULT_READ_BUDGET
+    assert default_read_budget(LONG_LATENCY / 10) == DEFAULT_READ_BUDGET
+    assert default_read_budget(None) == DEFAULT_READ_BUDGET
+    assert default_read_budget(LONG_LATENCY) == LONG_LINK_READ_BUDGET == 2 * DEFAULT_READ_BUDGET
 
 
 @pytest.mark.s3
@@ -178,3 +180,8 @@ def test_a_reader_over_a_long_link_takes_the_long_links_budget_and_a_given_one_i
         assert len(list(dataset)) == 8
         given = shardstream.StreamingDataset(url, storage_options=far, read_budget=3 * MB)
         assert given.kind.window_reader().budget.limit == 3 * MB  # type: ignore[union-attr]
+        # a mixture's one budget: the largest its streams' readers take, a far stream's here
+        readers = [near.kind.window_reader(), dataset.kind.window_reader()]  # type: ignore[union-attr]
+        mixed = MixtureReader(readers, np.array([0, 2]), prefetch=1)
+        assert mixed.budget is not None
+        assert mixed.budget.limit == LONG_LINK_READ_BUDGET

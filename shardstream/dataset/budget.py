@@ -41,7 +41,7 @@ import collections
 import functools
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -82,10 +82,10 @@ DEFAULT_READ_BUDGET = 64 * 2**20
 LONG_LINK_READ_BUDGET = 128 * 2**20  # the default over a long link (NOTE [ Read budget ])
 
 
-def default_read_budget(latencies: Iterable[float | None]) -> int:
-    """The read budget of a reader whose storages' small GETs answered in ``latencies``
+def default_read_budget(latency: float | None) -> int:
+    """The read budget of a reader whose storage's small GETs answered in ``latency``
     seconds (None: not measured): NOTE [ Read budget ]."""
-    long = any(latency is not None and latency >= LONG_LATENCY for latency in latencies)
+    long = latency is not None and latency >= LONG_LATENCY
     return LONG_LINK_READ_BUDGET if long else DEFAULT_READ_BUDGET
 
 

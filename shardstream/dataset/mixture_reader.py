@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from shardstream.dataset.budget import ReadBudget, default_read_budget
+from shardstream.dataset.budget import ReadBudget
 from shardstream.dataset.reader import Fetched, WindowReader, prefetched
 from shardstream.errors import FormatError
 from shardstream.formats.base import Sample, SampleColumns
@@ -61,15 +61,15 @@ class MixtureReader:
         prefetch: int,
         read_budget: int | None = None,
     ) -> None:
-        """``read_budget`` None: ``default_read_budget``'s for the streams' storages (NOTE [
-        Read budget ])."""
+        """``read_budget`` None: the largest of the streams' readers' own (each one
+        ``default_read_budget``'s for its storage: NOTE [ Read budget ])."""
         self.readers = tuple(readers)
         self._offsets = np.asarray(offsets, dtype=np.int64)
         self.prefetch = prefetch
         # one budget for the worker, as one dataset has (the streams' own go unused)
         ahead = any(reader.budget is not None for reader in self.readers)
         if read_budget is None:
-            read_budget = default_read_budget(reader.storage.latency() for reader in self.readers)
+            read_budget = max(reader.read_budget for reader in self.readers)
         self.budget = ReadBudget(read_budget) if ahead else None
         self._prefetcher: Prefetcher[Any, Any] | None = None
 

@@ -122,7 +122,7 @@ class WindowReader:
         self.healer = CacheHealer(self.bytes)  # NOTE [ Healing the cache ] in heal.py
         # Object storage, cached too: how far ahead windows are fetched (NOTE [ Read budget ]).
         if read_budget is None:
-            read_budget = default_read_budget([storage.latency()])
+            read_budget = default_read_budget(storage.latency())
         self.budget = ReadBudget(read_budget) if self.bytes.ahead else None  # else one window at a time
         self.read_budget = read_budget  # a local copy's pieces (NOTE [ Local copies in pieces ])
         self._prefetcher: Prefetcher[Any, Any] | None = None

@@ -277,8 +277,7 @@ class SequenceReader:
         reader = self.reader
         if not isinstance(reader, WindowReader):
             return True, None
-        budget = reader.read_budget if reader.budget is None else reader.budget.limit
-        limit = piece_limit(budget, cached=reader.storage.cached)
+        limit = piece_limit(reader.read_budget, cached=reader.storage.cached)
         small = frozenset(n for n, info in enumerate(reader.manifest.shards) if info.bytes <= limit)
         return True, small.__contains__
 
