@@ -51,7 +51,7 @@ from shardstream.lifecycle import before_threads_join
 from shardstream.manifest import ShardInfo
 from shardstream.plan import Run, Window
 from shardstream.storage import Prefetcher, trim_read_buffers
-from shardstream.storage.cuts import LONG_LATENCY
+from shardstream.storage.cuts import long_answers
 
 __all__ = [
     "DEFAULT_READ_BUDGET",
@@ -85,8 +85,7 @@ LONG_LINK_READ_BUDGET = 128 * 2**20  # the default over a long link (NOTE [ Read
 def default_read_budget(latency: float | None) -> int:
     """The read budget of a reader whose storage's small GETs answered in ``latency``
     seconds (None: not measured): NOTE [ Read budget ]."""
-    long = latency is not None and latency >= LONG_LATENCY
-    return LONG_LINK_READ_BUDGET if long else DEFAULT_READ_BUDGET
+    return LONG_LINK_READ_BUDGET if long_answers(latency) else DEFAULT_READ_BUDGET
 
 
 class BudgetClosed(Exception):

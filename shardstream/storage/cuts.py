@@ -21,6 +21,7 @@ __all__ = [
     "PART_MIN",
     "PROBE",
     "cut",
+    "long_answers",
     "long_link",
     "part_bytes",
     "planned_parts",
@@ -142,8 +143,8 @@ def planned_parts(rng: ByteRange, pool: ReadPool, answers: float | None = None) 
     link's latency before its reads ]); else whole (it probes)."""
     link = pool.link()
     if link is None:  # no rate yet: as many parts as a read may have, on a long link only
-        late = answers is not None and answers >= LONG_LATENCY
-        return _cut_up_front(rng, pool, PART_MIN, answers) if late and not pool.fast else [rng]
+        late = long_answers(answers) and not pool.fast
+        return _cut_up_front(rng, pool, PART_MIN, answers) if late else [rng]
     latency, rate = link
     if pool.fast or rate >= FAST_CONNECTION:
         return [rng]
@@ -167,7 +168,7 @@ def _most_parts(length: int, answers: float | None) -> int:
     """The most parts a read of ``length`` bytes is cut into: PARTS, or on a long link
     (small GETs took ``answers`` >= LONG_LATENCY s) one per PART_MAX where that is more
     (NOTE [ Reads in parts ])."""
-    if answers is not None and answers >= LONG_LATENCY:
+    if long_answers(answers):
         return max(PARTS, length // PART_MAX)
     return PARTS
 
@@ -176,8 +177,14 @@ def part_bytes(latency: float, rate: float, answers: float | None) -> float:
     """The bytes of a part that lasts PART_LATENCIES latencies at ``rate``, half that where
     small GETs took ``answers`` >= LONG_LATENCY s: the wire's round trip (NOTE [ Reads in
     parts ])."""
-    latencies = PART_LATENCIES / 2 if answers is not None and answers >= LONG_LATENCY else PART_LATENCIES
+    latencies = PART_LATENCIES / 2 if long_answers(answers) else PART_LATENCIES
     return rate * latencies * latency
+
+
+def long_answers(answers: float | None) -> bool:
+    """Whether small GETs that took ``answers`` s to answer (None: none measured) tell a
+    long link (NOTE [ A link's latency before its reads ])."""
+    return answers is not None and answers >= LONG_LATENCY
 
 
 def long_link(latency: float, rate: float) -> bool:
