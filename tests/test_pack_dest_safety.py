@@ -11,6 +11,7 @@ import subprocess
 import tarfile
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -161,6 +162,12 @@ class BlockedPack:
         self.process.communicate()
 
 
+def six_shards_stored(exists: Callable[[str], bool]) -> bool:
+    """Whether shards 0..5 and their sidecars are stored: a sidecar follows its shard, and a
+    pack's workers (the core count by default) finish shards out of order."""
+    return all(exists(f".shardstream/shard-00000{i}.tar.idx") for i in range(6))
+
+
 def run_pack(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [console_script(), "pack", *args],
@@ -178,7 +185,7 @@ def test_a_second_pack_into_a_local_destination_is_refused_while_the_first_runs(
     first = BlockedPack(tmp_path, dest, "--workers", "2")
     try:
         wait_for(
-            lambda: os.path.exists(os.path.join(dest, ".shardstream", "shard-000005.tar.idx")), "shards 0..5"
+            lambda: six_shards_stored(lambda name: os.path.exists(os.path.join(dest, name))), "shards 0..5"
         )
         second = run_pack(str(tmp_path / "other.jsonl"), dest, "--samples-per-shard", "10", "--overwrite")
         assert second.returncode == 2
@@ -201,7 +208,7 @@ def test_a_second_pack_into_an_s3_destination_is_refused_while_the_first_runs(s3
     first = BlockedPack(tmp_path, url)
     try:
         with Storage(url, options) as storage:
-            wait_for(lambda: storage.exists(".shardstream/shard-000005.tar.idx"), "shards 0..5")
+            wait_for(lambda: six_shards_stored(storage.exists), "shards 0..5")
         second = run_pack(str(tmp_path / "other.jsonl"), url, "--samples-per-shard", "10")
         assert second.returncode == 2
         assert "its lock .shardstream-lock." in second.stderr
@@ -242,7 +249,7 @@ def test_a_sigkilled_pack_on_s3_does_not_block_its_rerun_which_reuses_its_shards
     first = BlockedPack(tmp_path, url)
     try:
         with Storage(url, options) as storage:
-            wait_for(lambda: storage.exists(".shardstream/shard-000005.tar.idx"), "shards 0..5")
+            wait_for(lambda: six_shards_stored(storage.exists), "shards 0..5")
         kill(first.process)
     finally:
         first.stop()
@@ -267,7 +274,7 @@ def test_the_lease_of_a_pack_killed_on_another_machine_runs_out(tmp_path):
     dest = tmp_path / "ds"
     first = BlockedPack(tmp_path, str(dest), env={LEASE_ENV: "1"})
     try:
-        wait_for(lambda: (dest / ".shardstream" / "shard-000005.tar.idx").exists(), "shards 0..5")
+        wait_for(lambda: six_shards_stored(lambda name: (dest / name).exists()), "shards 0..5")
         (name,) = claims(str(dest))
         claim = json.loads((dest / name).read_text())
         wait_for(lambda: json.loads((dest / name).read_text())["renewed"] > claim["renewed"], "a renewal")

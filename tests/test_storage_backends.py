@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import os
 import pickle
+import subprocess
+import sys
+import tempfile
+import textwrap
 import uuid
 
 import fsspec
@@ -203,3 +207,55 @@ def test_pack_sources_say_what_is_missing_on_remote_storage(memory_url, monkeypa
     (entry,) = list(source.scan())
     with pytest.raises(PackError, match=r"cannot read file: .*failed after 2 tries"):
         source.load(entry)
+
+
+@pytest.mark.s3
+def test_a_write_to_an_object_store_killed_mid_way_leaves_no_spool_behind(s3, tmp_path):
+    """NOTE [ A spool with no name ]: a SIGKILL runs no cleanup, so the spool must have no name."""
+    base, options = s3
+    child = textwrap.dedent(
+        f"""
+        import sys
+        from shardstream.storage import Storage
+        with Storage({f"{base}/ds"!r}, {options!r}) as storage, storage.writer("shard.tar") as f:
+            f.write(b"x" * (1 << 20))
+            f.flush()
+            print("written", flush=True)
+            sys.stdin.read()
+        """
+    )
+    spools = tmp_path / "tmp"
+    spools.mkdir()
+    process = subprocess.Popen(
+        [sys.executable, "-c", child],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(spools)},
+    )
+    try:
+        assert process.stdout.readline() == "written\n"
+        held = [os.readlink(f"/proc/{process.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{process.pid}/fd")]
+        assert any(path.startswith(str(spools)) for path in held)  # the spool is there, in TMPDIR
+    finally:
+        process.kill()
+        process.communicate()
+    assert os.listdir(spools) == []
+    assert not Storage(f"{base}/ds", options).exists("shard.tar")
+
+
+def test_a_spooled_write_uploads_its_bytes_and_removes_its_spool(memory_url):
+    storage = Storage(memory_url)
+    with storage.writer("a.bin") as f:
+        f.write(b"spooled")
+        assert not [e for e in os.listdir(tempfile.gettempdir()) if e.startswith("shardstream-")]
+    assert storage.read("a.bin") == b"spooled"
+
+    def stopped() -> None:
+        with storage.writer("b.bin") as f:
+            f.write(b"dropped")
+            raise RuntimeError("stopped")
+
+    with pytest.raises(RuntimeError):
+        stopped()
+    assert not storage.exists("b.bin")

@@ -69,13 +69,31 @@ class RangeReader(io.RawIOBase):
         return data
 
 
+# NOTE [ A spool with no name ]
+# A shard bound for an object store is spooled to a local file and uploaded once whole.
+# A pack killed mid-shard (SIGKILL, an OOM kill, a preempted node) runs no cleanup, and
+# a named spool would stay in the temp dir for good, one shard's size per worker per
+# kill. Where the system has /proc/self/fd (Linux), the spool is an unnamed file
+# (``tempfile.TemporaryFile``: O_TMPFILE, or unlinked as soon as made) that the kernel
+# frees with the process, and the upload reads it back through /proc/self/fd/N, a path
+# every ``put_file`` opens. Elsewhere it is named ``shardstream-*`` and removed in every
+# case but a kill.
+_PROC_FD = "/proc/self/fd"
+
+
 @contextlib.contextmanager
 def spooled_writer(upload: Callable[[str], None]) -> Iterator[IO[bytes]]:
-    """Collect the bytes in a local temp file, then ``upload(temp_path)`` once.
+    """Collect the bytes in a local temp file, then ``upload(path)`` once.
 
-    Nothing reaches the remote side unless the ``with`` body completes; the temp file
-    (named ``shardstream-*`` in the system temp dir) is removed in every case.
+    Nothing reaches the remote side unless the ``with`` body completes (NOTE [ A spool
+    with no name ]).
     """
+    if os.path.isdir(_PROC_FD):
+        with tempfile.TemporaryFile(prefix="shardstream-") as spool:
+            with os.fdopen(os.dup(spool.fileno()), "wb") as f:
+                yield f
+            upload(f"{_PROC_FD}/{spool.fileno()}")
+        return
     fd, tmp = tempfile.mkstemp(prefix="shardstream-")
     try:
         with os.fdopen(fd, "wb") as f:
