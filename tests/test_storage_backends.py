@@ -244,11 +244,12 @@ def test_a_write_to_an_object_store_killed_mid_way_leaves_no_spool_behind(s3, tm
     assert not Storage(f"{base}/ds", options).exists("shard.tar")
 
 
-def test_a_spooled_write_uploads_its_bytes_and_removes_its_spool(memory_url):
+def test_a_spooled_write_uploads_its_bytes_and_removes_its_spool(memory_url, tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the spool's folder, this test's alone
     storage = Storage(memory_url)
     with storage.writer("a.bin") as f:
         f.write(b"spooled")
-        assert not [e for e in os.listdir(tempfile.gettempdir()) if e.startswith("shardstream-")]
+        assert os.listdir(tmp_path) == []  # a spool with no name
     assert storage.read("a.bin") == b"spooled"
 
     def stopped() -> None:
