@@ -19,7 +19,13 @@ import numpy as np
 import pytest
 
 import shardstream
-from shardstream.dataset.budget import PIECES_IN_BUDGET, BudgetClosed, ReadBudget, in_pieces
+from shardstream.dataset.budget import (
+    FIRST_PIECE_SHARE,
+    PIECES_IN_BUDGET,
+    BudgetClosed,
+    ReadBudget,
+    in_pieces,
+)
 from shardstream.dataset.reader import WindowReader
 from shardstream.errors import StorageError, UsageError
 from shardstream.manifest import ShardInfo
@@ -473,11 +479,30 @@ def test_an_unshuffled_window_is_taken_in_pieces_of_at_most_the_limit_with_shard
     ] == [True] * 3
 
 
+def test_an_iterations_first_piece_begins_with_a_short_head():
+    shards = [_shard(32, MB)] * 3
+    limit = 32 * MB
+    first = Window([Run(0, 0, 32), Run(1, 0, 32)], np.arange(64), in_run_order=True)
+    later = Window([Run(2, 0, 32)], np.arange(32), in_run_order=True)
+    pieces = [piece.runs for piece in in_pieces(iter([first, later]), shards, limit, head=True)]
+    share = limit // FIRST_PIECE_SHARE // MB  # samples of a MB in the head
+    assert pieces == [(Run(0, 0, share),), (Run(0, share, 32),), (Run(1, 0, 32),), (Run(2, 0, 32),)]
+    # a first window of one piece has its head too; one not in run order passes as it is
+    small = Window([Run(0, 0, 10), Run(1, 0, 10)], np.arange(20), in_run_order=True)
+    assert [piece.runs for piece in in_pieces(iter([small]), shards, limit, head=True)] == [
+        (Run(0, 0, share),),
+        (Run(0, share, 10), Run(1, 0, 10)),
+    ]
+    shuffled = Window(first.runs, np.arange(64)[::-1].copy())
+    assert next(in_pieces(iter([shuffled, later]), shards, limit, head=True)) is shuffled
+
+
 @pytest.mark.s3
 def test_an_unshuffled_window_larger_than_the_budget_streams_in_pieces_exactly(s3, moto_server):
     # Windows of 3 shards (the default 4, evened out over 6) and a budget of as many pieces
     # as it holds (PIECES_IN_BUDGET), each of a shard and a byte: each shard is a piece of
-    # its own, one plain GET, and the pieces held stay within the budget.
+    # its own, one plain GET (the first shard two ranged ones: the iteration's first piece
+    # begins with a short head), and the pieces held stay within the budget.
     base, options = s3
     payloads = _pack(base + "/ds", options, shards=6, samples=10, size=64 * 1024)
     shard_bytes = max(info.bytes for info in Storage(base + "/ds", options).read_manifest().shards)
@@ -513,9 +538,11 @@ def test_an_unshuffled_window_larger_than_the_budget_streams_in_pieces_exactly(s
         resumed.load_state_dict(state)
         rest = [s["__key__"] for s in resumed]
         resumed.storage.close()
-    assert taken == 6
+    assert taken == 7  # the first piece begins with a short one: its head
     assert keys == sorted(payloads) == head + rest  # manifest order, every sample once
-    assert sorted(rng for _, rng in gets) == [""] * 6  # each shard in one plain GET, once
+    # each shard in one plain GET, once, but the first: its head, then its rest
+    assert [path for path, rng in gets if rng] == ["shard-000000.tar"] * 2
+    assert sorted(path for path, rng in gets if not rng) == [f"shard-00000{i}.tar" for i in range(1, 6)]
 
 
 def test_read_options_are_checked():

@@ -194,8 +194,8 @@ def test_unshuffled_windows_from_s3_come_in_pieces_of_the_budget(s3, tmp_path, p
     pieces = []
     plain = sequences.in_pieces
 
-    def counted(windows, shards, limit):  # type: ignore[no-untyped-def]
-        for piece in plain(windows, shards, limit):
+    def counted(windows, shards, limit, **given):  # type: ignore[no-untyped-def]
+        for piece in plain(windows, shards, limit, **given):
             pieces.append(piece)
             yield piece
 

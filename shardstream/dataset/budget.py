@@ -258,10 +258,18 @@ def fetched_in_order(
 #   cuts its shards into more ranged reads, each paying a request's latency (and, on a
 #   server that copies the whole object for every ranged GET, moto's copy: NOTE [ Whole
 #   shards ]); four in the budget keep the wire busy with the fetch threads there are.
+# - An iteration's first piece is cut in two: its first 1/FIRST_PIECE_SHARE, then the
+#   rest. The first sample comes when its piece is in and checked, and every piece in
+#   flight at the start shares the wire with the others: a piece of a quarter of the
+#   budget made the first sample wait for a quarter of the budget's bytes (on a long link,
+#   32 MiB over the four connections of its parts). A short head brings it after about
+#   one round trip and a part's few MiB, and the pieces that follow it end one after
+#   another rather than all at once. It costs one more ranged GET per iteration.
 # - A cached dataset (``cache_dir``) keeps pieces of the budget: a shard's first read
 #   fills all of its cache entry, so pieces of part of a shard would wait on one fill.
 # tools/bench_memory.py measures the RSS, tools/bench_wan.py the rate.
 PIECES_IN_BUDGET = 4
+FIRST_PIECE_SHARE = 16  # an iteration's first piece begins with this share of a piece
 
 
 def piece_limit(limit: int, *, cached: bool = False) -> int:
@@ -270,13 +278,21 @@ def piece_limit(limit: int, *, cached: bool = False) -> int:
     return limit if cached else max(1, limit // PIECES_IN_BUDGET)
 
 
-def in_pieces(windows: Iterator[Any], shards: Sequence[ShardInfo], limit: int) -> Iterator[Any]:
+def in_pieces(
+    windows: Iterator[Any], shards: Sequence[ShardInfo], limit: int, *, head: bool = False
+) -> Iterator[Any]:
     """``windows``, each one in run order whose runs' bytes (``shards``' bytes per sample)
     pass ``limit`` (``piece_limit``) as consecutive windows of about ``limit`` bytes
-    (``_pieces``; NOTE [ Unshuffled windows in pieces ])."""
+    (``_pieces``; NOTE [ Unshuffled windows in pieces ]); with ``head``, the first such
+    window's first piece cut in two, its first 1/FIRST_PIECE_SHARE and the rest."""
     for window in windows:
         runs = window.known_runs if getattr(window, "in_run_order", False) else None
         pieces = _pieces(runs, shards, limit) if runs is not None else []
+        if head and pieces:
+            first = _pieces(pieces[0], shards, max(1, limit // FIRST_PIECE_SHARE))
+            if len(first) > 1:
+                pieces[:1] = [first[0], _joined([run for group in first[1:] for run in group])]
+        head = False
         if len(pieces) < 2:
             yield window
             continue
@@ -286,6 +302,17 @@ def in_pieces(windows: Iterator[Any], shards: Sequence[ShardInfo], limit: int) -
         for number, piece in enumerate(pieces):
             shards_of = window.shards if not number else tuple(dict.fromkeys(run.shard for run in piece))
             yield Window.lazy(shards_of, functools.partial(_in_order, tuple(piece)), piece, in_run_order=True)
+
+
+def _joined(runs: list[Run]) -> list[Run]:
+    """``runs`` with each that goes on where the one before it stops in its shard joined to it."""
+    out: list[Run] = []
+    for run in runs:
+        if out and out[-1].shard == run.shard and out[-1].stop == run.start:
+            out[-1] = Run(run.shard, out[-1].start, run.stop)
+        else:
+            out.append(run)
+    return out
 
 
 def _in_order(runs: tuple[Run, ...]) -> tuple[tuple[Run, ...], np.ndarray]:

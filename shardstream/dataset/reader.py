@@ -269,7 +269,14 @@ class WindowReader:
             limit = piece_limit(self.read_budget)
         else:
             return windows
-        return in_pieces(windows, self.manifest.shards, limit)
+        return in_pieces(windows, self.manifest.shards, limit, head=self.short_head)
+
+    @property
+    def short_head(self) -> bool:
+        """Whether an iteration's first piece begins with a short one (NOTE [ Unshuffled
+        windows in pieces ] in budget.py): on object storage, not through a cache (whose
+        first read fills a shard's whole entry)."""
+        return not self.storage.local_files and not self.storage.cached
 
     def check_beside_decoding(self) -> None:
         """From now on check reads in a thread of this reader's own (NOTE [ Checks beside

@@ -294,7 +294,8 @@ class SequenceReader:
         shards = [
             dataclasses.replace(info, samples=max(1, info.bytes // step)) for info in reader.manifest.shards
         ]
-        return in_pieces(windows, shards, piece_limit(reader.budget.limit, cached=reader.storage.cached))
+        limit = piece_limit(reader.budget.limit, cached=reader.storage.cached)
+        return in_pieces(windows, shards, limit, head=reader.short_head)
 
     def _documents(
         self, window: Window, shared: SharedShards, made: dict[str, Any]
