@@ -49,6 +49,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -183,15 +184,31 @@ def litdata_chunks(directory: str, items: Iterator[dict], chunk_bytes: int) -> b
 # -- the contenders ---------------------------------------------------------------------------
 
 
+# Each shardstream epoch at the default budget, in order: (seconds to its first sample,
+# sample MB/s from it on), by cell name. An epoch's start (the manifest, the first window's
+# sidecars and reads) is paid once per epoch and worker whatever the corpus' size, so on
+# a corpus of a few windows it weighs far more than on a training corpus: the rate from
+# the first sample on tells the two apart.
+STARTS: dict[str, list[tuple[float, float]]] = {}
+
+
 def shardstream_epoch(store: Store, cell: Cell, spec: dict, budget: int | None = None) -> int:
     options = {} if budget is None else {"read_budget": budget}
+    started = time.perf_counter()
     dataset = shardstream.StreamingDataset(
         spec["url"], shuffle=cell.shuffle, seed=0, decode=False, storage_options=store.options, **options
     )
     if cell.workers <= 1:
-        return sum(len(sample["bin"]) for sample in dataset)
-    loader = shardstream.DataLoader(dataset, batch_size=8, num_workers=cell.workers, collate_fn=list)
-    return sum(len(sample["bin"]) for batch in loader for sample in batch)
+        samples = iter(dataset)
+    else:
+        loader = shardstream.DataLoader(dataset, batch_size=8, num_workers=cell.workers, collate_fn=list)
+        samples = (sample for batch in loader for sample in batch)
+    first = len(next(samples)["bin"])
+    at = time.perf_counter()
+    rest = sum(len(sample["bin"]) for sample in samples)
+    if budget is None:
+        STARTS.setdefault(cell.name, []).append((at - started, rest / MB / (time.perf_counter() - at)))
+    return first + rest
 
 
 def parts(spec: dict, largest: int) -> list[tuple[str, int, int]]:
@@ -310,15 +327,27 @@ def _peer(name: str, epoch: Callable[[], float]) -> float:
 class Result:
     cell: Cell
     rates: Rates
+    starts: list[tuple[float, float]]  # the timed rounds' (first sample s, MB/s from it on)
 
     def ratio(self, others: list[str], ours: str = "shardstream") -> float:
         present = [o for o in others if o in self.rates.names]
         return statistics.median(self.rates.ratios(present, ours)) if present else float("nan")
 
+    @property
+    def first_ms(self) -> float:
+        return 1000 * statistics.median(first for first, _ in self.starts)
+
+    def after_first(self) -> float:
+        """shardstream's rate from its first sample on over the best wire's whole epoch in
+        the same round, the median over rounds."""
+        wire = [max(r["whole files"], r["ranged parts"]) for r in self.rates.rounds]
+        return statistics.median(after / best for (_, after), best in zip(self.starts, wire, strict=True))
+
     def line(self) -> str:
         wire = self.ratio(["whole files", "ranged parts"])
         text = (
             f"  {self.cell.name:<44} {self.rates.rate('shardstream'):>9,.0f} MB/s   / best wire {wire:.2f}x"
+            f"   (first sample {self.first_ms:.0f} ms, from it on {self.after_first():.2f}x)"
         )
         if "litdata" in self.rates.names:
             text += f"   / litdata {self.ratio(['litdata']):.2f}x"
@@ -381,11 +410,13 @@ def run(args: argparse.Namespace) -> list[Result]:
                 spec = corpus(where[place], cell, args.corpus, work, written)
                 runs = contenders(where[place], cell, spec, args.read_budget)
                 try:
-                    result = Result(cell, measure(runs, args.repeat))
+                    rates = measure(runs, args.repeat)
                 except PeerFailed as failed:
                     print(f"  {cell.name}: {failed}; measured without it", flush=True)
                     runs.pop("litdata")
-                    result = Result(cell, measure(runs, args.repeat))
+                    STARTS.pop(cell.name, None)
+                    rates = measure(runs, args.repeat)
+                result = Result(cell, rates, STARTS.pop(cell.name)[1:])  # not the untimed run's
                 print(result.line(), flush=True)
                 results.append(result)
     finally:
@@ -402,10 +433,15 @@ def recorded(results: list[Result], command: str) -> None:
     litdata = {
         f"{r.cell.name} / litdata": r.ratio(["litdata"]) for r in results if "litdata" in r.rates.names
     }
-    rates = "; ".join(f"{r.cell.name} {r.rates.rate('shardstream'):,.0f}" for r in results)
+    after = {f"{r.cell.name}, from its first sample on": r.after_first() for r in results}
+    rates = "; ".join(
+        f"{r.cell.name} {r.rates.rate('shardstream'):,.0f} (first sample {r.first_ms:,.0f} ms)"
+        for r in results
+    )
     seaweed = any(r.cell.server == "seaweedfs" and r.cell.where != "local" for r in results)
     claim = "matrix-seaweedfs" if seaweed else "matrix"
-    record(claim, command, {}, ratios={**ratios, **litdata}, note=f"shardstream MB/s by cell: {rates}.")
+    note = f"shardstream MB/s by cell, and the median time to its first sample: {rates}."
+    record(claim, command, {}, ratios={**ratios, **after, **litdata}, note=note)
 
 
 def main() -> int:
