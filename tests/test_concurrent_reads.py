@@ -465,7 +465,7 @@ def test_an_unshuffled_window_is_taken_in_pieces_of_at_most_the_limit_with_shard
         (Run(0, 20, 30), Run(1, 0, 30)),
         (Run(2, 0, 30),),
     ]
-    # a window that fits, a shuffled one and one resumed part way (no runs known) pass as they are
+    # a window that fits, a shuffled one and one whose runs the plan does not know up front pass as they are
     small = Window([Run(0, 0, 10), Run(1, 0, 10)], np.arange(20), in_run_order=True)
     shuffled = Window(runs, np.arange(len(window))[::-1].copy())
     resumed = Window.lazy((0,), lambda: ((Run(0, 0, 30),), np.arange(30)), in_run_order=True)
@@ -543,6 +543,45 @@ def test_an_unshuffled_window_larger_than_the_budget_streams_in_pieces_exactly(s
     # each shard in one plain GET, once, but the first: its head, then its rest
     assert [path for path, rng in gets if rng] == ["shard-000000.tar"] * 2
     assert sorted(path for path, rng in gets if not rng) == [f"shard-00000{i}.tar" for i in range(1, 6)]
+
+
+@pytest.mark.s3
+def test_an_unshuffled_window_resumed_part_way_streams_in_pieces_within_the_budget(s3):
+    # Windows of 3 shards, resumed inside the first shard: the rest of that window is
+    # still taken in pieces (about a shard each), not the rest of three shards at once.
+    base, options = s3
+    payloads = _pack(base + "/ds", options, shards=6, samples=10, size=64 * 1024)
+    storage = Storage(base + "/ds", options)
+    manifest = storage.read_manifest()
+    budget = PIECES_IN_BUDGET * (max(info.bytes for info in manifest.shards) + 1)
+    dataset = shardstream.StreamingDataset(base + "/ds", storage_options=options, shuffle=False)
+    iterator = iter(dataset)
+    head = [next(iterator)["__key__"] for _ in range(5)]
+    state = dataset.state_dict()
+    iterator.close()
+    dataset.storage.close()
+    resumed = shardstream.StreamingDataset(base + "/ds", storage_options=options, shuffle=False)
+    resumed.load_state_dict(state)
+    windows = list(resumed.make_plan(num_workers=1, consume=False).worker_windows(0, 0))
+    assert windows[0].known_runs is not None  # its runs known up front: it can be taken in pieces
+    assert sum(map(len, windows[0].known_runs)) == 25
+    reader = WindowReader(storage, manifest, read_budget=budget, read_concurrency=4)
+    pieces, keys = [], []
+    for window, samples, _ in reader.stream(iter(windows)):
+        pieces.append(window.runs)
+        keys += [s["__key__"] for s in samples]
+    assert reader.budget is not None
+    assert 0 < reader.budget.peak <= budget
+    storage.close()
+    resumed.storage.close()
+    assert head + keys == sorted(payloads)
+    # the iteration's short head, then the rest of shard 0 (half a piece) with shard 1,
+    # then a piece a shard
+    assert pieces == [
+        (Run(0, 5, 6),),
+        (Run(0, 6, 10), Run(1, 0, 10)),
+        *((Run(shard, 0, 10),) for shard in range(2, 6)),
+    ]
 
 
 def test_read_options_are_checked():

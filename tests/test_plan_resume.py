@@ -243,3 +243,22 @@ def test_state_fields_and_steps_bounds():
         [4, 4, 4], PlanConfig(seed=9), state, world_size=3, num_workers=1, batch_size=1
     )
     assert len(resumed.state_dict(0)["passes"]) == 2
+
+
+@PROPERTY
+@given(plans(shuffle=False), st.floats(0, 1))
+def test_a_window_in_run_order_resumed_part_way_knows_its_runs_before_it_is_laid_out(case, fraction):
+    # so a reader takes it in pieces of its budget, as any other (NOTE [ Unshuffled
+    # windows in pieces ]), rather than the rest of a window of four shards at once
+    sizes, config, epoch, topology = case
+    plan = EpochPlan(sizes, config, epoch=epoch, **topology)
+    steps = round(fraction * plan.batches_per_rank())
+    resumed = EpochPlan.resume(sizes, config, roundtrip(plan.state_dict(steps)), **topology)
+    for rank in range(plan.world_size):
+        for worker in range(plan.num_workers):
+            for window in resumed.worker_windows(rank, worker):
+                known = window.known_runs
+                assert window.in_run_order
+                assert known is not None
+                assert window.shards == tuple(dict.fromkeys(run.shard for run in known))
+                assert known == window.runs  # what laying it out gives

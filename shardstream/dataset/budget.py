@@ -249,7 +249,9 @@ def fetched_in_order(
 # whole (a piece is then at most 1.5 pieces' bytes; one sample longer than that is a
 # piece of its own). The plan, its order and its resume state are unchanged: the caller
 # sees the same samples, and ``state_dict`` counts them as before (a piece is laid out
-# lazily, after its sidecars).
+# lazily, after its sidecars). A window resumed part way is taken in pieces too: the
+# plan knows the runs of its rest up front (``Window.known_runs``), so a resume inside
+# a window of large shards does not read the rest of the window at once.
 # - Why: a window over the budget goes beside one other (NOTE [ Read budget ]), so a
 #   caller as fast as the wire would hold two big windows and the next one's decoding;
 #   and pieces of about the budget leave room for one in flight only, which starts

@@ -14,7 +14,7 @@ import numpy as np
 from shardstream.errors import PlanError, StateError
 from shardstream.plan.base import PlanBase
 from shardstream.plan.config import PlanConfig, Run, Window, check_count
-from shardstream.plan.intervals import from_points, points, shift
+from shardstream.plan.intervals import from_points, points, select, shift, total
 from shardstream.plan.passes import Pass, PassInput, PassRecord, PassSetup, Remainder
 from shardstream.plan.shards import ShardOrder
 from shardstream.plan.state import make_state, read_state
@@ -115,9 +115,14 @@ class LocalPlan(PlanBase):
             runs = current.runs(shift(spans, start))
             skip = used if index == first else 0
             build = functools.partial(_window_parts, current, rank, worker, index, spans, start, runs, skip)
-            known = None if skip else runs  # a window resumed part way lays its runs out again
-            shards = tuple(dict.fromkeys(run.shard for run in runs))
-            yield Window.lazy(shards, build, known, in_run_order=not current.setup.shuffle)
+            in_run_order = not current.setup.shuffle
+            known: tuple[Run, ...] | None = runs
+            if skip and in_run_order:  # resumed part way: the runs of its rest, as build gives them
+                known = current.runs(shift(select(spans, skip, total(spans)), start))
+            elif skip:  # a shuffled window resumed part way lays its runs out again
+                known = None
+            shards = tuple(dict.fromkeys(run.shard for run in (runs if known is None else known)))
+            yield Window.lazy(shards, build, known, in_run_order=in_run_order)
 
     # -- resume ----------------------------------------------------------------------------
 
