@@ -184,7 +184,7 @@ def litdata_chunks(directory: str, items: Iterator[dict], chunk_bytes: int) -> b
 # -- the contenders ---------------------------------------------------------------------------
 
 
-# Each shardstream epoch at the default budget, in order: (seconds to its first sample,
+# Each epoch of the "shardstream" contender, in order: (seconds to its first sample,
 # sample MB/s from it on), by cell name. An epoch's start (the manifest, the first window's
 # sidecars and reads) is paid once per epoch and worker whatever the corpus' size, so on
 # a corpus of a few windows it weighs far more than on a training corpus: the rate from
@@ -192,7 +192,10 @@ def litdata_chunks(directory: str, items: Iterator[dict], chunk_bytes: int) -> b
 STARTS: dict[str, list[tuple[float, float]]] = {}
 
 
-def shardstream_epoch(store: Store, cell: Cell, spec: dict, budget: int | None = None) -> int:
+def shardstream_epoch(
+    store: Store, cell: Cell, spec: dict, budget: int | None = None, starts: list | None = None
+) -> int:
+    """The epoch's sample bytes; its (first sample s, MB/s from it on) appended to ``starts``."""
     options = {} if budget is None else {"read_budget": budget}
     started = time.perf_counter()
     dataset = shardstream.StreamingDataset(
@@ -206,8 +209,8 @@ def shardstream_epoch(store: Store, cell: Cell, spec: dict, budget: int | None =
     first = len(next(samples)["bin"])
     at = time.perf_counter()
     rest = sum(len(sample["bin"]) for sample in samples)
-    if budget is None:
-        STARTS.setdefault(cell.name, []).append((at - started, rest / MB / (time.perf_counter() - at)))
+    if starts is not None:
+        starts.append((at - started, rest / MB / (time.perf_counter() - at)))
     return first + rest
 
 
@@ -294,7 +297,9 @@ def contenders(
     each further one."""
     first, *more = budgets or [None]
     out: dict[str, Callable[[], int]] = {
-        "shardstream": lambda: shardstream_epoch(store, cell, spec, first) / MB,
+        "shardstream": lambda: (
+            shardstream_epoch(store, cell, spec, first, STARTS.setdefault(cell.name, [])) / MB
+        ),
         "whole files": lambda: wire_epoch(store, spec, ranged=False) / MB,
         "ranged parts": lambda: wire_epoch(store, spec, ranged=True) / MB,
     }
