@@ -485,7 +485,7 @@ def test_an_iterations_first_piece_begins_with_a_short_head():
     first = Window([Run(0, 0, 32), Run(1, 0, 32)], np.arange(64), in_run_order=True)
     later = Window([Run(2, 0, 32)], np.arange(32), in_run_order=True)
     pieces = [piece.runs for piece in in_pieces(iter([first, later]), shards, limit, head=True)]
-    share = limit // FIRST_PIECE_SHARE // MB  # samples of a MB in the head
+    share = max(1, limit // FIRST_PIECE_SHARE // MB)  # samples of a MB in the head (one at least)
     assert pieces == [(Run(0, 0, share),), (Run(0, share, 32),), (Run(1, 0, 32),), (Run(2, 0, 32),)]
     # a first window of one piece has its head too; one not in run order passes as it is
     small = Window([Run(0, 0, 10), Run(1, 0, 10)], np.arange(20), in_run_order=True)

@@ -260,18 +260,20 @@ def fetched_in_order(
 #   cuts its shards into more ranged reads, each paying a request's latency (and, on a
 #   server that copies the whole object for every ranged GET, moto's copy: NOTE [ Whole
 #   shards ]); four in the budget keep the wire busy with the fetch threads there are.
-# - An iteration's first piece is cut in two: its first 1/FIRST_PIECE_SHARE, then the
-#   rest. The first sample comes when its piece is in and checked, and every piece in
-#   flight at the start shares the wire with the others: a piece of a quarter of the
-#   budget made the first sample wait for a quarter of the budget's bytes (on a long link,
-#   32 MiB over the four connections of its parts). A short head brings it after about
-#   one round trip and a part's few MiB, and the pieces that follow it end one after
-#   another rather than all at once. It costs one more ranged GET per iteration.
+# - An iteration's first piece is cut in two: its first 1/FIRST_PIECE_SHARE (512 KiB on
+#   a long link, or one sample where that is longer), then the rest. The first sample
+#   comes when its piece is in and checked, and every piece in flight at the start shares
+#   the wire with the others: a piece of a quarter of the budget made the first sample
+#   wait for a quarter of the budget's bytes (on a long link, 32 MiB over the four
+#   connections of its parts). A short head brings it after about one round trip. It
+#   costs one more ranged GET per iteration. Heads of a sixteenth, and a ramp of pieces
+#   of a 64th, a 16th and a quarter, made the epoch no faster and the first sample later
+#   (paired on tools/bench_matrix.py's WAN cells, SeaweedFS behind the proxy).
 # - A cached dataset (``cache_dir``) keeps pieces of the budget: a shard's first read
 #   fills all of its cache entry, so pieces of part of a shard would wait on one fill.
 # tools/bench_memory.py measures the RSS, tools/bench_wan.py the rate.
 PIECES_IN_BUDGET = 4
-FIRST_PIECE_SHARE = 16  # an iteration's first piece begins with this share of a piece
+FIRST_PIECE_SHARE = 64  # an iteration's first piece begins with this share of a piece
 
 
 def piece_limit(limit: int, *, cached: bool = False) -> int:
