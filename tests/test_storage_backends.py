@@ -241,7 +241,8 @@ def test_a_write_to_an_object_store_killed_mid_way_leaves_no_spool_behind(s3, tm
         process.kill()
         process.communicate()
     assert os.listdir(spools) == []
-    assert not Storage(f"{base}/ds", options).exists("shard.tar")
+    with Storage(f"{base}/ds", options) as storage:
+        assert not storage.exists("shard.tar")  # nor anything half-written
 
 
 def test_a_spooled_write_uploads_its_bytes_and_removes_its_spool(memory_url, tmp_path, monkeypatch):
