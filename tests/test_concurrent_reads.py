@@ -70,6 +70,22 @@ def _pack(url: str, options: dict, *, shards: int, samples: int, size: int) -> d
     return payloads
 
 
+def _stopped_and_resumed(
+    url: str, options: dict, taken: int, **given: object
+) -> tuple[list[str], shardstream.StreamingDataset]:
+    """The keys of the first ``taken`` samples of an unshuffled epoch, and a new dataset
+    resumed from the state it stopped at."""
+    dataset = shardstream.StreamingDataset(url, storage_options=options, shuffle=False, **given)
+    iterator = iter(dataset)
+    head = [next(iterator)["__key__"] for _ in range(taken)]
+    state = dataset.state_dict()
+    iterator.close()
+    dataset.storage.close()
+    resumed = shardstream.StreamingDataset(url, storage_options=options, shuffle=False, **given)
+    resumed.load_state_dict(state)
+    return head, resumed
+
+
 # -- parts --------------------------------------------------------------------------------
 
 
@@ -527,15 +543,8 @@ def test_an_unshuffled_window_larger_than_the_budget_streams_in_pieces_exactly(s
         gets = proxy.shard_gets()
         storage.close()
         # the same samples through the dataset, stopped inside a piece and resumed
-        iterator = iter(dataset)
-        head = [next(iterator)["__key__"] for _ in range(15)]
-        state = dataset.state_dict()
-        iterator.close()
         dataset.storage.close()
-        resumed = shardstream.StreamingDataset(
-            base + "/ds", storage_options=through, shuffle=False, read_budget=budget
-        )
-        resumed.load_state_dict(state)
+        head, resumed = _stopped_and_resumed(base + "/ds", through, 15, read_budget=budget)
         rest = [s["__key__"] for s in resumed]
         resumed.storage.close()
     assert taken == 7  # the first piece begins with a short one: its head
@@ -554,14 +563,7 @@ def test_an_unshuffled_window_resumed_part_way_streams_in_pieces_within_the_budg
     storage = Storage(base + "/ds", options)
     manifest = storage.read_manifest()
     budget = PIECES_IN_BUDGET * (max(info.bytes for info in manifest.shards) + 1)
-    dataset = shardstream.StreamingDataset(base + "/ds", storage_options=options, shuffle=False)
-    iterator = iter(dataset)
-    head = [next(iterator)["__key__"] for _ in range(5)]
-    state = dataset.state_dict()
-    iterator.close()
-    dataset.storage.close()
-    resumed = shardstream.StreamingDataset(base + "/ds", storage_options=options, shuffle=False)
-    resumed.load_state_dict(state)
+    head, resumed = _stopped_and_resumed(base + "/ds", options, 5)
     windows = list(resumed.make_plan(num_workers=1, consume=False).worker_windows(0, 0))
     assert windows[0].known_runs is not None  # its runs known up front: it can be taken in pieces
     assert sum(map(len, windows[0].known_runs)) == 25
